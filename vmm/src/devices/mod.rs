@@ -1,0 +1,5 @@
+//! Devices: the address buses, legacy PC devices and virtio devices.
+pub mod bus;
+pub mod interrupt;
+pub mod legacy;
+pub mod virtio;
