@@ -1,1 +1,10 @@
-pub fn x() {}
+//! microvirt's virtual machine monitor: boots a guest kernel directly on KVM.
+//!
+//! Layout follows one directory per concern: `arch/` (x86_64 boot and CPU setup),
+//! `vstate/` (KVM VM, vCPUs, guest memory), `devices/` (buses, legacy and virtio
+//! devices), `device_manager/` (assigns addresses and IRQs).
+
+pub mod arch;
+pub mod device_manager;
+pub mod devices;
+pub mod vstate;

@@ -1,0 +1,2 @@
+//! Architecture-specific code. Only x86_64 is supported.
+pub mod x86_64;

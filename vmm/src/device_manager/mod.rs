@@ -1,0 +1,1 @@
+//! Device managers: they assign bus addresses and IRQs; devices never choose their own.

@@ -1,0 +1,1 @@
+//! virtio-mmio transport and virtio devices.

@@ -1,0 +1,2 @@
+//! KVM-backed state: the VM, its vCPUs and guest memory.
+pub mod memory;
