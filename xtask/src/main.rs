@@ -4,10 +4,13 @@
 
 use anyhow::{bail, Result};
 
+mod cluster;
+
 fn usage() -> &'static str {
     "usage: cargo xtask <command>\n\
      commands:\n\
-     \x20 test            set up this machine (packages, cached artifacts) and run every test\n"
+     \x20 test            set up this machine (packages, cached artifacts) and run every test\n\
+     \x20 cluster up|down|status  a persistent private etcd + kube-apiserver on 127.0.0.1\n"
 }
 
 fn main() -> Result<()> {
@@ -19,8 +22,8 @@ fn main() -> Result<()> {
             print!("{}", usage());
             Ok(())
         }
+        "cluster" => cluster::main(rest),
         _ => {
-            let _ = rest;
             bail!("unknown command {cmd:?}\n{}", usage())
         }
     }
