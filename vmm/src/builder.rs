@@ -251,7 +251,7 @@ impl MutEventSubscriber for Control {
                         VcpuExitReason::Reset => ExitReason::GuestReset,
                         VcpuExitReason::PowerOff => ExitReason::GuestPowerOff,
                         VcpuExitReason::Fault(msg) => {
-                            log::error!("vcpu{id}: {msg}");
+                            log::debug!("vcpu{id} fault");
                             ExitReason::Fault(msg)
                         }
                     };

@@ -17,7 +17,10 @@ fn one_line_error(out: &Output) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "expected failure, stderr: {stderr}");
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("microvm: error:")).collect();
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("microvm: error:"))
+        .collect();
     assert_eq!(errors.len(), 1, "one error line expected: {stderr}");
     errors[0].to_string()
 }
@@ -79,8 +82,16 @@ fn memory_too_small_for_kernel() {
     let d = tmpdir("big");
     let k = d.join("big.elf");
     synthetic_elf(&k, 64 << 20);
-    let e = one_line_error(&microvm(&["--kernel", k.to_str().unwrap(), "--mem-mib", "16"]));
-    assert!(e.contains("needs 65 MiB of guest memory but the VM has 16 MiB"), "{e}");
+    let e = one_line_error(&microvm(&[
+        "--kernel",
+        k.to_str().unwrap(),
+        "--mem-mib",
+        "16",
+    ]));
+    assert!(
+        e.contains("needs 65 MiB of guest memory but the VM has 16 MiB"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -89,8 +100,16 @@ fn command_line_too_long() {
     let k = d.join("k.elf");
     synthetic_elf(&k, 4096);
     let long = "a".repeat(3000);
-    let e = one_line_error(&microvm(&["--kernel", k.to_str().unwrap(), "--cmdline", &long]));
-    assert!(e.contains("kernel command line is") && e.contains("limit is 2047"), "{e}");
+    let e = one_line_error(&microvm(&[
+        "--kernel",
+        k.to_str().unwrap(),
+        "--cmdline",
+        &long,
+    ]));
+    assert!(
+        e.contains("kernel command line is") && e.contains("limit is 2047"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -125,7 +144,12 @@ fn no_access_to_dev_kvm() {
     std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     std::fs::set_permissions(&k, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_microvm")])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            env!("CARGO_BIN_EXE_microvm"),
+        ])
         .args(["--kernel", k.to_str().unwrap()])
         .output()
         .expect("setpriv (util-linux) is needed for this test");
