@@ -15,7 +15,8 @@ fn usage() -> &'static str {
      \x20 images          build (or find cached) the guest kernel + rootfs, print their paths\n\
      \x20 testhost [SCENARIO...|--list]  run end-to-end scenarios in the QEMU-TCG test host\n\
      \x20 bench-testhost [RUNS]  microvm vs QEMU -M microvm boot time and RSS in the test host\n\
-     \x20 cluster up|down|status  a persistent private etcd + kube-apiserver on 127.0.0.1\n"
+     \x20 cluster up|down|status  a persistent private etcd + kube-apiserver on 127.0.0.1\n\
+     \x20 testguest       build the no_std test guest, print its image paths (pvh, linux64, bzimage)\n"
 }
 
 fn main() -> Result<()> {
@@ -31,6 +32,13 @@ fn main() -> Result<()> {
         "images" => images::main(rest),
         "testhost" => testhost::main(rest),
         "bench-testhost" => testhost::bench_main(rest),
+        "testguest" => {
+            let a = testguest_build::build()?;
+            println!("pvh {}", a.pvh.display());
+            println!("linux64 {}", a.linux64.display());
+            println!("bzimage {}", a.bzimage.display());
+            Ok(())
+        }
         _ => {
             bail!("unknown command {cmd:?}\n{}", usage())
         }

@@ -38,14 +38,20 @@ pub enum BuildError {
     Write { path: PathBuf, source: std::io::Error },
 }
 
-/// The guest crate's directory.
+fn images_dir() -> &'static Path {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent().unwrap_or(here)
+}
+
+/// The guest crate's directory (`guest-images/testguest`).
 pub fn guest_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../testguest")
+    images_dir().join("testguest")
 }
 
 /// The workspace root (two levels above this crate).
 pub fn workspace_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let images = images_dir();
+    images.parent().unwrap_or(images).to_path_buf()
 }
 
 /// `<workspace>/target/testguest`, where the nested build puts everything.
