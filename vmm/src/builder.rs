@@ -149,6 +149,7 @@ pub struct BuildOptions {
 pub struct RunTimings {
     pub build_us: u64,
     pub first_debug_port_us: Option<u64>,
+    pub boot_timer: Option<BootTime>,
 }
 
 /// The state the control subscriber acts on.
@@ -283,6 +284,7 @@ pub struct Vmm {
     stats: Arc<ExitStats>,
     timings: RunTimings,
     first_debug_port_us: Arc<Mutex<Option<u64>>>,
+    boot_time: Arc<Mutex<Option<BootTime>>>,
     cmdline: String,
     // Keep the VM and its memory alive for as long as vCPUs may run (dropped last).
     _vm: Arc<VmFd>,
@@ -403,8 +405,13 @@ impl Vmm {
             1,
         )
         .map_err(bus_err)?;
+        let boot_time = Arc::new(Mutex::new(None));
         mmio.insert(
-            Arc::new(Mutex::new(BootTimer::new(start, opts.boot_notify))),
+            Arc::new(Mutex::new(BootTimer::new(
+                start,
+                opts.boot_notify,
+                boot_time.clone(),
+            ))),
             layout::BOOT_TIMER_ADDR,
             layout::BOOT_TIMER_SIZE,
         )
@@ -454,7 +461,7 @@ impl Vmm {
         event_manager.add_subscriber(control.clone());
         let timings = RunTimings {
             build_us: start.wall.elapsed().as_micros() as u64,
-            first_debug_port_us: None,
+            ..Default::default()
         };
         log::debug!(
             "built VM: {} vCPU(s), {} MiB, {:?} entry {:#x}, in {} us",
@@ -474,6 +481,7 @@ impl Vmm {
             stats,
             timings,
             first_debug_port_us,
+            boot_time,
             cmdline,
             _vm: vm,
             _mem: mem,
@@ -513,6 +521,7 @@ impl Vmm {
             log::debug!("unknown accesses ignored: {unknown_pio} port I/O, {unknown_mmio} MMIO");
         }
         self.timings.first_debug_port_us = *self.first_debug_port_us.lock().expect("lock");
+        self.timings.boot_timer = *self.boot_time.lock().expect("lock");
         Ok((reason, self.timings))
     }
 }

@@ -201,13 +201,14 @@ fn main() -> ExitCode {
                 .ok()
                 .and_then(|v| v.parse::<u64>().ok())
                 .map(|t0| start_mono.saturating_sub(t0) / 1000);
+            let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
             log::debug!(
-                "timings: spawn-to-main-us={} build-us={} first-guest-io-us={}",
-                spawn_offset_us.map_or("-".into(), |v| v.to_string()),
+                "timings: spawn-to-main-us={} build-us={} first-guest-io-us={} boot-timer-us={} boot-timer-cpu-us={}",
+                opt(spawn_offset_us),
                 timings.build_us,
-                timings
-                    .first_debug_port_us
-                    .map_or("-".into(), |v| v.to_string())
+                opt(timings.first_debug_port_us),
+                opt(timings.boot_timer.map(|b| b.wall_us)),
+                opt(timings.boot_timer.map(|b| b.cpu_us)),
             );
             match &reason {
                 ExitReason::GuestReset => log::info!("guest reset; VM stopped"),
