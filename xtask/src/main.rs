@@ -6,6 +6,7 @@ use anyhow::{bail, Result};
 
 mod bench;
 mod cluster;
+mod demo;
 mod images;
 mod setup;
 mod test;
@@ -23,6 +24,7 @@ fn usage() -> &'static str {
     "usage: cargo xtask <command>\n\
      commands:\n\
      \x20 test            set up this machine (packages, cached artifacts) and run every test\n\
+     \x20 demo [ARGS]     build microvm and the test guest, boot it here (console on this terminal)\n\
      \x20 bench [RUNS]    VMM benchmarks on /dev/kvm: start-to-guest, memory overhead, boots/s\n\
      \x20 images          build (or find cached) the guest kernel + rootfs, print their paths\n\
      \x20 testhost [SCENARIO...|--list]  run end-to-end scenarios in the QEMU-TCG test host\n\
@@ -42,6 +44,7 @@ fn main() -> Result<()> {
         }
         "bench" => bench::main(rest),
         "test" => test::main(rest),
+        "demo" => demo::main(rest),
         "cluster" => cluster::main(rest),
         "images" => images::main(rest),
         "testhost" => testhost::main(rest),
