@@ -5,6 +5,13 @@
 //! devices), `device_manager/` (assigns addresses and IRQs).
 
 pub mod arch;
+pub mod builder;
+pub mod config;
 pub mod device_manager;
 pub mod devices;
+pub mod lifecycle;
+pub mod timing;
 pub mod vstate;
+
+pub use builder::{Action, BuildOptions, ExitReason, Vmm, VmmController, VmmError};
+pub use config::{SerialConfig, VmConfig};

@@ -1,1 +1,225 @@
-fn main() {}
+//! `microvm`: boot a kernel on KVM from the command line or a JSON config.
+
+use std::io::Write;
+use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use vmm::timing::{monotonic_ns, Clock};
+use vmm::{Action, BuildOptions, ExitReason, VmConfig, Vmm};
+
+const USAGE: &str = "\
+usage: microvm --kernel PATH [--initrd PATH] [--cmdline STR] [--mem-mib N] [--vcpus N]
+               [--serial stdio|none|unix:PATH] [--no-default-cmdline] [--log-level LEVEL]
+       microvm --config FILE.json [same flags to override]
+
+Boots PATH (ELF vmlinux with or without a PVH note, or bzImage) on /dev/kvm.
+Defaults: 128 MiB, 1 vCPU, serial console on stdin/stdout. The guest's command line
+is the VMM's defaults followed by --cmdline. Exit status: 0 when the guest resets or
+powers off, 1 on a VM error, 2 on bad usage or a forced stop. SIGTERM/SIGINT ask the
+guest to shut down (Ctrl-Alt-Del); a second one stops the VM at once.";
+
+struct Logger(log::LevelFilter);
+
+impl log::Log for Logger {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= self.0
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            let mut e = std::io::stderr().lock();
+            let _ = writeln!(
+                e,
+                "microvm: {}: {}",
+                r.level().as_str().to_lowercase(),
+                r.args()
+            );
+        }
+    }
+    fn flush(&self) {}
+}
+
+enum Cli {
+    Run(VmConfig, log::LevelFilter),
+    Help,
+    Version,
+}
+
+fn parse_args(args: &[String]) -> Result<Cli, String> {
+    let mut config: Option<VmConfig> = None;
+    let mut overrides: Vec<(String, String)> = Vec::new();
+    let mut no_default_cmdline = false;
+    let mut level = log::LevelFilter::Info;
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Cli::Help),
+            "-V" | "--version" => return Ok(Cli::Version),
+            "--config" => {
+                let path = value("--config")?;
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("cannot read config {path}: {e}"))?;
+                config =
+                    Some(serde_json::from_str(&text).map_err(|e| format!("config {path}: {e}"))?);
+            }
+            "--no-default-cmdline" => no_default_cmdline = true,
+            "--log-level" => {
+                let v = value("--log-level")?;
+                level = v
+                    .parse()
+                    .map_err(|_| format!("--log-level: unknown level {v:?}"))?;
+            }
+            "--kernel" | "--initrd" | "--cmdline" | "--mem-mib" | "--vcpus" | "--serial" => {
+                let v = value(flag)?;
+                overrides.push((flag.clone(), v));
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let mut cfg = config.unwrap_or_else(|| VmConfig::new(""));
+    for (flag, v) in overrides {
+        let number = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{flag}: {v:?} is not a number"))
+        };
+        match flag.as_str() {
+            "--kernel" => cfg.kernel = PathBuf::from(v),
+            "--initrd" => cfg.initrd = Some(PathBuf::from(v)),
+            "--cmdline" => cfg.cmdline = Some(v),
+            "--mem-mib" => cfg.mem_mib = number(&v)?,
+            "--vcpus" => cfg.vcpus = number(&v)?,
+            "--serial" => cfg.serial = v.parse().map_err(|e| format!("--serial: {e}"))?,
+            _ => unreachable!("only listed flags are collected"),
+        }
+    }
+    if no_default_cmdline {
+        cfg.default_cmdline = false;
+    }
+    if cfg.kernel.as_os_str().is_empty() {
+        return Err("--kernel (or a config file with \"kernel\") is required".into());
+    }
+    Ok(Cli::Run(cfg, level))
+}
+
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
+    if fd >= 0 {
+        let b = 1u8;
+        // SAFETY: write(2) is async-signal-safe; the buffer is a valid byte on our stack.
+        unsafe { libc::write(fd, &b as *const u8 as *const libc::c_void, 1) };
+    }
+}
+
+/// SIGTERM/SIGINT: first one asks the guest to shut down, the next stops the VM.
+fn forward_signals(controller: vmm::VmmController) -> std::io::Result<()> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 fills the two-element array we pass.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: installs a handler that only performs an async-signal-safe write.
+        unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+    }
+    // SAFETY: fds[0] is a fresh pipe read end that only this File owns.
+    let mut reader = unsafe { std::fs::File::from_raw_fd(fds[0]) };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            use std::io::Read;
+            let mut count = 0;
+            let mut b = [0u8; 1];
+            while reader.read(&mut b).map(|n| n == 1).unwrap_or(false) {
+                count += 1;
+                let action = if count == 1 {
+                    Action::CtrlAltDel
+                } else {
+                    Action::Stop
+                };
+                log::info!("signal received: {action:?}");
+                if controller.send(action).is_err() {
+                    break;
+                }
+            }
+            let _ = reader.as_raw_fd();
+        })?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let start = Clock::now();
+    let start_mono = monotonic_ns();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cfg, level) = match parse_args(&args) {
+        Ok(Cli::Run(cfg, level)) => (cfg, level),
+        Ok(Cli::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Cli::Version) => {
+            println!("microvm {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("microvm: error: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    log::set_max_level(level);
+    let _ = log::set_boxed_logger(Box::new(Logger(level)));
+
+    let vmm = match Vmm::build(
+        &cfg,
+        BuildOptions {
+            start: Some(start),
+            ..Default::default()
+        },
+    ) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("microvm: error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    if let Err(e) = forward_signals(vmm.controller()) {
+        log::warn!("signals will not be forwarded: {e}");
+    }
+    match vmm.run() {
+        Ok((reason, timings)) => {
+            let _ = std::io::stdout().flush();
+            // Optional reference point from a benchmark harness: CLOCK_MONOTONIC ns at spawn.
+            let spawn_offset_us = std::env::var("MICROVM_T0_MONO_NS")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|t0| start_mono.saturating_sub(t0) / 1000);
+            log::debug!(
+                "timings: spawn-to-main-us={} build-us={} first-guest-io-us={}",
+                spawn_offset_us.map_or("-".into(), |v| v.to_string()),
+                timings.build_us,
+                timings
+                    .first_debug_port_us
+                    .map_or("-".into(), |v| v.to_string())
+            );
+            match &reason {
+                ExitReason::GuestReset => log::info!("guest reset; VM stopped"),
+                ExitReason::GuestPowerOff => log::info!("guest powered off; VM stopped"),
+                ExitReason::Stopped => log::warn!("VM stopped before the guest shut down"),
+                ExitReason::Fault(msg) => eprintln!("microvm: error: {msg}"),
+            }
+            ExitCode::from(reason.exit_code() as u8)
+        }
+        Err(e) => {
+            eprintln!("microvm: error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

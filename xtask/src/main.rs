@@ -4,10 +4,18 @@
 
 use anyhow::{bail, Result};
 
+mod cluster;
+mod images;
+mod testhost;
+
 fn usage() -> &'static str {
     "usage: cargo xtask <command>\n\
      commands:\n\
-     \x20 test            set up this machine (packages, cached artifacts) and run every test\n"
+     \x20 test            set up this machine (packages, cached artifacts) and run every test\n\
+     \x20 images          build (or find cached) the guest kernel + rootfs, print their paths\n\
+     \x20 testhost [SCENARIO...|--list]  run end-to-end scenarios in the QEMU-TCG test host\n\
+     \x20 bench-testhost [RUNS]  microvm vs QEMU -M microvm boot time and RSS in the test host\n\
+     \x20 cluster up|down|status  a persistent private etcd + kube-apiserver on 127.0.0.1\n"
 }
 
 fn main() -> Result<()> {
@@ -19,8 +27,11 @@ fn main() -> Result<()> {
             print!("{}", usage());
             Ok(())
         }
+        "cluster" => cluster::main(rest),
+        "images" => images::main(rest),
+        "testhost" => testhost::main(rest),
+        "bench-testhost" => testhost::bench_main(rest),
         _ => {
-            let _ = rest;
             bail!("unknown command {cmd:?}\n{}", usage())
         }
     }

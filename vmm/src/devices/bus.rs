@@ -47,11 +47,18 @@ impl Bus {
         if len == 0 {
             return Err(BusError::ZeroLength { base });
         }
-        let end = base.checked_add(len - 1).ok_or(BusError::Overlap { base, len })?;
+        let end = base
+            .checked_add(len - 1)
+            .ok_or(BusError::Overlap { base, len })?;
         // The closest range starting at or below `end` is the only candidate for overlap.
         if let Some((r, _)) = self
             .devices
-            .range(..=Range { base: end, len: u64::MAX })
+            .range(
+                ..=Range {
+                    base: end,
+                    len: u64::MAX,
+                },
+            )
             .next_back()
         {
             if r.base + (r.len - 1) >= base {
@@ -66,7 +73,12 @@ impl Bus {
     pub fn resolve(&self, addr: u64) -> Option<(&SharedDevice, u64)> {
         let (r, dev) = self
             .devices
-            .range(..=Range { base: addr, len: u64::MAX })
+            .range(
+                ..=Range {
+                    base: addr,
+                    len: u64::MAX,
+                },
+            )
             .next_back()?;
         let off = addr - r.base;
         (off < r.len).then_some((dev, off))
@@ -77,7 +89,9 @@ impl Bus {
     pub fn read(&self, addr: u64, data: &mut [u8]) -> bool {
         match self.resolve(addr) {
             Some((dev, off)) => {
-                dev.lock().expect("bus device lock poisoned").read(off, data);
+                dev.lock()
+                    .expect("bus device lock poisoned")
+                    .read(off, data);
                 true
             }
             None => {
@@ -91,7 +105,9 @@ impl Bus {
     pub fn write(&self, addr: u64, data: &[u8]) -> bool {
         match self.resolve(addr) {
             Some((dev, off)) => {
-                dev.lock().expect("bus device lock poisoned").write(off, data);
+                dev.lock()
+                    .expect("bus device lock poisoned")
+                    .write(off, data);
                 true
             }
             None => false,
@@ -142,7 +158,10 @@ mod tests {
         assert!(bus.insert(dev(0), 0x10f, 1).is_err());
         assert!(bus.insert(dev(0), 0xf0, 0x11).is_err());
         assert!(bus.insert(dev(0), 0x80, 0x100).is_err());
-        assert_eq!(bus.insert(dev(0), 0x200, 0), Err(BusError::ZeroLength { base: 0x200 }));
+        assert_eq!(
+            bus.insert(dev(0), 0x200, 0),
+            Err(BusError::ZeroLength { base: 0x200 })
+        );
         bus.insert(dev(0), 0xf0, 0x10).unwrap();
         bus.insert(dev(0), u64::MAX, 1).unwrap();
     }

@@ -15,7 +15,10 @@ pub struct IrqLine {
 impl IrqLine {
     /// A line whose eventfd the device manager registers with KVM (irqfd) for `gsi`.
     pub fn new(gsi: u32) -> io::Result<Self> {
-        Ok(Self { evt: Arc::new(EventFd::new(libc::EFD_NONBLOCK)?), gsi })
+        Ok(Self {
+            evt: Arc::new(EventFd::new(libc::EFD_NONBLOCK)?),
+            gsi,
+        })
     }
 
     pub fn gsi(&self) -> u32 {

@@ -1,2 +1,4 @@
 //! KVM-backed state: the VM, its vCPUs and guest memory.
 pub mod memory;
+pub mod vcpu;
+pub mod vm;

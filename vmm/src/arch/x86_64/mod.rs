@@ -1,2 +1,7 @@
 //! x86_64: memory layout, boot protocols, CPU state.
+pub mod boot;
+pub mod cpuid;
+pub mod gdt;
 pub mod layout;
+pub mod mptable;
+pub mod regs;

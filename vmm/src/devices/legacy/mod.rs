@@ -1,1 +1,5 @@
 //! Legacy PC devices.
+pub mod boot_timer;
+pub mod debug_port;
+pub mod i8042;
+pub mod serial;

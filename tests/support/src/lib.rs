@@ -1,0 +1,60 @@
+//! A real, private Kubernetes control plane (etcd + kube-apiserver) for microvirt's tests.
+//!
+//! Controllers are tested against the real thing, not a mock: [`Cluster::start`] builds (once,
+//! cached) and starts an `etcd` and a `kube-apiserver` listening on 127.0.0.1 only, on ports
+//! picked at run time, with freshly generated certificates, and writes a kubeconfig for them.
+//! Dropping the [`Cluster`] stops both processes and removes their data directory.
+//!
+//! ```no_run
+//! use microvirt_testsupport::Cluster;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cluster = Cluster::start(Default::default())?;
+//! // Point a client at it: kube-rs `Config::from_custom_kubeconfig`, or `kubectl --kubeconfig`.
+//! let kubeconfig = cluster.kubeconfig_path();
+//! let status = std::process::Command::new("kubectl")
+//!     .arg("--kubeconfig")
+//!     .arg(kubeconfig)
+//!     .args(["get", "ns"])
+//!     .status()?;
+//! assert!(status.success());
+//! // Or talk HTTP directly, authenticated as the cluster admin.
+//! let resp = cluster.request("GET", "/api/v1/namespaces/default", None)?;
+//! assert_eq!(resp.status, 200);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! What runs, and what does not:
+//! - Kubernetes [`KUBERNETES_VERSION`] (kube-apiserver) on etcd [`ETCD_VERSION`], built from the
+//!   Go module proxy with the machine's Go toolchain by [`ensure_binaries`] and cached under
+//!   `~/.cache/microvirt/k8s/<hash>/` (the first build takes several minutes).
+//! - No kube-controller-manager, no scheduler, no kubelet. So there is no garbage collection of
+//!   owned objects, namespaces stay `Terminating` after deletion, pods stay `Pending` and no
+//!   service-account tokens are minted. Tests must not wait for any of that.
+//! - The `ServiceAccount` admission plugin is turned off: with it, every pod create is refused
+//!   until the (absent) service-account controller has made the namespace's `default` account.
+//! - Authentication: a static bearer token for user `microvirt-admin` in group `system:masters`
+//!   (in the kubeconfig); authorization is RBAC, so other identities can be tested too.
+//! - etcd runs with `--unsafe-no-fsync`: state is not crash-safe, which a test cluster does not
+//!   need.
+//!
+//! The processes' output goes to `logs/etcd.log` and `logs/kube-apiserver.log` in
+//! [`Cluster::data_dir`]; start and readiness errors carry the tail of the relevant log. Set
+//! `MICROVIRT_KEEP_CLUSTER_DIR=1` to keep the data directory after the cluster is dropped.
+//!
+//! If a test process dies without dropping its cluster (a `static` cluster, `SIGKILL`), a small
+//! watchdog process stops etcd and kube-apiserver within about a second of the test process
+//! exiting and removes the data directory.
+
+mod binaries;
+mod certs;
+mod cluster;
+pub mod detached;
+mod http;
+mod process;
+
+pub use binaries::{ensure_binaries, Binaries, BinariesError, ETCD_VERSION, KUBERNETES_VERSION};
+pub use certs::CertError;
+pub use cluster::{Cluster, ClusterError, ClusterOptions};
+pub use http::{HttpError, Response};

@@ -1,0 +1,14 @@
+//! microvirt's end-to-end proving ground.
+//!
+//! - [`images`]: builds and caches the guest kernel (ELF vmlinux + bzImage) and ext4 rootfs;
+//! - [`l1`]: the test host's kernel (Debian, with KVM modules) and initramfs;
+//! - [`qemu`]: boots it under QEMU TCG with `-cpu max` (emulated AMD SVM), streams and bounds it;
+//! - [`scenarios`]: the end-to-end scenarios, run inside the test host or directly on hardware KVM;
+//! - [`bench`]: microvm vs QEMU `-M microvm` boot time and memory in the test host.
+
+pub mod bench;
+pub mod cmd;
+pub mod images;
+pub mod l1;
+pub mod qemu;
+pub mod scenarios;

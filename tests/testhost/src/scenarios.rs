@@ -1,0 +1,481 @@
+//! End-to-end scenarios: busybox shell scripts (in `tests/testhost/scenarios/`) that run `microvm`
+//! inside the test host (or directly on a host with hardware KVM) and print `check ...` lines.
+//! One test-host boot runs a whole list of scenarios; their output is split into sections.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::cmd::{self, CmdError};
+use crate::images::GuestImages;
+use crate::l1::{self, InitramfsSpec, L1Error, L1Kernel};
+use crate::qemu::{self, Console, RunError, RunOptions, DONE_MARKER};
+
+/// Shell functions every scenario script gets.
+pub const PRELUDE: &str = include_str!("../scenarios/prelude.sh");
+
+/// A scenario: a name and a busybox sh script.
+#[derive(Debug, Clone, Copy)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub script: &'static str,
+}
+
+macro_rules! scenario {
+    ($name:literal) => {
+        Scenario {
+            name: $name,
+            script: include_str!(concat!("../scenarios/", $name, ".sh")),
+        }
+    };
+}
+
+/// Every scenario, in the order one test-host boot runs them.
+pub const ALL: &[Scenario] = &[
+    scenario!("boot"),
+    scenario!("boot-bzimage"),
+    scenario!("persist"),
+    scenario!("readonly"),
+    scenario!("overlay"),
+    scenario!("net"),
+    scenario!("smp"),
+    scenario!("console"),
+];
+
+/// Looks a scenario up by name.
+pub fn find(name: &str) -> Option<Scenario> {
+    ALL.iter().copied().find(|s| s.name == name)
+}
+
+/// Errors from running scenarios.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error(transparent)]
+    Cmd(#[from] CmdError),
+    #[error(transparent)]
+    L1(#[from] L1Error),
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error(transparent)]
+    Images(#[from] crate::images::ImagesError),
+    #[error("unknown scenario {0:?}")]
+    Unknown(String),
+    #[error("cargo build of {bin} failed:\n{tail}")]
+    Build { bin: String, tail: String },
+}
+
+/// The output of one scenario.
+#[derive(Debug, Clone, Default)]
+pub struct Section {
+    /// Exit status of the scenario script (None when its end marker is missing).
+    pub rc: Option<i32>,
+    pub lines: Vec<String>,
+}
+
+impl Section {
+    /// Lines that start with `prefix`, with the prefix removed.
+    pub fn values<'a>(&'a self, prefix: &str) -> Vec<&'a str> {
+        self.lines
+            .iter()
+            .filter_map(|l| l.trim_start().strip_prefix(prefix))
+            .map(str::trim)
+            .collect()
+    }
+
+    /// First line starting with `prefix`, without it.
+    pub fn value<'a>(&'a self, prefix: &str) -> Option<&'a str> {
+        self.values(prefix).into_iter().next()
+    }
+
+    /// `true` when some line contains `needle`.
+    pub fn contains(&self, needle: &str) -> bool {
+        self.lines.iter().any(|l| l.contains(needle))
+    }
+
+    /// Lines of the guest/VMM run `vm` (prefixed `[vm] ` by the prelude), prefix removed.
+    pub fn vm_lines<'a>(&'a self, vm: &str) -> Vec<&'a str> {
+        let p = format!("[{vm}] ");
+        self.lines
+            .iter()
+            .filter_map(|l| l.strip_prefix(p.as_str()))
+            .collect()
+    }
+
+    /// Exit status of `microvm` for run `vm`, from the prelude's "check vm NAME exit=RC" line.
+    pub fn vm_exit(&self, vm: &str) -> Option<String> {
+        let p = format!("vm {vm} exit=");
+        self.values("check ")
+            .into_iter()
+            .find_map(|v| v.strip_prefix(p.as_str()))
+            .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+    }
+
+    /// The last `n` lines, for assertion messages.
+    pub fn tail(&self, n: usize) -> String {
+        self.lines[self.lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+/// Output of a suite run.
+#[derive(Debug, Clone)]
+pub struct SuiteResult {
+    pub sections: BTreeMap<String, Section>,
+    pub console: Console,
+    /// How the scenarios ran: "test host (QEMU TCG)" or "directly (hardware KVM)".
+    pub mode: String,
+    /// Test-host seconds from QEMU start to the first scenario (None when direct).
+    pub l1_boot_secs: Option<f64>,
+}
+
+impl SuiteResult {
+    pub fn section(&self, name: &str) -> Option<&Section> {
+        self.sections.get(name)
+    }
+}
+
+/// Splits console lines into scenario sections by the init's `=== begin NAME` / `=== end NAME rc=N` lines.
+pub fn split_sections(lines: &[String]) -> BTreeMap<String, Section> {
+    let mut out: BTreeMap<String, Section> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in lines {
+        let l = line.trim();
+        if let Some(name) = l.strip_prefix("=== begin ") {
+            current = Some(name.trim().to_string());
+            out.entry(name.trim().to_string()).or_default();
+            continue;
+        }
+        if let Some(rest) = l.strip_prefix("=== end ") {
+            let mut it = rest.split_whitespace();
+            let name = it.next().unwrap_or_default();
+            let rc = it
+                .next()
+                .and_then(|r| r.strip_prefix("rc="))
+                .and_then(|r| r.parse().ok());
+            if let Some(s) = out.get_mut(name) {
+                s.rc = rc;
+            }
+            current = None;
+            continue;
+        }
+        if let Some(name) = &current {
+            if let Some(s) = out.get_mut(name) {
+                s.lines.push(line.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The workspace root (two levels above this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+}
+
+/// Builds a release binary of this workspace and returns its path.
+pub fn cargo_build_release(package: &str, bin: &str) -> Result<PathBuf, ScenarioError> {
+    let root = workspace_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let target = if target.is_absolute() {
+        target
+    } else {
+        root.join(target)
+    };
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("[testhost] cargo build --release -p {package} --bin {bin}");
+    let out = Command::new(cargo)
+        .current_dir(&root)
+        .env("CARGO_TARGET_DIR", &target)
+        .args(["build", "--release", "-p", package, "--bin", bin])
+        .output()
+        .map_err(|source| CmdError::Spawn {
+            program: "cargo".into(),
+            source,
+        })?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().collect();
+        return Err(ScenarioError::Build {
+            bin: bin.into(),
+            tail: lines[lines.len().saturating_sub(30)..].join("\n"),
+        });
+    }
+    Ok(target.join("release").join(bin))
+}
+
+/// The `microvm` binary: `$MICROVIRT_MICROVM`, or a release build of the `vmm` package.
+pub fn microvm_binary() -> Result<PathBuf, ScenarioError> {
+    if let Some(p) = std::env::var_os("MICROVIRT_MICROVM") {
+        return Ok(PathBuf::from(p));
+    }
+    cargo_build_release("vmm", "microvm")
+}
+
+/// Everything a suite needs on the host.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub images: GuestImages,
+    pub microvm: PathBuf,
+    /// Test-host kernel (None in direct mode).
+    pub l1: Option<L1Kernel>,
+    pub direct: bool,
+    pub workdir: PathBuf,
+}
+
+/// Packages the test host needs on this machine.
+pub const HOST_PACKAGES: &[&str] = &["qemu-system-x86", "busybox-static", "cpio", "xz-utils"];
+
+/// Builds/fetches images, the microvm binary and (unless hardware KVM is present) the test-host kernel.
+/// `$MICROVIRT_TESTHOST=1` forces the test host even with hardware KVM.
+pub fn prepare() -> Result<Prepared, ScenarioError> {
+    let direct = qemu::hardware_kvm() && std::env::var_os("MICROVIRT_TESTHOST").is_none();
+    if !direct {
+        cmd::ensure_packages(HOST_PACKAGES)?;
+    }
+    let (images, _) = crate::images::build()?;
+    let microvm = microvm_binary()?;
+    let l1 = if direct { None } else { Some(l1::kernel()?) };
+    let workdir = std::env::temp_dir().join(format!("microvirt-testhost-{}", std::process::id()));
+    cmd::mkdirs(&workdir)?;
+    Ok(Prepared {
+        images,
+        microvm,
+        l1,
+        direct,
+        workdir,
+    })
+}
+
+/// The generated test-host init: load KVM, then run `body` (shell), then power off.
+pub fn l1_init(body: &str) -> String {
+    let mods: String = l1::MODULES.iter().map(|(n, _)| format!(" {n}")).collect();
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mkdir -p /tmp /dev/pts /run
+mount -t tmpfs tmp /tmp
+echo "=== l1 up $(cut -d' ' -f1 /proc/uptime)"
+grep -q svm /proc/cpuinfo || echo "=== l1: no svm flag"
+for m in{mods}; do insmod /mods/$m.ko || echo "=== l1: insmod $m failed"; done
+[ -c /dev/kvm ] || echo "=== l1: no /dev/kvm"
+ip link set lo up
+export MICROVM=/bin/microvm VMLINUX=/guest/vmlinux BZIMAGE=/guest/bzImage ROOTFS=/guest/rootfs.ext4
+echo "=== l1 ready $(cut -d' ' -f1 /proc/uptime)"
+{body}
+echo "{DONE_MARKER} $(cut -d' ' -f1 /proc/uptime)"
+poweroff -f
+"#
+    )
+}
+
+/// The shell body that runs `scenarios` one after another, each in its own work directory.
+pub fn scenarios_body(scenarios: &[Scenario], script_dir: &str) -> String {
+    let mut s = String::new();
+    for sc in scenarios {
+        s.push_str(&format!(
+            "echo \"=== begin {n}\"\nexport WORK=/tmp/work-{n}\nmkdir -p \"$WORK\" && cd \"$WORK\" && sh {d}/{n}.sh\necho \"=== end {n} rc=$?\"\ncd /\nrm -rf /tmp/work-{n}\n",
+            n = sc.name,
+            d = script_dir,
+        ));
+    }
+    s
+}
+
+fn script_file(sc: &Scenario) -> String {
+    format!("{PRELUDE}\n# ---- {}.sh ----\n{}", sc.name, sc.script)
+}
+
+/// Test-host (QEMU TCG) console timeout: a fixed allowance for booting plus per scenario.
+pub fn suite_timeout(n: usize) -> Duration {
+    let secs = std::env::var("MICROVIRT_TESTHOST_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(120 + 150 * n as u64);
+    Duration::from_secs(secs)
+}
+
+/// Runs `scenarios` in one test-host boot (or directly on hardware KVM) and splits the output.
+pub fn run_suite(
+    prep: &Prepared,
+    scenarios: &[Scenario],
+    echo: bool,
+) -> Result<SuiteResult, ScenarioError> {
+    if prep.direct {
+        return run_direct(prep, scenarios, echo);
+    }
+    let Some(kernel) = prep.l1.as_ref() else {
+        return Err(ScenarioError::Unknown("test-host kernel missing".into()));
+    };
+    let files = scenarios
+        .iter()
+        .map(|sc| {
+            (
+                format!("/scenarios/{}.sh", sc.name),
+                script_file(sc).into_bytes(),
+            )
+        })
+        .collect();
+    let init = l1_init(&scenarios_body(scenarios, "/scenarios"));
+    let initramfs = prep.workdir.join("l1.cpio");
+    eprintln!("[testhost] building the test-host initramfs");
+    l1::build_initramfs(
+        &InitramfsSpec {
+            kernel,
+            images: &prep.images,
+            binaries: vec![prep.microvm.clone()],
+            with_qemu: false,
+            files,
+            init,
+        },
+        &initramfs,
+    )?;
+    let names: Vec<&str> = scenarios.iter().map(|s| s.name).collect();
+    eprintln!(
+        "[testhost] booting the test host (QEMU TCG, -cpu max) for: {}",
+        names.join(" ")
+    );
+    let console = qemu::run_console(
+        qemu::qemu_tcg_command(
+            &kernel.vmlinuz,
+            &initramfs,
+            "console=ttyS0 panic=-1 quiet",
+            "2G",
+        ),
+        &RunOptions {
+            name: "l1".into(),
+            timeout: suite_timeout(scenarios.len()),
+            log: prep.workdir.join("testhost-console.log"),
+            echo,
+            done_marker: DONE_MARKER.into(),
+        },
+    )?;
+    let _ = std::fs::remove_file(&initramfs);
+    let l1_boot_secs = l1_ready_secs(&console);
+    Ok(SuiteResult {
+        sections: split_sections(&console.lines),
+        console,
+        mode: "test host (QEMU TCG, -cpu max, nested KVM)".into(),
+        l1_boot_secs,
+    })
+}
+
+/// Guest-uptime seconds at which the test host finished loading KVM (from "=== l1 ready T").
+fn l1_ready_secs(console: &Console) -> Option<f64> {
+    console
+        .lines
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("=== l1 ready "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Runs the scenarios with the host's own /dev/kvm (hardware virtualization present).
+fn run_direct(
+    prep: &Prepared,
+    scenarios: &[Scenario],
+    echo: bool,
+) -> Result<SuiteResult, ScenarioError> {
+    let dir = prep.workdir.join("direct");
+    cmd::mkdirs(&dir)?;
+    for sc in scenarios {
+        cmd::write(&dir.join(format!("{}.sh", sc.name)), script_file(sc))?;
+    }
+    let body = scenarios_body(scenarios, &dir.to_string_lossy())
+        .replace("/tmp/work-", &format!("{}/work-", dir.display()));
+    let script = format!(
+        "export MICROVM={m} VMLINUX={v} BZIMAGE={b} ROOTFS={r}\n{body}\necho \"{DONE_MARKER}\"\n",
+        m = cmd::quote(&prep.microvm),
+        v = cmd::quote(&prep.images.vmlinux),
+        b = cmd::quote(&prep.images.bzimage),
+        r = cmd::quote(&prep.images.rootfs),
+    );
+    // The scripts use busybox applets (tunctl, nc, ...): put them first on PATH.
+    let bin = dir.join("bin");
+    cmd::mkdirs(&bin)?;
+    cmd::run(Command::new("busybox").arg("--install").arg("-s").arg(&bin))?;
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(script).env("PATH", path);
+    let console = qemu::run_console(
+        c,
+        &RunOptions {
+            name: "host".into(),
+            timeout: suite_timeout(scenarios.len()),
+            log: prep.workdir.join("direct-console.log"),
+            echo,
+            done_marker: DONE_MARKER.into(),
+        },
+    )?;
+    Ok(SuiteResult {
+        sections: split_sections(&console.lines),
+        console,
+        mode: "directly (hardware KVM)".into(),
+        l1_boot_secs: None,
+    })
+}
+
+/// Resolves scenario names (`all` or empty → every scenario).
+pub fn select(names: &[String]) -> Result<Vec<Scenario>, ScenarioError> {
+    if names.is_empty() || names.iter().any(|n| n == "all") {
+        return Ok(ALL.to_vec());
+    }
+    names
+        .iter()
+        .map(|n| find(n).ok_or_else(|| ScenarioError::Unknown(n.clone())))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_sections_with_status() {
+        let lines: Vec<String> = [
+            "noise",
+            "=== begin a",
+            "check x 1",
+            "[vm] microvirt: root /dev/vda ext4",
+            "check vm vm exit=0 end 3.5",
+            "=== end a rc=0",
+            "between",
+            "=== begin b",
+            "partial",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let s = split_sections(&lines);
+        let a = &s["a"];
+        assert_eq!(a.rc, Some(0));
+        assert_eq!(a.value("check x "), Some("1"));
+        assert_eq!(a.vm_lines("vm"), vec!["microvirt: root /dev/vda ext4"]);
+        assert_eq!(a.vm_exit("vm").as_deref(), Some("0"));
+        assert_eq!(s["b"].rc, None);
+        assert_eq!(s["b"].lines, vec!["partial".to_string()]);
+        assert!(!s.contains_key("between"));
+    }
+
+    #[test]
+    fn every_scenario_script_is_selectable() {
+        assert_eq!(select(&[]).expect("all").len(), ALL.len());
+        assert!(select(&["nope".into()]).is_err());
+        for sc in ALL {
+            assert!(sc.script.contains("vm "), "{} never runs a VM", sc.name);
+        }
+        let init = l1_init(&scenarios_body(&ALL[..1], "/scenarios"));
+        assert!(init.contains("insmod /mods/$m.ko") && init.contains(DONE_MARKER));
+    }
+}

@@ -1,0 +1,253 @@
+//! End-to-end scenarios: `microvm` boots real Linux guests inside the QEMU-TCG test host (or directly
+//! on a host with hardware KVM). Every scenario runs in ONE test-host boot, shared by the tests
+//! below; each test asserts on its own scenario's output.
+
+use std::sync::OnceLock;
+
+use microvirt_testhost::scenarios::{self, Section, SuiteResult};
+
+fn suite() -> &'static SuiteResult {
+    static SUITE: OnceLock<Result<SuiteResult, String>> = OnceLock::new();
+    let r = SUITE.get_or_init(|| {
+        let echo = std::env::var_os("MICROVIRT_QUIET").is_none();
+        let prep = scenarios::prepare().map_err(|e| format!("preparing the test host: {e}"))?;
+        let r = scenarios::run_suite(&prep, scenarios::ALL, echo).map_err(|e| e.to_string())?;
+        eprintln!(
+            "[e2e] ran {} scenarios {} in {:.1} s (test host ready at {:?} s guest time); log: {}",
+            r.sections.len(),
+            r.mode,
+            r.console.wall_secs,
+            r.l1_boot_secs,
+            r.console.log.display()
+        );
+        Ok(r)
+    });
+    match r {
+        Ok(s) => s,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn section(name: &str) -> &'static Section {
+    let s = suite();
+    match s.section(name) {
+        Some(sec) => {
+            assert_eq!(
+                sec.rc,
+                Some(0),
+                "scenario {name} script did not finish cleanly:\n{}",
+                sec.tail(40)
+            );
+            sec
+        }
+        None => panic!(
+            "scenario {name} produced no output; console tail:\n{}",
+            s.console.lines[s.console.lines.len().saturating_sub(40)..].join("\n")
+        ),
+    }
+}
+
+fn assert_exit0(sec: &Section, vm: &str) {
+    assert_eq!(
+        sec.vm_exit(vm).as_deref(),
+        Some("0"),
+        "microvm run {vm:?} did not exit 0; its output:\n{}",
+        sec.vm_lines(vm).join("\n")
+    );
+}
+
+fn guest(sec: &Section, vm: &str, key: &str) -> Option<String> {
+    let p = format!("microvirt: {key}");
+    sec.vm_lines(vm).into_iter().find_map(|l| {
+        l.trim()
+            .strip_prefix(p.as_str())
+            .map(|v| v.trim().to_string())
+    })
+}
+
+#[test]
+fn boot_vmlinux_root_on_virtio_blk_and_reboot_exits_0() {
+    let sec = section("boot");
+    assert_eq!(
+        guest(sec, "boot", "root").as_deref(),
+        Some("/dev/vda ext4"),
+        "root not on virtio-blk:\n{}",
+        sec.tail(60)
+    );
+    assert!(
+        guest(sec, "boot", "reboot").is_some(),
+        "init never reached its reboot:\n{}",
+        sec.tail(60)
+    );
+    assert_exit0(sec, "boot");
+}
+
+#[test]
+fn boot_bzimage_root_on_virtio_blk_and_reboot_exits_0() {
+    let sec = section("boot-bzimage");
+    assert_eq!(
+        guest(sec, "bzimage", "root").as_deref(),
+        Some("/dev/vda ext4"),
+        "{}",
+        sec.tail(60)
+    );
+    assert_exit0(sec, "bzimage");
+}
+
+#[test]
+fn boot_time_line_present_and_plausible() {
+    let sec = section("boot");
+    let line = sec
+        .vm_lines("boot")
+        .into_iter()
+        .find(|l| l.contains("boot-time-ms="))
+        .unwrap_or_else(|| panic!("no boot-time-ms line from microvm:\n{}", sec.tail(60)));
+    let field = |k: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {k} number in {line:?}"))
+    };
+    let wall = field("boot-time-ms=");
+    let cpu = field("cpu-ms=");
+    // Nested under TCG a boot takes seconds; a value outside (0, 60 s] is a broken timer.
+    assert!(
+        wall > 0.0 && wall <= 60_000.0,
+        "implausible boot-time-ms {wall}"
+    );
+    assert!(
+        cpu >= 0.0 && cpu <= wall * 4.0 + 50.0,
+        "implausible cpu-ms {cpu} (wall {wall})"
+    );
+    // The timer fires at init, so it must precede init's own first line... and the VMM's exit.
+    let start: f64 = sec
+        .values("check vm boot start ")
+        .first()
+        .and_then(|v| v.parse().ok())
+        .expect("start uptime");
+    let end: f64 = sec
+        .values("check vm boot exit=0 end ")
+        .first()
+        .and_then(|v| v.parse().ok())
+        .expect("end uptime");
+    assert!(
+        wall <= (end - start) * 1000.0 + 20.0,
+        "boot-time-ms {wall} exceeds the whole run ({:.0} ms)",
+        (end - start) * 1000.0
+    );
+}
+
+#[test]
+fn disk_write_persists_to_next_boot() {
+    let sec = section("persist");
+    let token = sec.value("check token ").expect("token line").to_string();
+    assert_eq!(
+        guest(sec, "write", "wrote").as_deref(),
+        Some(token.as_str()),
+        "{}",
+        sec.tail(60)
+    );
+    assert_exit0(sec, "write");
+    assert_eq!(
+        guest(sec, "read", "read").as_deref(),
+        Some(token.as_str()),
+        "the second boot did not see the file:\n{}",
+        sec.tail(60)
+    );
+    assert_exit0(sec, "read");
+}
+
+#[test]
+fn readonly_disk_refuses_writes() {
+    let sec = section("readonly");
+    let lines = sec.vm_lines("ro").join("\n");
+    assert!(
+        lines.contains("microvirt: vdb ro=1"),
+        "vdb not read-only:\n{lines}"
+    );
+    assert!(lines.contains("microvirt: ro-read ok"), "{lines}");
+    assert!(lines.contains("microvirt: ro-write refused"), "{lines}");
+    assert!(
+        lines.contains("microvirt: ro-mount-write refused"),
+        "{lines}"
+    );
+    assert_eq!(
+        sec.value("check data-before "),
+        sec.value("check data-after "),
+        "read-only image changed"
+    );
+    assert_exit0(sec, "ro");
+}
+
+#[test]
+fn overlay_disk_leaves_base_unchanged() {
+    let sec = section("overlay");
+    let token = sec.value("check token ").expect("token line");
+    assert_eq!(
+        guest(sec, "overlay", "overlay wrote").as_deref(),
+        Some(token),
+        "{}",
+        sec.tail(60)
+    );
+    assert_exit0(sec, "overlay");
+    let before = sec.value("check base-before ").expect("hash before");
+    assert_eq!(
+        Some(before),
+        sec.value("check base-after "),
+        "base image changed"
+    );
+}
+
+#[test]
+fn network_tcp_both_ways_over_tap() {
+    let sec = section("net");
+    assert!(
+        !sec.contains("check tunctl failed"),
+        "could not create the TAP:\n{}",
+        sec.tail(40)
+    );
+    assert_eq!(
+        guest(sec, "net", "eth0").as_deref(),
+        Some("10.0.2.2/24"),
+        "guest address:\n{}",
+        sec.tail(60)
+    );
+    assert_eq!(
+        sec.value("check host got"),
+        Some("hello-from-guest"),
+        "guest → host TCP:\n{}",
+        sec.tail(60)
+    );
+    assert_eq!(
+        guest(sec, "net", "net got").as_deref(),
+        Some("hello-from-host"),
+        "host → guest TCP:\n{}",
+        sec.tail(60)
+    );
+    assert_exit0(sec, "net");
+}
+
+#[test]
+fn smp_guest_sees_two_cpus() {
+    let sec = section("smp");
+    assert_eq!(
+        guest(sec, "smp", "nproc").as_deref(),
+        Some("2"),
+        "{}",
+        sec.tail(60)
+    );
+    assert_eq!(guest(sec, "smp", "cpuinfo").as_deref(), Some("2"));
+    assert_exit0(sec, "smp");
+}
+
+#[test]
+fn serial_console_runs_typed_command() {
+    let sec = section("console");
+    let lines = sec.vm_lines("console");
+    assert!(
+        lines.iter().any(|l| l.trim() == "typed-42"),
+        "the typed command's output did not come back:\n{}",
+        lines.join("\n")
+    );
+    assert_exit0(sec, "console");
+}

@@ -1,0 +1,79 @@
+//! Boot-timer device (Firecracker's method): when the guest writes
+//! [`BOOT_TIMER_MAGIC`] to offset 0, the VMM logs the wall-clock and CPU time
+//! elapsed since it started building the VM, and reports the event.
+
+use std::sync::mpsc::Sender;
+
+use crate::arch::x86_64::layout::BOOT_TIMER_MAGIC;
+use crate::devices::bus::BusDevice;
+use crate::timing::{cpu_time_us, Clock};
+
+/// What the VMM learns when the guest says it booted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BootTime {
+    pub wall_us: u64,
+    pub cpu_us: u64,
+}
+
+pub struct BootTimer {
+    start: Clock,
+    notify: Option<Sender<BootTime>>,
+    fired: bool,
+}
+
+impl BootTimer {
+    /// `start` is the time VM building began; `notify` receives the first boot event.
+    pub fn new(start: Clock, notify: Option<Sender<BootTime>>) -> Self {
+        Self {
+            start,
+            notify,
+            fired: false,
+        }
+    }
+}
+
+impl BusDevice for BootTimer {
+    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if offset != 0 || data.first() != Some(&BOOT_TIMER_MAGIC) {
+            return;
+        }
+        let t = BootTime {
+            wall_us: self.start.wall.elapsed().as_micros() as u64,
+            cpu_us: cpu_time_us().saturating_sub(self.start.cpu_us),
+        };
+        log::info!(
+            "boot-time-ms={} cpu-ms={}",
+            t.wall_us / 1000,
+            t.cpu_us / 1000
+        );
+        if !self.fired {
+            self.fired = true;
+            if let Some(tx) = &self.notify {
+                let _ = tx.send(t);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_magic_byte_at_offset_zero_fires_once() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut t = BootTimer::new(Clock::now(), Some(tx));
+        t.write(0, &[1]);
+        t.write(4, &[BOOT_TIMER_MAGIC]);
+        assert!(rx.try_recv().is_err());
+        t.write(0, &[BOOT_TIMER_MAGIC]);
+        let got = rx.try_recv().unwrap();
+        assert!(got.wall_us < 10_000_000);
+        t.write(0, &[BOOT_TIMER_MAGIC]);
+        assert!(rx.try_recv().is_err(), "reported once");
+    }
+}

@@ -1,0 +1,224 @@
+//! A minimal i8042 keyboard controller: enough for the guest to reset the
+//! machine (`reboot=k` writes 0xFE to port 0x64) and for the VMM to inject
+//! Ctrl-Alt-Del (graceful shutdown request).
+//!
+//! Inserted on the PIO bus at 0x60 with a length of 5, so offset 0 is the data
+//! port (0x60) and offset 4 the status/command port (0x64).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::devices::bus::BusDevice;
+use crate::devices::interrupt::IrqLine;
+
+const OFS_DATA: u64 = 0;
+const OFS_STATUS: u64 = 4;
+
+const CMD_READ_CTR: u8 = 0x20;
+const CMD_WRITE_CTR: u8 = 0x60;
+const CMD_DISABLE_AUX: u8 = 0xa7;
+const CMD_ENABLE_AUX: u8 = 0xa8;
+const CMD_TEST_AUX: u8 = 0xa9;
+const CMD_SELF_TEST: u8 = 0xaa;
+const CMD_TEST_KBD: u8 = 0xab;
+const CMD_DISABLE_KBD: u8 = 0xad;
+const CMD_ENABLE_KBD: u8 = 0xae;
+const CMD_READ_OUTP: u8 = 0xd0;
+const CMD_WRITE_OUTP: u8 = 0xd1;
+const CMD_RESET_CPU: u8 = 0xfe;
+
+const SB_OUT_DATA_AVAIL: u8 = 0x01;
+const SB_I8042_CMD_DATA: u8 = 0x08;
+const SB_KBD_ENABLED: u8 = 0x10;
+
+const CTR_KBD_INT: u8 = 0x01;
+const CTR_KBD_DISABLE: u8 = 0x10;
+
+const KBD_ACK: u8 = 0xfa;
+const KBD_RESET_OK: u8 = 0xaa;
+const SELF_TEST_OK: u8 = 0x55;
+
+/// Scancode set 2 make/break codes for Ctrl, Alt, Delete.
+pub const CTRL_ALT_DEL: [u8; 10] = [0x14, 0x11, 0xe0, 0x71, 0xe0, 0xf0, 0x71, 0xf0, 0x11, 0xf0];
+const CTRL_BREAK_TAIL: u8 = 0x14;
+
+/// Buffer bound: a stuck guest cannot make the VMM grow memory.
+const OUT_BUF_MAX: usize = 64;
+
+pub struct I8042Device {
+    reset_evt: Arc<EventFd>,
+    irq: IrqLine,
+    status: u8,
+    ctr: u8,
+    cmd: u8,
+    outp: u8,
+    buf: VecDeque<u8>,
+}
+
+impl I8042Device {
+    /// `reset_evt` is written when the guest asks for a CPU reset.
+    pub fn new(reset_evt: Arc<EventFd>, irq: IrqLine) -> Self {
+        Self {
+            reset_evt,
+            irq,
+            status: SB_KBD_ENABLED,
+            ctr: CTR_KBD_INT,
+            cmd: 0,
+            outp: 0,
+            buf: VecDeque::new(),
+        }
+    }
+
+    fn push(&mut self, b: u8) {
+        if self.buf.len() < OUT_BUF_MAX {
+            self.buf.push_back(b);
+        }
+        self.status |= SB_OUT_DATA_AVAIL;
+    }
+
+    fn raise_if_enabled(&self) {
+        if self.ctr & CTR_KBD_INT != 0 && self.ctr & CTR_KBD_DISABLE == 0 && !self.buf.is_empty() {
+            let _ = self.irq.trigger();
+        }
+    }
+
+    /// Queues the Ctrl-Alt-Del key sequence and interrupts the guest.
+    pub fn trigger_ctrl_alt_del(&mut self) {
+        for b in CTRL_ALT_DEL {
+            self.push(b);
+        }
+        self.push(CTRL_BREAK_TAIL);
+        self.raise_if_enabled();
+    }
+
+    fn pop(&mut self) -> u8 {
+        let b = self.buf.pop_front().unwrap_or(0);
+        if self.buf.is_empty() {
+            self.status &= !SB_OUT_DATA_AVAIL;
+        } else {
+            self.raise_if_enabled();
+        }
+        b
+    }
+
+    fn command(&mut self, cmd: u8) {
+        self.cmd = 0;
+        self.status |= SB_I8042_CMD_DATA;
+        match cmd {
+            CMD_READ_CTR => self.push(self.ctr),
+            CMD_WRITE_CTR | CMD_WRITE_OUTP => self.cmd = cmd,
+            CMD_READ_OUTP => self.push(self.outp),
+            CMD_SELF_TEST => self.push(SELF_TEST_OK),
+            CMD_TEST_KBD | CMD_TEST_AUX => self.push(0),
+            CMD_DISABLE_KBD => self.ctr |= CTR_KBD_DISABLE,
+            CMD_ENABLE_KBD => self.ctr &= !CTR_KBD_DISABLE,
+            CMD_DISABLE_AUX | CMD_ENABLE_AUX => {}
+            CMD_RESET_CPU => {
+                log::info!("guest requested a reset through the i8042");
+                if let Err(e) = self.reset_evt.write(1) {
+                    log::error!("i8042: signalling reset: {e}");
+                }
+            }
+            other => log::debug!("i8042: ignoring command {other:#x}"),
+        }
+    }
+
+    fn data_write(&mut self, v: u8) {
+        self.status &= !SB_I8042_CMD_DATA;
+        match std::mem::take(&mut self.cmd) {
+            CMD_WRITE_CTR => self.ctr = v,
+            CMD_WRITE_OUTP => self.outp = v,
+            _ => {
+                // A byte for the keyboard itself: acknowledge it; answer reset with BAT OK.
+                self.push(KBD_ACK);
+                if v == 0xff {
+                    self.push(KBD_RESET_OK);
+                }
+                self.raise_if_enabled();
+            }
+        }
+    }
+}
+
+impl BusDevice for I8042Device {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        data.fill(0xff);
+        let v = match offset {
+            OFS_DATA => self.pop(),
+            OFS_STATUS => self.status,
+            _ => return,
+        };
+        if let Some(d) = data.first_mut() {
+            *d = v;
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        let Some(v) = data.first().copied() else {
+            return;
+        };
+        match offset {
+            OFS_DATA => self.data_write(v),
+            OFS_STATUS => self.command(v),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev() -> (I8042Device, Arc<EventFd>, IrqLine) {
+        let reset = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+        let irq = IrqLine::new(1).unwrap();
+        (I8042Device::new(reset.clone(), irq.clone()), reset, irq)
+    }
+
+    fn rd(d: &mut I8042Device, off: u64) -> u8 {
+        let mut b = [0u8];
+        d.read(off, &mut b);
+        b[0]
+    }
+
+    #[test]
+    fn reset_command_signals() {
+        let (mut d, reset, _) = dev();
+        assert!(reset.read().is_err(), "no reset before the command");
+        d.write(OFS_STATUS, &[CMD_RESET_CPU]);
+        assert_eq!(reset.read().unwrap(), 1);
+    }
+
+    #[test]
+    fn ctrl_alt_del_is_delivered_with_interrupt() {
+        let (mut d, _, irq) = dev();
+        d.trigger_ctrl_alt_del();
+        assert_eq!(irq.eventfd().read().unwrap(), 1);
+        let mut got = Vec::new();
+        while rd(&mut d, OFS_STATUS) & SB_OUT_DATA_AVAIL != 0 {
+            got.push(rd(&mut d, OFS_DATA));
+        }
+        assert_eq!(&got[..10], &CTRL_ALT_DEL);
+        assert_eq!(got.len(), 11);
+    }
+
+    #[test]
+    fn ctr_round_trip_and_self_test() {
+        let (mut d, _, _) = dev();
+        d.write(OFS_STATUS, &[CMD_WRITE_CTR]);
+        d.write(OFS_DATA, &[0x47]);
+        d.write(OFS_STATUS, &[CMD_READ_CTR]);
+        assert_eq!(rd(&mut d, OFS_DATA), 0x47);
+        d.write(OFS_STATUS, &[CMD_SELF_TEST]);
+        assert_eq!(rd(&mut d, OFS_DATA), SELF_TEST_OK);
+        assert_eq!(rd(&mut d, OFS_STATUS) & SB_OUT_DATA_AVAIL, 0);
+        // Unknown offsets read all-ones, the buffer is bounded.
+        assert_eq!(rd(&mut d, 2), 0xff);
+        for _ in 0..1000 {
+            d.write(OFS_DATA, &[0xff]);
+        }
+        assert!(d.buf.len() <= OUT_BUF_MAX);
+    }
+}

@@ -1,0 +1,342 @@
+//! vCPUs: each runs KVM_RUN on its own thread and dispatches port and MMIO
+//! exits to the buses. The VMM thread controls them through a command channel
+//! and kicks them out of KVM_RUN with a signal.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use kvm_bindings::{CpuId, KVM_SYSTEM_EVENT_RESET, KVM_SYSTEM_EVENT_SHUTDOWN};
+use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
+use vmm_sys_util::eventfd::EventFd;
+use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
+
+use crate::arch::x86_64::{cpuid, regs};
+use crate::devices::bus::Bus;
+use crate::vstate::memory::GuestMemoryMmap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VcpuError {
+    #[error("creating vCPU {id}: {source}")]
+    Create { id: u8, source: kvm_ioctls::Error },
+    #[error("CPUID for vCPU {id}: {source}")]
+    Cpuid { id: u8, source: cpuid::CpuidError },
+    #[error("KVM_SET_CPUID2 for vCPU {id}: {source}")]
+    SetCpuid { id: u8, source: kvm_ioctls::Error },
+    #[error("setting up vCPU {id}: {source}")]
+    Regs { id: u8, source: regs::RegsError },
+    #[error("spawning the vCPU {id} thread: {source}")]
+    Spawn { id: u8, source: std::io::Error },
+    #[error("installing the vCPU kick signal handler: {0}")]
+    Signal(vmm_sys_util::errno::Error),
+    #[error("vCPU {0} thread is gone")]
+    ThreadGone(u8),
+}
+
+/// Why a vCPU stopped running the guest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VcpuExitReason {
+    /// The guest asked for a reset (KVM system event).
+    Reset,
+    /// The guest powered off or halted the CPU.
+    PowerOff,
+    /// Something the VMM cannot continue from (with registers).
+    Fault(String),
+}
+
+/// Counters shared by all vCPUs.
+#[derive(Debug, Default)]
+pub struct ExitStats {
+    pub unknown_pio: AtomicU64,
+    pub unknown_mmio: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VcpuCmd {
+    Resume,
+    Pause,
+    Stop,
+}
+
+/// A configured vCPU, not yet running.
+pub struct Vcpu {
+    id: u8,
+    fd: VcpuFd,
+    pio: Arc<Bus>,
+    mmio: Arc<Bus>,
+    stats: Arc<ExitStats>,
+}
+
+/// Everything the vCPUs need from the VM.
+pub struct VcpuContext<'a> {
+    pub vm: &'a VmFd,
+    pub mem: &'a GuestMemoryMmap,
+    pub base_cpuid: &'a CpuId,
+    pub count: u8,
+    pub pio: Arc<Bus>,
+    pub mmio: Arc<Bus>,
+    pub stats: Arc<ExitStats>,
+}
+
+impl Vcpu {
+    /// Creates vCPU `id` with normalized CPUID, MSRs, FPU and LAPIC LINT setup.
+    /// The boot CPU (id 0) also gets the entry registers for `protocol` at `entry`.
+    pub fn new(
+        ctx: &VcpuContext<'_>,
+        id: u8,
+        boot: Option<(regs::BootProtocol, u64)>,
+    ) -> Result<Self, VcpuError> {
+        let fd = ctx
+            .vm
+            .create_vcpu(u64::from(id))
+            .map_err(|source| VcpuError::Create { id, source })?;
+        let mut cpuid = ctx.base_cpuid.clone();
+        cpuid::normalize(&mut cpuid, id, ctx.count)
+            .map_err(|source| VcpuError::Cpuid { id, source })?;
+        fd.set_cpuid2(&cpuid)
+            .map_err(|source| VcpuError::SetCpuid { id, source })?;
+        let r = |source| VcpuError::Regs { id, source };
+        regs::setup_msrs(&fd).map_err(r)?;
+        regs::setup_fpu(&fd).map_err(r)?;
+        regs::setup_lint(&fd).map_err(r)?;
+        if let Some((protocol, entry)) = boot {
+            regs::setup_regs(&fd, protocol, entry).map_err(r)?;
+            regs::setup_sregs(ctx.mem, &fd, protocol).map_err(r)?;
+        }
+        Ok(Self {
+            id,
+            fd,
+            pio: ctx.pio.clone(),
+            mmio: ctx.mmio.clone(),
+            stats: ctx.stats.clone(),
+        })
+    }
+
+    fn describe_state(&self) -> String {
+        let regs = self.fd.get_regs();
+        let sregs = self.fd.get_sregs();
+        match (regs, sregs) {
+            (Ok(r), Ok(s)) => format!(
+                "rip={:#x} rsp={:#x} rflags={:#x} rax={:#x} rbx={:#x} rcx={:#x} rdx={:#x} \
+                 cr0={:#x} cr2={:#x} cr3={:#x} cr4={:#x} efer={:#x} cs={:#x}",
+                r.rip,
+                r.rsp,
+                r.rflags,
+                r.rax,
+                r.rbx,
+                r.rcx,
+                r.rdx,
+                s.cr0,
+                s.cr2,
+                s.cr3,
+                s.cr4,
+                s.efer,
+                s.cs.selector
+            ),
+            (Err(e), _) | (_, Err(e)) => format!("registers unavailable: {e}"),
+        }
+    }
+
+    /// One KVM_RUN. `Ok(None)` means keep running.
+    fn run_once(&mut self) -> Option<VcpuExitReason> {
+        let exit = match self.fd.run() {
+            Ok(exit) => exit,
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => return None,
+            Err(e) => return Some(VcpuExitReason::Fault(format!("KVM_RUN failed: {e}"))),
+        };
+        match exit {
+            VcpuExit::IoIn(port, data) => {
+                if !self.pio.read(u64::from(port), data) {
+                    self.stats.unknown_pio.fetch_add(1, Ordering::Relaxed);
+                    log::debug!("vcpu{}: read of unknown port {port:#x}", self.id);
+                }
+                None
+            }
+            VcpuExit::IoOut(port, data) => {
+                if !self.pio.write(u64::from(port), data) {
+                    self.stats.unknown_pio.fetch_add(1, Ordering::Relaxed);
+                    log::debug!("vcpu{}: write to unknown port {port:#x}", self.id);
+                }
+                None
+            }
+            VcpuExit::MmioRead(addr, data) => {
+                if !self.mmio.read(addr, data) {
+                    self.stats.unknown_mmio.fetch_add(1, Ordering::Relaxed);
+                    log::debug!("vcpu{}: read of unknown MMIO {addr:#x}", self.id);
+                }
+                None
+            }
+            VcpuExit::MmioWrite(addr, data) => {
+                if !self.mmio.write(addr, data) {
+                    self.stats.unknown_mmio.fetch_add(1, Ordering::Relaxed);
+                    log::debug!("vcpu{}: write to unknown MMIO {addr:#x}", self.id);
+                }
+                None
+            }
+            VcpuExit::Hlt => {
+                log::info!("vcpu{}: guest halted", self.id);
+                Some(VcpuExitReason::PowerOff)
+            }
+            VcpuExit::SystemEvent(kind, _) => match kind {
+                KVM_SYSTEM_EVENT_RESET => Some(VcpuExitReason::Reset),
+                KVM_SYSTEM_EVENT_SHUTDOWN => Some(VcpuExitReason::PowerOff),
+                other => Some(VcpuExitReason::Fault(format!("unexpected KVM system event {other}"))),
+            },
+            VcpuExit::Shutdown => Some(VcpuExitReason::Fault(format!(
+                "vCPU {} triple fault (KVM_EXIT_SHUTDOWN): {}",
+                self.id,
+                self.describe_state()
+            ))),
+            VcpuExit::FailEntry(reason, cpu) => Some(VcpuExitReason::Fault(format!(
+                "vCPU {} failed to enter the guest (KVM_EXIT_FAIL_ENTRY, hardware reason {reason:#x}, cpu {cpu}): {}",
+                self.id,
+                self.describe_state()
+            ))),
+            VcpuExit::InternalError => {
+                // SAFETY: on KVM_EXIT_INTERNAL_ERROR the kernel filled the `internal` member of the union.
+                let internal = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal };
+                let n = (internal.ndata as usize).min(internal.data.len());
+                Some(VcpuExitReason::Fault(format!(
+                    "vCPU {} KVM internal error (KVM_EXIT_INTERNAL_ERROR, suberror {}, data {:x?}): {}",
+                    self.id,
+                    internal.suberror,
+                    &internal.data[..n],
+                    self.describe_state()
+                )))
+            }
+            other => {
+                let what = format!("{other:?}");
+                Some(VcpuExitReason::Fault(format!(
+                    "vCPU {} unexpected exit {what}: {}",
+                    self.id,
+                    self.describe_state()
+                )))
+            }
+        }
+    }
+
+    /// Starts the vCPU thread, paused. Exits are reported on `exits` and `exit_evt`.
+    pub fn start_paused(
+        self,
+        exits: Sender<(u8, VcpuExitReason)>,
+        exit_evt: Arc<EventFd>,
+    ) -> Result<VcpuHandle, VcpuError> {
+        let id = self.id;
+        let (cmd_tx, cmd_rx) = channel();
+        let (ack_tx, ack_rx) = channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("vcpu{id}"))
+            .spawn(move || self.thread_main(cmd_rx, ack_tx, exits, exit_evt))
+            .map_err(|source| VcpuError::Spawn { id, source })?;
+        Ok(VcpuHandle {
+            id,
+            thread: Some(thread),
+            cmd: cmd_tx,
+            ack: ack_rx,
+        })
+    }
+
+    fn thread_main(
+        mut self,
+        cmds: Receiver<VcpuCmd>,
+        ack: Sender<VcpuCmd>,
+        exits: Sender<(u8, VcpuExitReason)>,
+        exit_evt: Arc<EventFd>,
+    ) {
+        let mut running = false;
+        let mut exited = false;
+        loop {
+            let cmd = if running {
+                match cmds.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => Some(VcpuCmd::Stop),
+                }
+            } else {
+                Some(cmds.recv().unwrap_or(VcpuCmd::Stop))
+            };
+            match cmd {
+                Some(VcpuCmd::Stop) => {
+                    let _ = ack.send(VcpuCmd::Stop);
+                    return;
+                }
+                Some(VcpuCmd::Pause) => {
+                    running = false;
+                    let _ = ack.send(VcpuCmd::Pause);
+                    continue;
+                }
+                Some(VcpuCmd::Resume) => {
+                    // A vCPU that already left the guest stays out until stopped.
+                    running = !exited;
+                    let _ = ack.send(VcpuCmd::Resume);
+                    continue;
+                }
+                None => {}
+            }
+            if let Some(reason) = self.run_once() {
+                exited = true;
+                running = false;
+                let _ = exits.send((self.id, reason));
+                let _ = exit_evt.write(1);
+            }
+        }
+    }
+}
+
+extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+/// Installs the (no-op) handler of the signal that interrupts KVM_RUN.
+pub fn install_kick_handler() -> Result<(), VcpuError> {
+    register_signal_handler(SIGRTMIN(), kick_handler).map_err(VcpuError::Signal)
+}
+
+/// The VMM side of a vCPU thread.
+pub struct VcpuHandle {
+    id: u8,
+    thread: Option<JoinHandle<()>>,
+    cmd: Sender<VcpuCmd>,
+    ack: Receiver<VcpuCmd>,
+}
+
+impl VcpuHandle {
+    pub fn id(&self) -> u8 {
+        self.id
+    }
+
+    /// Sends `cmd` and kicks the thread out of KVM_RUN until it acknowledges.
+    pub fn command(&mut self, cmd: VcpuCmd) -> Result<(), VcpuError> {
+        self.cmd
+            .send(cmd)
+            .map_err(|_| VcpuError::ThreadGone(self.id))?;
+        loop {
+            if let Some(t) = &self.thread {
+                // A signal that lands while the thread is outside KVM_RUN is lost,
+                // so keep kicking until the acknowledgement arrives.
+                let _ = t.kill(SIGRTMIN());
+            }
+            match self.ack.recv_timeout(Duration::from_millis(1)) {
+                Ok(_) => return Ok(()),
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return Err(VcpuError::ThreadGone(self.id)),
+            }
+        }
+    }
+
+    /// Stops and joins the thread.
+    pub fn stop(&mut self) {
+        let _ = self.command(VcpuCmd::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for VcpuHandle {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.stop();
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! The KVM VM: capability checks, guest memory registration, in-kernel irqchip and PIT.
+
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Cap, Kvm, VmFd};
+use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
+
+use super::memory::GuestMemoryMmap;
+use crate::arch::x86_64::layout::KVM_TSS_ADDR;
+
+const KVM_API_VERSION: i32 = 12;
+
+/// Capabilities the VMM cannot work without.
+const REQUIRED_CAPS: [(Cap, &str); 6] = [
+    (Cap::Irqchip, "in-kernel irqchip"),
+    (Cap::UserMemory, "user memory regions"),
+    (Cap::SetTssAddr, "TSS address"),
+    (Cap::Pit2, "in-kernel PIT"),
+    (Cap::Irqfd, "irqfd"),
+    (Cap::Ioeventfd, "ioeventfd"),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("cannot open /dev/kvm: {0} (is KVM available and do you have access to /dev/kvm?)")]
+    OpenKvm(kvm_ioctls::Error),
+    #[error("KVM API version {0} is not supported (need {KVM_API_VERSION})")]
+    ApiVersion(i32),
+    #[error("KVM lacks a required capability: {0}")]
+    MissingCap(&'static str),
+    #[error("{what} failed: {source}")]
+    Kvm {
+        what: &'static str,
+        source: kvm_ioctls::Error,
+    },
+}
+
+fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Kvm { what, source }
+}
+
+/// Opens /dev/kvm and checks the API version and required capabilities.
+pub fn open_kvm() -> Result<Kvm, VmError> {
+    let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+    let v = kvm.get_api_version();
+    if v != KVM_API_VERSION {
+        return Err(VmError::ApiVersion(v));
+    }
+    for (cap, name) in REQUIRED_CAPS {
+        if !kvm.check_extension(cap) {
+            return Err(VmError::MissingCap(name));
+        }
+    }
+    Ok(kvm)
+}
+
+/// Creates the VM with its TSS, irqchip (PIC + IOAPIC), PIT and guest memory.
+pub fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap) -> Result<VmFd, VmError> {
+    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    vm.set_tss_address(KVM_TSS_ADDR as usize)
+        .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+    for (slot, region) in mem.iter().enumerate() {
+        let r = kvm_userspace_memory_region {
+            slot: slot as u32,
+            guest_phys_addr: region.start_addr().raw_value(),
+            memory_size: region.len(),
+            userspace_addr: region.as_ptr() as u64,
+            flags: 0,
+        };
+        // SAFETY: the host range [userspace_addr, +memory_size) is a live mapping owned by
+        // `mem`, which the caller keeps alive for as long as the VM exists.
+        unsafe { vm.set_user_memory_region(r) }.map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+    vm.create_irq_chip()
+        .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
+    vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    Ok(vm)
+}

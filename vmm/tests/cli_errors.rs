@@ -1,0 +1,158 @@
+//! Bad input to `microvm` gets a one-line error and a non-zero exit, never a panic.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn microvm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_microvm"))
+        .args(args)
+        .env_remove("MICROVM_T0_MONO_NS")
+        .output()
+        .expect("run microvm")
+}
+
+/// The error line, asserting there is exactly one and no panic.
+fn one_line_error(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("microvm: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one error line expected: {stderr}");
+    errors[0].to_string()
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("microvm-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A minimal ELF64 executable whose single PT_LOAD segment spans `memsz` bytes at 1 MiB.
+fn synthetic_elf(path: &Path, memsz: u64) {
+    let mut f = Vec::new();
+    // ELF header
+    f.extend_from_slice(b"\x7fELF\x02\x01\x01\0");
+    f.extend_from_slice(&[0u8; 8]);
+    f.extend_from_slice(&2u16.to_le_bytes()); // ET_EXEC
+    f.extend_from_slice(&0x3eu16.to_le_bytes()); // x86-64
+    f.extend_from_slice(&1u32.to_le_bytes());
+    f.extend_from_slice(&0x10_0000u64.to_le_bytes()); // entry
+    f.extend_from_slice(&64u64.to_le_bytes()); // phoff
+    f.extend_from_slice(&0u64.to_le_bytes()); // shoff
+    f.extend_from_slice(&0u32.to_le_bytes());
+    f.extend_from_slice(&64u16.to_le_bytes()); // ehsize
+    f.extend_from_slice(&56u16.to_le_bytes()); // phentsize
+    f.extend_from_slice(&1u16.to_le_bytes()); // phnum
+    f.extend_from_slice(&[0u8; 6]);
+    // program header: PT_LOAD, RX, offset 0x1000, vaddr=paddr=1 MiB, filesz 16, memsz
+    f.extend_from_slice(&1u32.to_le_bytes());
+    f.extend_from_slice(&5u32.to_le_bytes());
+    f.extend_from_slice(&0x1000u64.to_le_bytes());
+    f.extend_from_slice(&0x10_0000u64.to_le_bytes());
+    f.extend_from_slice(&0x10_0000u64.to_le_bytes());
+    f.extend_from_slice(&16u64.to_le_bytes());
+    f.extend_from_slice(&memsz.to_le_bytes());
+    f.extend_from_slice(&0x1000u64.to_le_bytes());
+    f.resize(0x1000, 0);
+    f.extend_from_slice(&[0xf4; 16]); // hlt
+    std::fs::File::create(path).unwrap().write_all(&f).unwrap();
+}
+
+#[test]
+fn missing_kernel_file() {
+    let e = one_line_error(&microvm(&["--kernel", "/nonexistent/vmlinux"]));
+    assert!(e.contains("cannot open kernel /nonexistent/vmlinux"), "{e}");
+}
+
+#[test]
+fn garbage_kernel_file() {
+    let d = tmpdir("garbage");
+    let k = d.join("garbage");
+    std::fs::write(&k, vec![0x5au8; 8192]).unwrap();
+    let e = one_line_error(&microvm(&["--kernel", k.to_str().unwrap()]));
+    assert!(e.contains("neither an ELF vmlinux nor a bzImage"), "{e}");
+}
+
+#[test]
+fn memory_too_small_for_kernel() {
+    let d = tmpdir("big");
+    let k = d.join("big.elf");
+    synthetic_elf(&k, 64 << 20);
+    let e = one_line_error(&microvm(&[
+        "--kernel",
+        k.to_str().unwrap(),
+        "--mem-mib",
+        "16",
+    ]));
+    assert!(
+        e.contains("needs 65 MiB of guest memory but the VM has 16 MiB"),
+        "{e}"
+    );
+}
+
+#[test]
+fn command_line_too_long() {
+    let d = tmpdir("cmdline");
+    let k = d.join("k.elf");
+    synthetic_elf(&k, 4096);
+    let long = "a".repeat(3000);
+    let e = one_line_error(&microvm(&[
+        "--kernel",
+        k.to_str().unwrap(),
+        "--cmdline",
+        &long,
+    ]));
+    assert!(
+        e.contains("kernel command line is") && e.contains("limit is 2047"),
+        "{e}"
+    );
+}
+
+#[test]
+fn zero_vcpus_and_bad_numbers() {
+    let e = one_line_error(&microvm(&["--kernel", "/k", "--vcpus", "0"]));
+    assert!(e.contains("vcpus must be between 1 and 32, got 0"), "{e}");
+    let e = one_line_error(&microvm(&["--kernel", "/k", "--mem-mib", "lots"]));
+    assert!(e.contains("--mem-mib: \"lots\" is not a number"), "{e}");
+    let e = one_line_error(&microvm(&["--kernel", "/k", "--serial", "tcp:1"]));
+    assert!(e.contains("serial must be"), "{e}");
+    let e = one_line_error(&microvm(&["--bogus"]));
+    assert!(e.contains("unknown argument"), "{e}");
+    let e = one_line_error(&microvm(&[]));
+    assert!(e.contains("--kernel"), "{e}");
+}
+
+#[test]
+fn bad_config_file() {
+    let d = tmpdir("config");
+    let c = d.join("vm.json");
+    std::fs::write(&c, r#"{"kernel": "/k", "memory": 5}"#).unwrap();
+    let e = one_line_error(&microvm(&["--config", c.to_str().unwrap()]));
+    assert!(e.contains("unknown field `memory`"), "{e}");
+}
+
+#[test]
+fn no_access_to_dev_kvm() {
+    // Run as an unprivileged user (nobody) who cannot open /dev/kvm (mode 0600 root).
+    let d = tmpdir("nokvm");
+    let k = d.join("k.elf");
+    synthetic_elf(&k, 4096);
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&k, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            env!("CARGO_BIN_EXE_microvm"),
+        ])
+        .args(["--kernel", k.to_str().unwrap()])
+        .output()
+        .expect("setpriv (util-linux) is needed for this test");
+    let e = one_line_error(&out);
+    assert!(e.contains("cannot open /dev/kvm"), "{e}");
+}

@@ -1,0 +1,105 @@
+//! Shared helpers for the VMM's KVM integration tests: build the test guest once,
+//! run `microvm` with a timeout, collect its console and log.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub fn guest() -> &'static testguest_build::Artifacts {
+    static G: OnceLock<testguest_build::Artifacts> = OnceLock::new();
+    G.get_or_init(|| testguest_build::build().expect("build the test guest"))
+}
+
+pub struct Run {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn assert_ok(&self) -> &Self {
+        assert!(
+            self.status.success(),
+            "microvm failed: {}\nstdout:\n{}\nstderr:\n{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+    /// The value after `prefix` on the first console line starting with it.
+    pub fn line(&self, prefix: &str) -> String {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no line starting {prefix:?} in:\n{}\nstderr:\n{}",
+                    self.stdout, self.stderr
+                )
+            })
+            .trim()
+            .to_string()
+    }
+}
+
+pub fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("microvm-it-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn spawn(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_microvm"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn microvm")
+}
+
+/// Waits for `child` up to `timeout`, killing it past that; returns its output.
+pub fn finish(mut child: Child, timeout: Duration) -> Run {
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let o = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let e = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let st = child.wait().unwrap();
+            let (so, se) = (o.join().unwrap(), e.join().unwrap());
+            panic!("microvm timed out after {timeout:?} ({st})\nstdout:\n{so}\nstderr:\n{se}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Run {
+        status,
+        stdout: o.join().unwrap(),
+        stderr: e.join().unwrap(),
+    }
+}
+
+pub fn run(args: &[&str], stdin: &[u8]) -> Run {
+    let mut child = spawn(args);
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin).unwrap();
+    drop(input);
+    finish(child, Duration::from_secs(20))
+}
