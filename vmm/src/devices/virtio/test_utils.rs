@@ -110,60 +110,93 @@ pub fn temp_image(len: usize, fill: u8) -> TempPath {
     p
 }
 
-use virtio_queue::desc::{split::Descriptor as SplitDescriptor, RawDescriptor};
-use virtio_queue::mock::MockSplitQueue;
+use virtio_queue::QueueT;
+use vm_memory::Bytes;
 
 pub const F_NEXT: u16 = 1;
 pub const F_WRITE: u16 = 2;
 pub const F_INDIRECT: u16 = 4;
 
 /// Driver-side view of a split queue in test guest memory, with full
-/// control over descriptors (to build malformed chains).
+/// control over descriptors (to build malformed chains). Layout: descriptor
+/// table at `base`, available ring right after it, used ring after that
+/// (4-byte aligned). (virtio-queue's `MockSplitQueue` is not used: its ring
+/// layout lets the used ring overlap the available ring.)
 pub struct TestQueue<'a> {
-    pub mock: MockSplitQueue<'a, GuestMemoryMmap>,
+    pub mem: &'a GuestMemoryMmap,
     pub size: u16,
+    pub desc: u64,
+    pub avail: u64,
+    pub used: u64,
     next_desc: u16,
 }
 
 impl<'a> TestQueue<'a> {
-    /// A queue of `size` at `base` (descriptor table, then rings).
+    /// A queue of `size` at `base`; rings zeroed.
     pub fn new(mem: &'a GuestMemoryMmap, base: u64, size: u16) -> Self {
+        let desc = base;
+        let avail = desc + 16 * u64::from(size);
+        let used = (avail + 6 + 2 * u64::from(size) + 3) & !3;
+        let end = used + 6 + 8 * u64::from(size);
+        mem.write_slice(&vec![0u8; (end - base) as usize], GuestAddress(base))
+            .unwrap();
         Self {
-            mock: MockSplitQueue::create(mem, GuestAddress(base), size),
+            mem,
             size,
+            desc,
+            avail,
+            used,
             next_desc: 0,
         }
     }
 
     /// The device-side queue, ready.
     pub fn queue(&self) -> Queue {
-        self.mock.create_queue().unwrap()
+        let mut q = Queue::new(self.size).unwrap();
+        q.set_size(self.size);
+        q.set_desc_table_address(Some(self.desc as u32), Some((self.desc >> 32) as u32));
+        q.set_avail_ring_address(Some(self.avail as u32), Some((self.avail >> 32) as u32));
+        q.set_used_ring_address(Some(self.used as u32), Some((self.used >> 32) as u32));
+        q.set_ready(true);
+        q
     }
 
     /// Store one raw descriptor at `idx`.
     pub fn set_desc(&self, idx: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let d = SplitDescriptor::new(addr, len, flags, next);
-        self.mock
-            .desc_table()
-            .store(idx, RawDescriptor::from(d))
+        let mut d = [0u8; 16];
+        d[0..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        d[14..16].copy_from_slice(&next.to_le_bytes());
+        self.mem
+            .write_slice(&d, GuestAddress(self.desc + 16 * u64::from(idx)))
             .unwrap();
+    }
+
+    /// Address of descriptor `idx`'s buffer.
+    pub fn desc_addr(&self, idx: u16) -> u64 {
+        self.mem
+            .read_obj(GuestAddress(self.desc + 16 * u64::from(idx)))
+            .unwrap()
+    }
+
+    pub fn avail_idx(&self) -> u16 {
+        self.mem.read_obj(GuestAddress(self.avail + 2)).unwrap()
     }
 
     /// Make `head` available.
     pub fn push_avail(&self, head: u16) {
-        let idx = self.mock.avail().idx().load();
-        self.mock
-            .avail()
-            .ring()
-            .ref_at((idx % self.size) as usize)
-            .unwrap()
-            .store(head);
-        self.mock.avail().idx().store(idx.wrapping_add(1));
+        let idx = self.avail_idx();
+        let slot = self.avail + 4 + 2 * u64::from(idx % self.size);
+        self.mem.write_obj(head, GuestAddress(slot)).unwrap();
+        self.set_avail_idx(idx.wrapping_add(1));
     }
 
     /// Overwrite the available index (to make it run ahead).
     pub fn set_avail_idx(&self, idx: u16) {
-        self.mock.avail().idx().store(idx);
+        self.mem
+            .write_obj(idx, GuestAddress(self.avail + 2))
+            .unwrap();
     }
 
     /// Add a well-linked chain of `(addr, len, device_writable)` and make it
@@ -182,18 +215,15 @@ impl<'a> TestQueue<'a> {
     }
 
     pub fn used_idx(&self) -> u16 {
-        self.mock.used().idx().load()
+        self.mem.read_obj(GuestAddress(self.used + 2)).unwrap()
     }
 
     /// Used element `i`: (chain head, length).
     pub fn used(&self, i: u16) -> (u32, u32) {
-        let e = self
-            .mock
-            .used()
-            .ring()
-            .ref_at((i % self.size) as usize)
-            .unwrap()
-            .load();
-        (e.id(), e.len())
+        let e = self.used + 4 + 8 * u64::from(i % self.size);
+        (
+            self.mem.read_obj(GuestAddress(e)).unwrap(),
+            self.mem.read_obj(GuestAddress(e + 4)).unwrap(),
+        )
     }
 }
