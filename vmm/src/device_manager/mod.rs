@@ -1,1 +1,2 @@
 //! Device managers: they assign bus addresses and IRQs; devices never choose their own.
+pub mod mmio;

@@ -1,1 +1,371 @@
-//! virtio-mmio transport and virtio devices.
+//! virtio-mmio transport and virtio devices (block, net).
+//!
+//! Threading model:
+//! - Register accesses (feature negotiation, status, queue setup, config space)
+//!   arrive on vCPU threads through the MMIO [`Bus`] and are handled by
+//!   [`mmio::MmioTransport`].
+//! - Queue notifications are ioeventfds registered with KVM at `base + 0x50`
+//!   (datamatch = queue index). Each device is an `event_manager` subscriber
+//!   and processes its queues on the VMM event-loop thread only.
+//! - Interrupts leave through an [`IrqLine`] (irqfd); the interrupt status
+//!   register is shared lock-free between both sides ([`VirtioInterrupt`]).
+//!
+//! Queue processing is pure code (`block::request`, `net::frames`) over
+//! `virtio_queue` chains so it can be unit-tested and fuzzed without KVM.
+//!
+//! The builder calls one function per device kind: [`attach_block`] and
+//! [`attach_net`].
+
+pub mod block;
+pub mod mmio;
+pub mod net;
+
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
+use kvm_ioctls::{IoEventAddress, VmFd};
+use virtio_queue::Queue;
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::device_manager::mmio::{MmioDeviceManager, MmioError, MmioSlot};
+use crate::devices::bus::{Bus, BusError};
+use crate::devices::interrupt::IrqLine;
+use crate::vstate::memory::GuestMemoryMmap;
+
+pub use block::{BlockConfig, BlockConfigError};
+pub use net::{NetConfig, NetConfigError};
+
+/// virtio device type ids (virtio 1.2, 5).
+pub const TYPE_NET: u32 = 1;
+/// virtio-blk device id.
+pub const TYPE_BLOCK: u32 = 2;
+
+/// Device status bits (virtio 1.2, 2.1).
+pub mod status {
+    pub const ACKNOWLEDGE: u32 = 1;
+    pub const DRIVER: u32 = 2;
+    pub const DRIVER_OK: u32 = 4;
+    pub const FEATURES_OK: u32 = 8;
+    pub const NEEDS_RESET: u32 = 0x40;
+    pub const FAILED: u32 = 0x80;
+}
+
+/// Feature bit: modern (version 1) device. Every device offers it and the
+/// transport refuses FEATURES_OK unless the driver accepts it.
+pub const VIRTIO_F_VERSION_1: u32 = 32;
+
+/// Interrupt status bit: a used ring was updated.
+pub const INT_VRING: u32 = 1;
+/// Interrupt status bit: configuration (or NEEDS_RESET) changed.
+pub const INT_CONFIG: u32 = 2;
+
+/// Errors of the virtio devices and their attach functions.
+#[derive(Debug, thiserror::Error)]
+pub enum VirtioError {
+    #[error("cannot open disk image {path}: {source}")]
+    OpenImage {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("disk backend: {0}")]
+    Disk(#[from] block::DiskError),
+    #[error("tap device: {0}")]
+    Tap(#[from] net::TapError),
+    #[error("cannot create eventfd: {0}")]
+    EventFd(std::io::Error),
+    #[error("cannot register irqfd for GSI {gsi}: {source}")]
+    Irqfd { gsi: u32, source: kvm_ioctls::Error },
+    #[error("cannot register ioeventfd at {addr:#x} for queue {queue}: {source}")]
+    Ioeventfd {
+        addr: u64,
+        queue: usize,
+        source: kvm_ioctls::Error,
+    },
+    #[error("MMIO slot allocation: {0}")]
+    Slot(#[from] MmioError),
+    #[error("MMIO bus: {0}")]
+    Bus(#[from] BusError),
+    #[error("cannot add the device to the event loop: {0}")]
+    EventLoop(event_manager::Error),
+    #[error("invalid queue size {0}")]
+    QueueSize(u16),
+}
+
+/// Interrupt state shared by the transport (vCPU threads) and the device
+/// (event-loop thread).
+#[derive(Debug)]
+pub struct VirtioInterrupt {
+    status: AtomicU32,
+    needs_reset: AtomicBool,
+    irq: IrqLine,
+}
+
+impl VirtioInterrupt {
+    pub fn new(irq: IrqLine) -> Self {
+        Self {
+            status: AtomicU32::new(0),
+            needs_reset: AtomicBool::new(false),
+            irq,
+        }
+    }
+
+    /// Report used-ring updates to the guest.
+    pub fn signal_used_queue(&self) {
+        self.status.fetch_or(INT_VRING, Ordering::SeqCst);
+        if let Err(e) = self.irq.trigger() {
+            log::error!("virtio: cannot trigger irq {}: {e}", self.irq.gsi());
+        }
+    }
+
+    /// Report a configuration change (also used to announce NEEDS_RESET).
+    pub fn signal_config(&self) {
+        self.status.fetch_or(INT_CONFIG, Ordering::SeqCst);
+        if let Err(e) = self.irq.trigger() {
+            log::error!("virtio: cannot trigger irq {}: {e}", self.irq.gsi());
+        }
+    }
+
+    /// Mark the device broken by the driver (virtio 1.2, 2.1.2): the driver
+    /// sees DEVICE_NEEDS_RESET in the status register and must reset it.
+    pub fn set_needs_reset(&self) {
+        if !self.needs_reset.swap(true, Ordering::SeqCst) {
+            self.signal_config();
+        }
+    }
+
+    pub fn needs_reset(&self) -> bool {
+        self.needs_reset.load(Ordering::SeqCst)
+    }
+
+    /// Current InterruptStatus register value.
+    pub fn status(&self) -> u32 {
+        self.status.load(Ordering::SeqCst)
+    }
+
+    /// InterruptACK register write.
+    pub fn ack(&self, bits: u32) {
+        self.status.fetch_and(!bits, Ordering::SeqCst);
+    }
+
+    /// Clear everything on device reset.
+    pub fn reset(&self) {
+        self.status.store(0, Ordering::SeqCst);
+        self.needs_reset.store(false, Ordering::SeqCst);
+    }
+
+    pub fn irq(&self) -> &IrqLine {
+        &self.irq
+    }
+}
+
+/// What the virtio-mmio transport needs from a device.
+///
+/// The transport owns the queue configuration until the driver sets
+/// DRIVER_OK; then it hands copies of the queues to [`VirtioDevice::activate`]
+/// and the device processes them on the event-loop thread.
+pub trait VirtioDevice: Send {
+    /// virtio device id ([`TYPE_BLOCK`], [`TYPE_NET`]).
+    fn device_type(&self) -> u32;
+    /// Maximum size of each queue (powers of two).
+    fn queue_max_sizes(&self) -> &[u16];
+    /// Features the device offers (including [`VIRTIO_F_VERSION_1`]).
+    fn avail_features(&self) -> u64;
+    /// Features the driver accepted (a subset of `avail_features`), once
+    /// FEATURES_OK was accepted by the transport.
+    fn set_acked_features(&mut self, features: u64);
+    /// Read `data.len()` bytes of the device configuration space at `offset`.
+    /// Bytes beyond the config space read as zero.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// Driver write to the configuration space; ignored by default.
+    fn write_config(&mut self, offset: u64, data: &[u8]) {
+        log::warn!(
+            "virtio: ignored config write at {offset:#x} ({} bytes)",
+            data.len()
+        );
+    }
+    /// The driver set DRIVER_OK: start processing `queues` (already validated).
+    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError>;
+    /// The driver wrote 0 to Status: stop processing and drop queues. The
+    /// device must be able to be activated again afterwards.
+    fn reset(&mut self);
+    /// True between `activate` and `reset`.
+    fn is_activated(&self) -> bool;
+    /// One eventfd per queue; the attach function registers them as KVM
+    /// ioeventfds, the device's event handler listens to them.
+    fn queue_events(&self) -> &[EventFd];
+    /// The interrupt state shared with the transport.
+    fn interrupt(&self) -> &Arc<VirtioInterrupt>;
+}
+
+/// Why a device refused activation.
+#[derive(Debug, thiserror::Error)]
+pub enum ActivateError {
+    #[error("wrong number of queues: expected {expected}, got {got}")]
+    QueueCount { expected: usize, got: usize },
+    #[error("backend: {0}")]
+    Backend(String),
+    #[error("cannot signal the event loop: {0}")]
+    EventFd(std::io::Error),
+}
+
+/// One virtio device as the builder holds it: the device is both the
+/// transport's backend and an event-loop subscriber.
+pub trait VirtioSubscriberDevice: VirtioDevice + MutEventSubscriber {}
+impl<T: VirtioDevice + MutEventSubscriber> VirtioSubscriberDevice for T {}
+
+/// The event manager type the VMM event-loop thread runs.
+pub type VmmEventManager = EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>;
+
+/// Attach one virtio-blk disk (see [`BlockConfig`]).
+///
+/// Opens the image (read-only when `ro`, with a copy-on-write overlay when
+/// `overlay=` is set), creates the device and its MMIO transport, takes the
+/// next MMIO slot and GSI from `mgr`, registers the irqfd and the queue
+/// ioeventfds with KVM, inserts the transport into `mmio_bus` and adds the
+/// device to the event loop. Returns the slot the device got. Nothing is
+/// committed to `mgr` (and so to the kernel command line) unless every step
+/// succeeded.
+pub fn attach_block(
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    mmio_bus: &mut Bus,
+    mgr: &mut MmioDeviceManager,
+    evmgr: &mut VmmEventManager,
+    cfg: &BlockConfig,
+) -> Result<MmioSlot, VirtioError> {
+    let slot = mgr.peek_next()?;
+    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
+    let dev = block::BlockDevice::from_config(cfg, irq)?;
+    let name = format!("virtio-blk({})", cfg.path.display());
+    attach_device(
+        vm,
+        mem,
+        mmio_bus,
+        mgr,
+        evmgr,
+        Arc::new(Mutex::new(dev)),
+        slot,
+        name,
+    )
+}
+
+/// Attach one virtio-net device over a TAP interface (see [`NetConfig`]).
+///
+/// Opens `/dev/net/tun` for `tap=NAME` with IFF_TAP | IFF_NO_PI |
+/// IFF_VNET_HDR, probes which offloads the TAP supports (they are offered to
+/// the guest), then proceeds like [`attach_block`].
+pub fn attach_net(
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    mmio_bus: &mut Bus,
+    mgr: &mut MmioDeviceManager,
+    evmgr: &mut VmmEventManager,
+    cfg: &NetConfig,
+) -> Result<MmioSlot, VirtioError> {
+    let slot = mgr.peek_next()?;
+    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
+    let dev = net::NetDevice::from_config(cfg, irq)?;
+    let name = format!("virtio-net({})", cfg.tap);
+    attach_device(
+        vm,
+        mem,
+        mmio_bus,
+        mgr,
+        evmgr,
+        Arc::new(Mutex::new(dev)),
+        slot,
+        name,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attach_device<D: VirtioSubscriberDevice + 'static>(
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    mmio_bus: &mut Bus,
+    mgr: &mut MmioDeviceManager,
+    evmgr: &mut VmmEventManager,
+    dev: Arc<Mutex<D>>,
+    slot: MmioSlot,
+    name: String,
+) -> Result<MmioSlot, VirtioError> {
+    {
+        let d = dev.lock().expect("fresh device lock");
+        let irq = d.interrupt().irq();
+        vm.register_irqfd(irq.eventfd(), slot.irq)
+            .map_err(|source| VirtioError::Irqfd {
+                gsi: slot.irq,
+                source,
+            })?;
+        let notify = slot.addr + mmio::REG_QUEUE_NOTIFY;
+        for (i, evt) in d.queue_events().iter().enumerate() {
+            vm.register_ioevent(evt, &IoEventAddress::Mmio(notify), i as u32)
+                .map_err(|source| VirtioError::Ioeventfd {
+                    addr: notify,
+                    queue: i,
+                    source,
+                })?;
+        }
+        log::debug!(
+            "{name}: irqfd {} -> GSI {}, {} queue ioeventfds at {notify:#x}",
+            irq.eventfd().as_raw_fd(),
+            slot.irq,
+            d.queue_events().len()
+        );
+    }
+    let vdev: Arc<Mutex<dyn VirtioDevice>> = dev.clone();
+    let transport = mmio::MmioTransport::new(mem.clone(), vdev);
+    mmio_bus.insert(Arc::new(Mutex::new(transport)), slot.addr, slot.len)?;
+    let sub: Arc<Mutex<dyn MutEventSubscriber + Send>> = dev;
+    evmgr.add_subscriber(sub);
+    mgr.commit(slot, name)?;
+    Ok(slot)
+}
+
+/// Collect the descriptors of a chain, detecting chains the iterator cut
+/// short (descriptor loops, chains longer than the queue, next index out of
+/// the table, unreadable descriptor table entries).
+pub(crate) fn collect_chain<M>(
+    chain: virtio_queue::DescriptorChain<M>,
+) -> Result<Vec<virtio_queue::desc::split::Descriptor>, ChainError>
+where
+    M: std::ops::Deref,
+    M::Target: vm_memory::GuestMemory,
+{
+    let mut descs = Vec::new();
+    for d in chain {
+        descs.push(d);
+    }
+    match descs.last() {
+        None => Err(ChainError::Empty),
+        Some(last) if last.has_next() => Err(ChainError::Truncated(descs.len())),
+        Some(_) => Ok(descs),
+    }
+}
+
+/// A descriptor chain that cannot be walked.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ChainError {
+    #[error("descriptor chain head is unreadable or out of the table")]
+    Empty,
+    #[error("descriptor chain broken after {0} descriptors (loop, too long, or bad next index)")]
+    Truncated(usize),
+}
+
+#[cfg(test)]
+pub(crate) mod test_utils;
+
+/// Copy `data.len()` bytes of `config` at `offset` into `data`; bytes past
+/// the end of `config` read as zero. Never panics on guest offsets.
+pub fn read_config_bytes(config: &[u8], offset: u64, data: &mut [u8]) {
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = usize::try_from(offset)
+            .ok()
+            .and_then(|o| o.checked_add(i))
+            .and_then(|o| config.get(o))
+            .copied()
+            .unwrap_or(0);
+    }
+}

@@ -1,0 +1,412 @@
+//! Disk backends: a raw image file, and an in-memory disk for tests,
+//! benchmarks and fuzzing. The copy-on-write overlay is in `overlay.rs`.
+//!
+//! Backends move data straight between the file and guest memory
+//! (`pread`/`pwrite` into [`VolatileSlice`]s), without bounce buffers.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use vm_memory::{Bytes, VolatileSlice};
+
+/// Sector size of the virtio-blk protocol.
+pub const SECTOR_SIZE: u64 = 512;
+
+/// A guest-memory buffer (no dirty tracking).
+pub type GuestSlice<'a> = VolatileSlice<'a, ()>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error("cannot open {path}: {source}")]
+    Open { path: String, source: io::Error },
+    #[error("{path} is locked by another user (another VM?): {source}")]
+    Locked { path: String, source: io::Error },
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    #[error("guest memory access failed: {0}")]
+    Memory(String),
+    #[error("access {offset:#x}+{len:#x} beyond the end of the disk ({capacity:#x})")]
+    OutOfRange {
+        offset: u64,
+        len: u64,
+        capacity: u64,
+    },
+    #[error("disk is read-only")]
+    ReadOnly,
+    #[error("overlay {path}: {reason}")]
+    Overlay { path: String, reason: String },
+}
+
+/// Storage behind a virtio-blk device. Offsets and lengths are in bytes and
+/// already checked against [`DiskBackend::capacity`] by the request code.
+pub trait DiskBackend: Send {
+    /// Usable size in bytes (a multiple of [`SECTOR_SIZE`]).
+    fn capacity(&self) -> u64;
+    /// Writes, discards and write-zeroes fail.
+    fn read_only(&self) -> bool;
+    /// Fill `dst` with the disk contents at `offset`.
+    fn read_at(&mut self, offset: u64, dst: &GuestSlice) -> Result<(), DiskError>;
+    /// Store `src` at `offset`.
+    fn write_at(&mut self, offset: u64, src: &GuestSlice) -> Result<(), DiskError>;
+    /// Make every completed write durable (returns only once it is).
+    fn flush(&mut self) -> Result<(), DiskError>;
+    /// The guest no longer needs `len` bytes at `offset` (contents become
+    /// unspecified; our backends return zeroes).
+    fn discard(&mut self, offset: u64, len: u64) -> Result<(), DiskError>;
+    /// Make `len` bytes at `offset` read as zero.
+    fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), DiskError>;
+}
+
+pub(crate) fn check_range(offset: u64, len: u64, capacity: u64) -> Result<(), DiskError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= capacity => Ok(()),
+        _ => Err(DiskError::OutOfRange {
+            offset,
+            len,
+            capacity,
+        }),
+    }
+}
+
+/// `pread` until `dst` is full; bytes past end-of-file read as zero.
+pub(crate) fn pread_exact(file: &File, offset: u64, dst: &GuestSlice) -> io::Result<()> {
+    let guard = dst.ptr_guard_mut();
+    let ptr = guard.as_ptr();
+    let len = dst.len();
+    let mut done = 0usize;
+    while done < len {
+        let off = offset
+            .checked_add(done as u64)
+            .and_then(|o| i64::try_from(o).ok())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: `ptr` points to `len` bytes of mapped guest memory that stay
+        // mapped while `guard` lives; we write at most `len - done` bytes at
+        // `ptr + done`. Concurrent guest access is allowed by the volatile
+        // memory model (the guest owns the buffer semantics).
+        let r = unsafe { libc::pread(file.as_raw_fd(), ptr.add(done).cast(), len - done, off) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            let zeros = vec![0u8; len - done];
+            dst.write_slice(&zeros, done)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            return Ok(());
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+/// `pwrite` all of `src`.
+pub(crate) fn pwrite_all(file: &File, offset: u64, src: &GuestSlice) -> io::Result<()> {
+    let guard = src.ptr_guard();
+    let ptr = guard.as_ptr();
+    let len = src.len();
+    let mut done = 0usize;
+    while done < len {
+        let off = offset
+            .checked_add(done as u64)
+            .and_then(|o| i64::try_from(o).ok())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: `ptr` points to `len` readable bytes of mapped guest memory
+        // that stay mapped while `guard` lives; we read `len - done` bytes at
+        // `ptr + done`.
+        let r = unsafe { libc::pwrite(file.as_raw_fd(), ptr.add(done).cast(), len - done, off) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if r == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        done += r as usize;
+    }
+    Ok(())
+}
+
+/// `fallocate` with `mode`; falls back to writing zeroes when the file
+/// system does not support it.
+pub(crate) fn zero_range(file: &File, offset: u64, len: u64, punch: bool) -> io::Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let mode = if punch {
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+    } else {
+        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
+    };
+    let (o, l) = match (i64::try_from(offset), i64::try_from(len)) {
+        (Ok(o), Ok(l)) => (o, l),
+        _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
+    };
+    // SAFETY: plain syscall on an owned fd, no memory is passed.
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), mode, o, l) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+        return Err(e);
+    }
+    // Fallback: write zeroes in 64 KiB pieces.
+    let buf = vec![0u8; 64 * 1024];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(buf.len() as u64) as usize;
+        std::os::unix::fs::FileExt::write_all_at(file, &buf[..n], offset + done)?;
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// `fdatasync`, retried on EINTR.
+pub(crate) fn fdatasync(file: &File) -> io::Result<()> {
+    loop {
+        // SAFETY: plain syscall on an owned fd.
+        let r = unsafe { libc::fdatasync(file.as_raw_fd()) };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Take an advisory `flock` so two VMs cannot write one file (exclusive) or
+/// write a file another VM reads (shared).
+pub(crate) fn lock_file(file: &File, path: &Path, exclusive: bool) -> Result<(), DiskError> {
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    } | libc::LOCK_NB;
+    // SAFETY: plain syscall on an owned fd.
+    let r = unsafe { libc::flock(file.as_raw_fd(), op) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(DiskError::Locked {
+            path: path.display().to_string(),
+            source: io::Error::last_os_error(),
+        })
+    }
+}
+
+pub(crate) fn open_image(path: &Path, read_only: bool) -> Result<File, DiskError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .open(path)
+        .map_err(|source| DiskError::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+    lock_file(&file, path, !read_only)?;
+    Ok(file)
+}
+
+/// A raw disk image file. Read-only disks are opened `O_RDONLY`.
+#[derive(Debug)]
+pub struct RawFile {
+    file: File,
+    capacity: u64,
+    read_only: bool,
+}
+
+impl RawFile {
+    /// Open `path` (read-write unless `read_only`) and lock it (exclusive
+    /// for read-write, shared for read-only).
+    pub fn open(path: &Path, read_only: bool) -> Result<Self, DiskError> {
+        let file = open_image(path, read_only)?;
+        let len = file.metadata()?.len();
+        Ok(Self {
+            file,
+            capacity: len / SECTOR_SIZE * SECTOR_SIZE,
+            read_only,
+        })
+    }
+}
+
+impl DiskBackend for RawFile {
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+    fn read_at(&mut self, offset: u64, dst: &GuestSlice) -> Result<(), DiskError> {
+        check_range(offset, dst.len() as u64, self.capacity)?;
+        Ok(pread_exact(&self.file, offset, dst)?)
+    }
+    fn write_at(&mut self, offset: u64, src: &GuestSlice) -> Result<(), DiskError> {
+        if self.read_only {
+            return Err(DiskError::ReadOnly);
+        }
+        check_range(offset, src.len() as u64, self.capacity)?;
+        Ok(pwrite_all(&self.file, offset, src)?)
+    }
+    fn flush(&mut self) -> Result<(), DiskError> {
+        if self.read_only {
+            return Ok(());
+        }
+        Ok(fdatasync(&self.file)?)
+    }
+    fn discard(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
+        if self.read_only {
+            return Err(DiskError::ReadOnly);
+        }
+        check_range(offset, len, self.capacity)?;
+        Ok(zero_range(&self.file, offset, len, true)?)
+    }
+    fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
+        if self.read_only {
+            return Err(DiskError::ReadOnly);
+        }
+        check_range(offset, len, self.capacity)?;
+        Ok(zero_range(&self.file, offset, len, false)?)
+    }
+}
+
+/// A disk in a `Vec` (tests, benchmarks, fuzzing).
+#[derive(Debug, Clone)]
+pub struct MemDisk {
+    pub data: Vec<u8>,
+    pub read_only: bool,
+    /// Number of `flush` calls seen.
+    pub flushes: u64,
+}
+
+impl MemDisk {
+    pub fn new(capacity: usize, read_only: bool) -> Self {
+        Self {
+            data: vec![0; capacity / SECTOR_SIZE as usize * SECTOR_SIZE as usize],
+            read_only,
+            flushes: 0,
+        }
+    }
+
+    fn range(&self, offset: u64, len: u64) -> Result<std::ops::Range<usize>, DiskError> {
+        check_range(offset, len, self.data.len() as u64)?;
+        Ok(offset as usize..(offset + len) as usize)
+    }
+}
+
+impl DiskBackend for MemDisk {
+    fn capacity(&self) -> u64 {
+        self.data.len() as u64
+    }
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+    fn read_at(&mut self, offset: u64, dst: &GuestSlice) -> Result<(), DiskError> {
+        let r = self.range(offset, dst.len() as u64)?;
+        dst.copy_from(&self.data[r]);
+        Ok(())
+    }
+    fn write_at(&mut self, offset: u64, src: &GuestSlice) -> Result<(), DiskError> {
+        if self.read_only {
+            return Err(DiskError::ReadOnly);
+        }
+        let r = self.range(offset, src.len() as u64)?;
+        src.copy_to(&mut self.data[r]);
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<(), DiskError> {
+        self.flushes += 1;
+        Ok(())
+    }
+    fn discard(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
+        self.write_zeroes(offset, len)
+    }
+    fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
+        if self.read_only {
+            return Err(DiskError::ReadOnly);
+        }
+        let r = self.range(offset, len)?;
+        self.data[r].fill(0);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::test_utils::{mem, temp_image};
+    use vm_memory::{GuestAddress, GuestMemoryBackend};
+
+    #[test]
+    fn raw_file_round_trip_flush_discard_zeroes() {
+        let img = temp_image(64 * 1024 + 100, 0xaa);
+        let m = mem();
+        let mut d = RawFile::open(&img.0, false).unwrap();
+        assert_eq!(d.capacity(), 64 * 1024);
+        let s = m.get_slice(GuestAddress(0x1000), 4096).unwrap();
+        s.copy_from(&[7u8; 4096]);
+        d.write_at(8192, &s).unwrap();
+        d.flush().unwrap();
+        let r = m.get_slice(GuestAddress(0x9000), 4096).unwrap();
+        d.read_at(8192, &r).unwrap();
+        let mut back = [0u8; 4096];
+        r.copy_to(&mut back);
+        assert_eq!(back, [7u8; 4096]);
+        d.discard(8192, 4096).unwrap();
+        d.read_at(8192, &r).unwrap();
+        r.copy_to(&mut back);
+        assert_eq!(back, [0u8; 4096]);
+        d.write_zeroes(0, 512).unwrap();
+        let f = std::fs::read(&img.0).unwrap();
+        assert!(f[..512].iter().all(|&b| b == 0));
+        assert!(f[512..8192].iter().all(|&b| b == 0xaa));
+        assert!(matches!(
+            d.read_at(64 * 1024 - 512, &r),
+            Err(DiskError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            d.read_at(u64::MAX - 10, &r),
+            Err(DiskError::OutOfRange { .. })
+        ));
+    }
+
+    #[test]
+    fn read_only_file_refuses_writes_and_is_opened_rdonly() {
+        let img = temp_image(4096, 0x11);
+        let mut d = RawFile::open(&img.0, true).unwrap();
+        // The fd really is O_RDONLY.
+        // SAFETY: F_GETFL on an owned fd.
+        let fl = unsafe { libc::fcntl(d.file.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(fl & libc::O_ACCMODE, libc::O_RDONLY);
+        let m = mem();
+        let s = m.get_slice(GuestAddress(0), 512).unwrap();
+        assert!(matches!(d.write_at(0, &s), Err(DiskError::ReadOnly)));
+        assert!(matches!(d.discard(0, 512), Err(DiskError::ReadOnly)));
+        assert!(matches!(d.write_zeroes(0, 512), Err(DiskError::ReadOnly)));
+        d.flush().unwrap();
+        assert_eq!(std::fs::read(&img.0).unwrap(), vec![0x11; 4096]);
+    }
+
+    #[test]
+    fn writable_image_is_locked_against_a_second_writer() {
+        let img = temp_image(4096, 0);
+        let _a = RawFile::open(&img.0, false).unwrap();
+        assert!(matches!(
+            RawFile::open(&img.0, false),
+            Err(DiskError::Locked { .. })
+        ));
+        assert!(matches!(
+            RawFile::open(&img.0, true),
+            Err(DiskError::Locked { .. })
+        ));
+    }
+}

@@ -1,0 +1,289 @@
+//! The virtio-net device: features (MAC, offloads the TAP supports), config
+//! space, activation, and the RX/TX entry points the event handler calls.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use virtio_queue::{Queue, QueueT};
+use vmm_sys_util::eventfd::EventFd;
+
+use super::frames::{self, NetStats, RxState};
+use super::tap::{FrameIo, Tap, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
+use super::{MacAddr, NetConfig};
+use crate::devices::interrupt::IrqLine;
+use crate::devices::virtio::{
+    read_config_bytes, ActivateError, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_NET,
+    VIRTIO_F_VERSION_1,
+};
+use crate::vstate::memory::GuestMemoryMmap;
+
+/// Size of each queue.
+pub const QUEUE_SIZE: u16 = 256;
+pub const RX_QUEUE: usize = 0;
+pub const TX_QUEUE: usize = 1;
+
+pub const VIRTIO_NET_F_CSUM: u32 = 0;
+pub const VIRTIO_NET_F_GUEST_CSUM: u32 = 1;
+pub const VIRTIO_NET_F_MAC: u32 = 5;
+pub const VIRTIO_NET_F_GUEST_TSO4: u32 = 7;
+pub const VIRTIO_NET_F_GUEST_TSO6: u32 = 8;
+pub const VIRTIO_NET_F_HOST_TSO4: u32 = 11;
+pub const VIRTIO_NET_F_HOST_TSO6: u32 = 12;
+
+/// Features offered for a backend supporting the TUN_F_* bits `tun`.
+pub fn features_for(tun: u32, mac: bool) -> u64 {
+    let mut f = 1u64 << VIRTIO_F_VERSION_1;
+    if mac {
+        f |= 1 << VIRTIO_NET_F_MAC;
+    }
+    // Guest -> TAP: a vnet-header TAP accepts partial checksums and GSO.
+    f |= (1 << VIRTIO_NET_F_CSUM) | (1 << VIRTIO_NET_F_HOST_TSO4) | (1 << VIRTIO_NET_F_HOST_TSO6);
+    // TAP -> guest: only what the TAP can be told to produce.
+    if tun & TUN_F_CSUM != 0 {
+        f |= 1 << VIRTIO_NET_F_GUEST_CSUM;
+        if tun & TUN_F_TSO4 != 0 {
+            f |= 1 << VIRTIO_NET_F_GUEST_TSO4;
+        }
+        if tun & TUN_F_TSO6 != 0 {
+            f |= 1 << VIRTIO_NET_F_GUEST_TSO6;
+        }
+    }
+    f
+}
+
+/// TUN_F_* bits to enable for the acked feature set.
+pub fn tun_offloads_for(acked: u64) -> u32 {
+    let has = |b: u32| acked & (1u64 << b) != 0;
+    let mut t = 0;
+    if has(VIRTIO_NET_F_GUEST_CSUM) {
+        t |= TUN_F_CSUM;
+        if has(VIRTIO_NET_F_GUEST_TSO4) {
+            t |= TUN_F_TSO4;
+        }
+        if has(VIRTIO_NET_F_GUEST_TSO6) {
+            t |= TUN_F_TSO6;
+        }
+    }
+    t
+}
+
+/// What the device needs from its backend beyond frame I/O.
+pub trait NetBackend: FrameIo {
+    /// Fd to poll for incoming frames (edge-triggered).
+    fn fd(&self) -> RawFd;
+    /// TUN_F_* offloads supported.
+    fn supported_offloads(&self) -> u32;
+    /// Enable TUN_F_* offloads for received frames.
+    fn set_offloads(&mut self, tun: u32) -> Result<(), String>;
+}
+
+impl NetBackend for Tap {
+    fn fd(&self) -> RawFd {
+        self.as_raw_fd()
+    }
+    fn supported_offloads(&self) -> u32 {
+        Tap::supported_offloads(self)
+    }
+    fn set_offloads(&mut self, tun: u32) -> Result<(), String> {
+        self.set_offload(tun).map_err(|e| e.to_string())
+    }
+}
+
+/// Plain-data device state (for snapshots).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetDeviceState {
+    pub avail_features: u64,
+    pub acked_features: u64,
+    pub mac: Option<MacAddr>,
+    pub stats: NetStats,
+    pub needs_reset: bool,
+}
+
+/// A virtio-net device.
+pub struct NetDevice {
+    backend: Box<dyn NetBackend>,
+    mac: Option<MacAddr>,
+    avail_features: u64,
+    acked_features: u64,
+    config: [u8; 12],
+    queue_sizes: [u16; 2],
+    queue_evts: Vec<EventFd>,
+    interrupt: Arc<VirtioInterrupt>,
+    active: Option<(GuestMemoryMmap, Queue, Queue)>,
+    rx: RxState,
+    tx_buf: Vec<u8>,
+    stats: NetStats,
+    broken: bool,
+}
+
+impl NetDevice {
+    /// Open the TAP named in `cfg` and build the device.
+    pub fn from_config(cfg: &NetConfig, irq: IrqLine) -> Result<Self, VirtioError> {
+        let tap = Tap::open(&cfg.tap)?;
+        Self::new(Box::new(tap), cfg.mac, irq)
+    }
+
+    /// A device over any backend.
+    pub fn new(
+        backend: Box<dyn NetBackend>,
+        mac: Option<MacAddr>,
+        irq: IrqLine,
+    ) -> Result<Self, VirtioError> {
+        let mut config = [0u8; 12];
+        if let Some(m) = mac {
+            config[..6].copy_from_slice(&m.0);
+        }
+        let avail_features = features_for(backend.supported_offloads(), mac.is_some());
+        let evt = || EventFd::new(libc::EFD_NONBLOCK).map_err(VirtioError::EventFd);
+        Ok(Self {
+            backend,
+            mac,
+            avail_features,
+            acked_features: 0,
+            config,
+            queue_sizes: [QUEUE_SIZE, QUEUE_SIZE],
+            queue_evts: vec![evt()?, evt()?],
+            interrupt: Arc::new(VirtioInterrupt::new(irq)),
+            active: None,
+            rx: RxState::default(),
+            tx_buf: Vec::with_capacity(frames::MAX_FRAME_LEN),
+            stats: NetStats::default(),
+            broken: false,
+        })
+    }
+
+    pub fn state(&self) -> NetDeviceState {
+        NetDeviceState {
+            avail_features: self.avail_features,
+            acked_features: self.acked_features,
+            mac: self.mac,
+            stats: self.stats,
+            needs_reset: self.broken,
+        }
+    }
+
+    pub fn stats(&self) -> NetStats {
+        self.stats
+    }
+
+    /// Backend fd (registered edge-triggered with the event loop).
+    pub fn backend_fd(&self) -> RawFd {
+        self.backend.fd()
+    }
+
+    fn finish(&mut self, used: u32, fatal: Option<String>, queue: usize) {
+        let Some((mem, rxq, txq)) = self.active.as_mut() else {
+            return;
+        };
+        let q = if queue == RX_QUEUE { rxq } else { txq };
+        if used > 0 && q.needs_notification(mem).unwrap_or(true) {
+            self.interrupt.signal_used_queue();
+        }
+        if fatal.is_some() {
+            self.broken = true;
+            self.interrupt.set_needs_reset();
+        }
+    }
+
+    /// Deliver frames from the backend to the guest (event-loop thread).
+    pub fn process_rx(&mut self) {
+        if self.broken {
+            return;
+        }
+        let Some((mem, rxq, _)) = self.active.as_mut() else {
+            return;
+        };
+        let o = frames::process_rx(
+            rxq,
+            mem,
+            self.backend.as_mut(),
+            &mut self.rx,
+            &mut self.stats,
+        );
+        self.finish(o.used, o.fatal, RX_QUEUE);
+    }
+
+    /// Send the guest's frames to the backend (event-loop thread).
+    pub fn process_tx(&mut self) {
+        if self.broken {
+            return;
+        }
+        let Some((mem, _, txq)) = self.active.as_mut() else {
+            return;
+        };
+        let o = frames::process_tx(
+            txq,
+            mem,
+            self.backend.as_mut(),
+            &mut self.tx_buf,
+            &mut self.stats,
+        );
+        self.finish(o.used, o.fatal, TX_QUEUE);
+    }
+
+    /// A frame is waiting for a receive buffer.
+    pub fn rx_pending(&self) -> bool {
+        self.rx.pending.is_some()
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+}
+
+impl VirtioDevice for NetDevice {
+    fn device_type(&self) -> u32 {
+        TYPE_NET
+    }
+    fn queue_max_sizes(&self) -> &[u16] {
+        &self.queue_sizes
+    }
+    fn avail_features(&self) -> u64 {
+        self.avail_features
+    }
+    fn set_acked_features(&mut self, features: u64) {
+        self.acked_features = features & self.avail_features;
+        let tun = tun_offloads_for(self.acked_features);
+        if let Err(e) = self.backend.set_offloads(tun) {
+            log::error!("virtio-net: cannot enable TAP offloads {tun:#x}: {e}");
+        }
+    }
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        read_config_bytes(&self.config, offset, data);
+    }
+    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError> {
+        let [rxq, txq]: [Queue; 2] =
+            queues
+                .try_into()
+                .map_err(|q: Vec<Queue>| ActivateError::QueueCount {
+                    expected: 2,
+                    got: q.len(),
+                })?;
+        self.active = Some((mem, rxq, txq));
+        self.broken = false;
+        // Pick up frames that arrived before activation and chains queued early.
+        for e in &self.queue_evts {
+            e.write(1).map_err(ActivateError::EventFd)?;
+        }
+        Ok(())
+    }
+    fn reset(&mut self) {
+        self.active = None;
+        self.broken = false;
+        self.rx.clear();
+        self.acked_features = 0;
+        if let Err(e) = self.backend.set_offloads(0) {
+            log::warn!("virtio-net: cannot clear TAP offloads: {e}");
+        }
+    }
+    fn is_activated(&self) -> bool {
+        self.active.is_some()
+    }
+    fn queue_events(&self) -> &[EventFd] {
+        &self.queue_evts
+    }
+    fn interrupt(&self) -> &Arc<VirtioInterrupt> {
+        &self.interrupt
+    }
+}
