@@ -20,7 +20,9 @@ pub enum BzImageError {
     NotElf,
     #[error("ELF program header table out of bounds")]
     Phdrs,
-    #[error("segment at {paddr:#x} (+{memsz:#x}) is outside [{LOAD_ADDR:#x}, {LOAD_ADDR:#x} + 64 MiB)")]
+    #[error(
+        "segment at {paddr:#x} (+{memsz:#x}) is outside [{LOAD_ADDR:#x}, {LOAD_ADDR:#x} + 64 MiB)"
+    )]
     Segment { paddr: u64, memsz: u64 },
     #[error("segment file range out of bounds")]
     SegmentData,
@@ -44,7 +46,11 @@ fn u64_at(b: &[u8], off: usize) -> Option<u64> {
 /// size including `.bss`.
 pub fn flatten(elf: &[u8]) -> Result<(Vec<u8>, u64), BzImageError> {
     const PT_LOAD: u32 = 1;
-    if elf.get(0..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) || u16_at(elf, 18) != Some(62) {
+    if elf.get(0..4) != Some(b"\x7fELF")
+        || elf.get(4) != Some(&2)
+        || elf.get(5) != Some(&1)
+        || u16_at(elf, 18) != Some(62)
+    {
         return Err(BzImageError::NotElf);
     }
     let phoff = u64_at(elf, 32).ok_or(BzImageError::NotElf)? as usize;
@@ -57,8 +63,12 @@ pub fn flatten(elf: &[u8]) -> Result<(Vec<u8>, u64), BzImageError> {
     let mut mem_end = 0u64;
     let mut starts_at_load = false;
     for i in 0..phnum {
-        let ph = phoff.checked_add(i * phentsize).ok_or(BzImageError::Phdrs)?;
-        let ph = elf.get(ph..ph.checked_add(56).ok_or(BzImageError::Phdrs)?).ok_or(BzImageError::Phdrs)?;
+        let ph = phoff
+            .checked_add(i * phentsize)
+            .ok_or(BzImageError::Phdrs)?;
+        let ph = elf
+            .get(ph..ph.checked_add(56).ok_or(BzImageError::Phdrs)?)
+            .ok_or(BzImageError::Phdrs)?;
         if u32_at(ph, 0) != Some(PT_LOAD) {
             continue;
         }
@@ -106,8 +116,10 @@ pub fn from_elf(elf: &[u8]) -> Result<Vec<u8>, BzImageError> {
     let (image, mem_end) = flatten(elf)?;
     let setup_len = (usize::from(SETUP_SECTS) + 1) * 512;
     let mut out = vec![0u8; setup_len];
-    let put16 = |b: &mut [u8], off: usize, v: u16| b[off..off + 2].copy_from_slice(&v.to_le_bytes());
-    let put32 = |b: &mut [u8], off: usize, v: u32| b[off..off + 4].copy_from_slice(&v.to_le_bytes());
+    let put16 =
+        |b: &mut [u8], off: usize, v: u16| b[off..off + 2].copy_from_slice(&v.to_le_bytes());
+    let put32 =
+        |b: &mut [u8], off: usize, v: u32| b[off..off + 4].copy_from_slice(&v.to_le_bytes());
     out[0x1f1] = SETUP_SECTS;
     put16(&mut out, 0x1fe, 0xaa55); // boot_flag
     out[0x200] = 0xeb; // jump over the header to the real-mode stub at 0x280
@@ -123,7 +135,11 @@ pub fn from_elf(elf: &[u8]) -> Result<Vec<u8>, BzImageError> {
     put16(&mut out, 0x236, 0x0001); // xloadflags: XLF_KERNEL_64
     put32(&mut out, 0x238, 2047); // cmdline_size
     out[0x258..0x260].copy_from_slice(&LOAD_ADDR.to_le_bytes()); // pref_address
-    put32(&mut out, 0x260, mem_end.div_ceil(4096).saturating_mul(4096) as u32); // init_size
+    put32(
+        &mut out,
+        0x260,
+        mem_end.div_ceil(4096).saturating_mul(4096) as u32,
+    ); // init_size
     out[REAL_MODE_STUB..REAL_MODE_STUB + 4].copy_from_slice(&[0xfa, 0xf4, 0xeb, 0xfd]); // cli; hlt; jmp .-1
     out.extend_from_slice(&image);
     Ok(out)
@@ -183,11 +199,20 @@ mod tests {
     #[test]
     fn rejects_bad_input() {
         assert!(matches!(from_elf(b"not an elf"), Err(BzImageError::NotElf)));
-        assert!(matches!(from_elf(&elf(0x1000, &code(), 0)), Err(BzImageError::Segment { .. })));
-        assert!(matches!(from_elf(&elf(LOAD_ADDR, &[0xcc; 0x300], 0)), Err(BzImageError::NoEntry)));
+        assert!(matches!(
+            from_elf(&elf(0x1000, &code(), 0)),
+            Err(BzImageError::Segment { .. })
+        ));
+        assert!(matches!(
+            from_elf(&elf(LOAD_ADDR, &[0xcc; 0x300], 0)),
+            Err(BzImageError::NoEntry)
+        ));
         let mut truncated = elf(LOAD_ADDR, &code(), 0);
         truncated.truncate(200);
-        assert!(matches!(from_elf(&truncated), Err(BzImageError::SegmentData)));
+        assert!(matches!(
+            from_elf(&truncated),
+            Err(BzImageError::SegmentData)
+        ));
         let mut bad_phoff = elf(LOAD_ADDR, &code(), 0);
         bad_phoff[32..40].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(from_elf(&bad_phoff).is_err());

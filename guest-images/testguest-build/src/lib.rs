@@ -27,15 +27,27 @@ pub struct Artifacts {
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error("running {cargo} for the test guest: {source}")]
-    Spawn { cargo: String, source: std::io::Error },
+    Spawn {
+        cargo: String,
+        source: std::io::Error,
+    },
     #[error("cargo build of the test guest failed ({status}):\n{stderr}")]
-    Cargo { status: std::process::ExitStatus, stderr: String },
+    Cargo {
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
     #[error("the test guest build did not produce {0}")]
     Missing(PathBuf),
     #[error("making the bzImage from {path}: {source}")]
-    BzImage { path: PathBuf, source: bzimage::BzImageError },
+    BzImage {
+        path: PathBuf,
+        source: bzimage::BzImageError,
+    },
     #[error("writing {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 fn images_dir() -> &'static Path {
@@ -61,8 +73,16 @@ pub fn target_dir() -> PathBuf {
 
 /// Environment variables of an outer cargo/rustc that must not leak into the nested build.
 fn is_outer_build_var(name: &str) -> bool {
-    const KEEP: &[&str] = &["CARGO_HOME", "CARGO_NET_OFFLINE", "CARGO_HTTP_TIMEOUT", "CARGO_TERM_COLOR"];
-    if KEEP.contains(&name) || name.starts_with("CARGO_REGISTRIES_") || name.starts_with("CARGO_HTTP_") {
+    const KEEP: &[&str] = &[
+        "CARGO_HOME",
+        "CARGO_NET_OFFLINE",
+        "CARGO_HTTP_TIMEOUT",
+        "CARGO_TERM_COLOR",
+    ];
+    if KEEP.contains(&name)
+        || name.starts_with("CARGO_REGISTRIES_")
+        || name.starts_with("CARGO_HTTP_")
+    {
         return false;
     }
     name.starts_with("CARGO_")
@@ -126,11 +146,21 @@ pub fn build_in(target_dir: &Path) -> Result<Artifacts, BuildError> {
             return Err(BuildError::Missing(p.clone()));
         }
     }
-    let elf = std::fs::read(&linux64).map_err(|source| BuildError::Write { path: linux64.clone(), source })?;
-    let image = bzimage::from_elf(&elf).map_err(|source| BuildError::BzImage { path: linux64.clone(), source })?;
+    let elf = std::fs::read(&linux64).map_err(|source| BuildError::Write {
+        path: linux64.clone(),
+        source,
+    })?;
+    let image = bzimage::from_elf(&elf).map_err(|source| BuildError::BzImage {
+        path: linux64.clone(),
+        source,
+    })?;
     let bzimage = target_dir.join("testguest.bzImage");
     write_if_changed(&bzimage, &image)?;
-    Ok(Artifacts { pvh, linux64, bzimage })
+    Ok(Artifacts {
+        pvh,
+        linux64,
+        bzimage,
+    })
 }
 
 /// Writes `data` to `path` unless it already holds exactly that, via a temporary file and a
@@ -140,7 +170,10 @@ fn write_if_changed(path: &Path, data: &[u8]) -> Result<(), BuildError> {
         return Ok(());
     }
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let err = |source| BuildError::Write { path: path.to_path_buf(), source };
+    let err = |source| BuildError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
     std::fs::write(&tmp, data).map_err(err)?;
     std::fs::rename(&tmp, path).map_err(err)
 }
@@ -151,10 +184,23 @@ mod tests {
 
     #[test]
     fn outer_build_vars_are_filtered() {
-        for v in ["CARGO_PKG_NAME", "CARGO_MANIFEST_DIR", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO", "CARGO_TARGET_DIR"] {
+        for v in [
+            "CARGO_PKG_NAME",
+            "CARGO_MANIFEST_DIR",
+            "RUSTFLAGS",
+            "CARGO_ENCODED_RUSTFLAGS",
+            "CARGO",
+            "CARGO_TARGET_DIR",
+        ] {
             assert!(is_outer_build_var(v), "{v}");
         }
-        for v in ["CARGO_HOME", "PATH", "HOME", "RUSTUP_TOOLCHAIN", "CARGO_REGISTRIES_CRATES_IO_PROTOCOL"] {
+        for v in [
+            "CARGO_HOME",
+            "PATH",
+            "HOME",
+            "RUSTUP_TOOLCHAIN",
+            "CARGO_REGISTRIES_CRATES_IO_PROTOCOL",
+        ] {
             assert!(!is_outer_build_var(v), "{v}");
         }
     }

@@ -28,7 +28,12 @@ fn phdrs(elf: &[u8]) -> Vec<Phdr> {
     (0..n)
         .map(|i| {
             let p = phoff + i * 56;
-            Phdr { ty: u32_at(elf, p), offset: u64_at(elf, p + 8), paddr: u64_at(elf, p + 24), filesz: u64_at(elf, p + 32) }
+            Phdr {
+                ty: u32_at(elf, p),
+                offset: u64_at(elf, p + 8),
+                paddr: u64_at(elf, p + 24),
+                filesz: u64_at(elf, p + 32),
+            }
         })
         .collect()
 }
@@ -39,7 +44,11 @@ fn notes(elf: &[u8]) -> Vec<(u32, Vec<u8>, Vec<u8>)> {
     for ph in phdrs(elf).into_iter().filter(|p| p.ty == PT_NOTE) {
         let (mut p, end) = (ph.offset as usize, (ph.offset + ph.filesz) as usize);
         while p + 12 <= end {
-            let (namesz, descsz, ty) = (u32_at(elf, p) as usize, u32_at(elf, p + 4) as usize, u32_at(elf, p + 8));
+            let (namesz, descsz, ty) = (
+                u32_at(elf, p) as usize,
+                u32_at(elf, p + 4) as usize,
+                u32_at(elf, p + 8),
+            );
             let name = elf[p + 12..p + 12 + namesz].to_vec();
             let d = p + 12 + namesz.div_ceil(4) * 4;
             out.push((ty, name, elf[d..d + descsz].to_vec()));
@@ -64,7 +73,10 @@ fn builds_pvh_linux64_and_bzimage() {
         assert_eq!(loads.len(), 1, "one loadable segment");
         assert_eq!(loads[0].paddr, LOAD_ADDR, "linked at 1 MiB");
         let entry = u64_at(elf, 24);
-        assert!(entry > LOAD_ADDR && entry < LOAD_ADDR + loads[0].filesz, "entry {entry:#x} inside the image");
+        assert!(
+            entry > LOAD_ADDR && entry < LOAD_ADDR + loads[0].filesz,
+            "entry {entry:#x} inside the image"
+        );
     }
 
     // PVH: exactly one PT_NOTE whose only note is Xen/18 with a 32-bit entry inside the image,
@@ -79,7 +91,11 @@ fn builds_pvh_linux64_and_bzimage() {
 
     // linux64: no notes at all, so the VMM's ELF loader reports no PVH capability.
     assert!(phdrs(&linux64).iter().all(|p| p.ty != PT_NOTE));
-    assert_eq!(u64_at(&pvh, 24), u64_at(&linux64, 24), "same code, same 64-bit entry");
+    assert_eq!(
+        u64_at(&pvh, 24),
+        u64_at(&linux64, 24),
+        "same code, same 64-bit entry"
+    );
 
     // bzImage: header + the flat linux64 image, whose byte 0x200 jumps to e_entry.
     let (flat, _) = bzimage::flatten(&linux64).unwrap();
@@ -87,9 +103,17 @@ fn builds_pvh_linux64_and_bzimage() {
     assert_eq!(&bz[0x202..0x206], b"HdrS");
     assert_eq!(&bz[setup..], &flat[..]);
     assert_eq!(flat[ENTRY64_OFFSET], 0xe9, "jmp rel32");
-    let rel = i32::from_le_bytes(flat[ENTRY64_OFFSET + 1..ENTRY64_OFFSET + 5].try_into().unwrap());
+    let rel = i32::from_le_bytes(
+        flat[ENTRY64_OFFSET + 1..ENTRY64_OFFSET + 5]
+            .try_into()
+            .unwrap(),
+    );
     let target = (LOAD_ADDR + ENTRY64_OFFSET as u64 + 5).wrapping_add_signed(i64::from(rel));
-    assert_eq!(target, u64_at(&linux64, 24), "bzImage 64-bit entry reaches _start64");
+    assert_eq!(
+        target,
+        u64_at(&linux64, 24),
+        "bzImage 64-bit entry reaches _start64"
+    );
 
     // A second build with nothing changed returns the same files quickly.
     let t = std::time::Instant::now();

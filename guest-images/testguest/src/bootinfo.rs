@@ -75,12 +75,7 @@ impl BootInfo {
 
     /// Values of all `key=value` parameters named `key`, in order.
     pub fn params<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
-        self.cmdline()
-            .split(|&b| b == b' ' || b == b'\t' || b == b'\n')
-            .filter_map(move |tok| {
-                let rest = tok.strip_prefix(key.as_bytes())?;
-                rest.strip_prefix(b"=")
-            })
+        crate::parse::params(self.cmdline(), key)
     }
 
     /// Whether `[addr, addr + len)` lies inside one RAM range and inside the identity map.

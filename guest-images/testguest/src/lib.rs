@@ -6,14 +6,18 @@
 //! `build.rs`); it is not a workspace member.
 #![no_std]
 
+pub mod blk;
 pub mod boot;
 pub mod bootinfo;
 pub mod i8042;
 pub mod io;
 pub mod mem;
 pub mod mptable;
+pub mod net;
+pub mod parse;
 pub mod serial;
 pub mod smp;
+pub mod virtio;
 
 mod scenarios;
 

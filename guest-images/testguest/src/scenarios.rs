@@ -29,6 +29,18 @@ pub fn run(bi: &BootInfo) -> ! {
             triple_fault(fault)
         }
         b"unknown-io" => unknown_io(),
+        b"blk" => {
+            crate::blk::run(bi);
+            reset()
+        }
+        b"net" => {
+            crate::net::run(bi, false);
+            reset()
+        }
+        b"net-many" => {
+            crate::net::run(bi, true);
+            reset()
+        }
         b"halt-forever" => {
             println!("halting");
             halt_forever()
