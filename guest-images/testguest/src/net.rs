@@ -1,11 +1,13 @@
 //! virtio-net driver exercise (`testguest.scenario=net` / `net-many`).
 //!
-//! Protocol with the test's responder (ethertype 0x88b5, broadcast destination):
-//! * guest sends `microvirt ping <n>` (n = 1, 2, ... one per second until answered, at most 5);
-//!   the responder answers `microvirt pong <n>`;
-//! * with `testguest.net_count=K` (or scenario `net-many`, K defaulting to 32) the guest then
-//!   sends `microvirt many <K>` and expects K frames whose payload is `microvirt <word> <i>`
-//!   with i = 0..K-1 in order, received through an RX ring of 8 buffers.
+//! Protocol with the test's responder (ethertype 0x88b5, frames padded to 60 bytes): it answers
+//! every `microvirt ping <n>` with `microvirt pong <n>`.
+//! * First the guest sends `microvirt ping <n>` to the broadcast address from the config MAC,
+//!   n = 1000000, 1000001, ... one per second until a pong for one of them arrives (5 tries).
+//! * With `testguest.net_count=K` (or scenario `net-many`, K defaulting to 32) it then sends
+//!   pings 0..K-1 back to back, keeping up to 32 unanswered (more than the 8 RX buffers, so the
+//!   device has to hold frames back), and expects the pongs 0..K-1 complete and in order. Late
+//!   pongs of the first phase (n >= 1000000) are ignored.
 
 use crate::bootinfo::BootInfo;
 use crate::smp::tsc_per_ms;
@@ -18,12 +20,18 @@ const ETHERTYPE: u16 = 0x88b5;
 const HDR_LEN: u64 = 12;
 const RX_BUFS: u16 = 8;
 const RX_BUF_LEN: u64 = 2048;
-const PING_TRIES: u32 = 5;
+const PING_TRIES: u64 = 5;
+/// Numbers of the first-phase pings start here (the many phase uses 0..K-1).
+const PING_BASE: u64 = 1_000_000;
+/// Unanswered pings allowed in the many phase.
+const WINDOW: u64 = 32;
+/// Ethernet minimum frame length (without FCS).
+const MIN_FRAME: u64 = 60;
 const PING_WAIT_MS: u64 = 1000;
 const MANY_WAIT_MS: u64 = 3000;
 const DEFAULT_MANY: u64 = 32;
 /// Most frames counted in many mode.
-const MANY_MAX: u64 = 1_000_000;
+const MANY_MAX: u64 = PING_BASE;
 const PAYLOAD_MAX: usize = 64;
 
 struct Net {
@@ -64,10 +72,14 @@ impl Net {
         }
         write8(frame + 12, (ETHERTYPE >> 8) as u8);
         write8(frame + 13, ETHERTYPE as u8);
+        let plen = payload.len() as u64;
         for (k, &b) in payload.iter().enumerate() {
             write8(frame + 14 + k as u64, b);
         }
-        let len = (HDR_LEN + 14) as u32 + payload.len() as u32;
+        for k in 14 + plen..MIN_FRAME {
+            write8(frame + k, 0);
+        }
+        let len = (HDR_LEN + MIN_FRAME.max(14 + plen)) as u32;
         if self
             .tx
             .push_chain(
@@ -222,18 +234,18 @@ pub fn run(bi: &BootInfo, many_default: bool) {
     let mut ok = false;
     let mut sent = 0;
     let mut buf = [0u8; 40];
-    'ping: for seq in 1..=u64::from(PING_TRIES) {
+    'ping: for seq in PING_BASE..PING_BASE + PING_TRIES {
         if !net.send(message(&mut buf, b"microvirt ping ", seq)) {
             break;
         }
-        sent = seq;
+        sent += 1;
         let t0 = crate::io::rdtsc();
         while crate::io::rdtsc().wrapping_sub(t0) < net.tsc_ms * PING_WAIT_MS {
             let Some(f) = net.recv(PING_WAIT_MS) else {
                 break;
             };
             if f.bytes().starts_with(b"microvirt pong ")
-                && f.number().is_some_and(|v| (1..=seq).contains(&v))
+                && f.number().is_some_and(|v| (PING_BASE..=seq).contains(&v))
             {
                 ok = true;
                 break 'ping;
@@ -253,20 +265,25 @@ pub fn run(bi: &BootInfo, many_default: bool) {
         None => None,
     };
     let Some(k) = count else { return };
-    if !net.send(message(&mut buf, b"microvirt many ", k)) {
-        println!("net: many request not sent");
-        return;
-    }
+    let mut next_send = 0u64;
     let mut next = 0u64;
     while next < k {
+        while next_send < k && next_send < next + WINDOW {
+            if !net.send(message(&mut buf, b"microvirt ping ", next_send)) {
+                println!("net: ping {} not sent", next_send);
+                return;
+            }
+            next_send += 1;
+        }
         let Some(f) = net.recv(MANY_WAIT_MS) else {
             println!("net: received {} of {} (timeout)", next, k);
             return;
         };
-        if f.bytes().starts_with(b"microvirt pong ") {
-            continue; // a late answer to a repeated ping
+        if !f.bytes().starts_with(b"microvirt pong ") {
+            continue;
         }
         match f.number() {
+            Some(v) if v >= PING_BASE => {} // late answer to a first-phase ping
             Some(v) if v == next => next += 1,
             Some(v) => {
                 println!("net: gap: expected {} got {}", next, v);
