@@ -14,6 +14,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::x86_64::{boot, layout, mptable};
 use crate::config::{SerialConfig, VmConfig};
+use crate::device_manager::mmio::MmioDeviceManager;
 use crate::devices::bus::Bus;
 use crate::devices::interrupt::IrqLine;
 use crate::devices::legacy::boot_timer::{BootTime, BootTimer};
@@ -22,6 +23,7 @@ use crate::devices::legacy::i8042::I8042Device;
 use crate::devices::legacy::serial::{
     InputSource, SerialDevice, SerialInput, SerialOut, SocketConsole,
 };
+use crate::devices::virtio;
 use crate::lifecycle::{InvalidTransition, Lifecycle, VmState};
 use crate::timing::Clock;
 use crate::vstate::memory::GuestMemoryMmap;
@@ -66,6 +68,8 @@ pub enum VmmError {
     EventLoop(String),
     #[error(transparent)]
     Lifecycle(#[from] InvalidTransition),
+    #[error(transparent)]
+    Virtio(#[from] virtio::VirtioError),
 }
 
 /// How a VM run ended.
@@ -336,15 +340,31 @@ impl Vmm {
         };
         let mut event_manager =
             VmmEventManager::new().map_err(|e| VmmError::EventLoop(e.to_string()))?;
-        let device_entries: Vec<String> = Vec::new();
-        let cmdline = compose_cmdline(cfg, &device_entries);
+        let mut pio = Bus::new();
+        let mut mmio = Bus::new();
+
+        // virtio devices: the device manager assigns slots and IRQs, in config order.
+        let mut mmio_mgr = MmioDeviceManager::new();
+        for disk in &cfg.disks {
+            virtio::attach_block(
+                &vm,
+                &mem,
+                &mut mmio,
+                &mut mmio_mgr,
+                &mut event_manager,
+                disk,
+            )?;
+        }
+        for net in &cfg.nets {
+            virtio::attach_net(&vm, &mem, &mut mmio, &mut mmio_mgr, &mut event_manager, net)?;
+        }
+
+        let cmdline = compose_cmdline(cfg, &mmio_mgr.cmdline_entries());
         boot::write_cmdline(&mem, &cmdline)?;
         boot::write_boot_info(&mem, &kernel, mem_size, cmdline.len(), initrd)?;
         mptable::setup(&mem, vcpu_count)?;
 
         // Legacy devices.
-        let mut pio = Bus::new();
-        let mut mmio = Bus::new();
         let irq = |gsi: u32| -> Result<IrqLine, VmmError> {
             let line = IrqLine::new(gsi).map_err(|e| VmmError::Device(format!("eventfd: {e}")))?;
             vm.register_irqfd(line.eventfd(), gsi)
