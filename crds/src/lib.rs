@@ -9,6 +9,7 @@
 
 pub mod preset;
 pub mod quantity;
+pub mod schema;
 pub mod template;
 pub mod vm;
 pub mod vmi;

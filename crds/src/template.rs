@@ -13,6 +13,7 @@ use crate::vmi::VirtualMachineInstanceSpec;
 pub struct TemplateMeta {
     /// Labels of created VMIs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::bounded_labels)]
     pub labels: Option<BTreeMap<String, String>>,
     /// Annotations of created VMIs.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -48,6 +48,7 @@ pub struct VirtualMachineInstanceReplicaSetSpec {
     #[schemars(range(min = 0, max = 10000))]
     pub replicas: Option<i32>,
     /// Which VMIs belong to this set.
+    #[schemars(schema_with = "crate::schema::label_selector")]
     pub selector: LabelSelector,
     /// Template of created VMIs.
     pub template: VirtualMachineInstanceTemplateSpec,
