@@ -326,7 +326,13 @@ pub fn spawn(iface: &str, server: DhcpServer) -> Result<DhcpHandle, DhcpError> {
     let one = 1i32.to_ne_bytes();
     set_opt(&sock, libc::SOL_SOCKET, libc::SO_REUSEADDR, &one).map_err(err)?;
     set_opt(&sock, libc::SOL_SOCKET, libc::SO_BROADCAST, &one).map_err(err)?;
-    set_opt(&sock, libc::SOL_SOCKET, libc::SO_BINDTODEVICE, iface.as_bytes()).map_err(err)?;
+    set_opt(
+        &sock,
+        libc::SOL_SOCKET,
+        libc::SO_BINDTODEVICE,
+        iface.as_bytes(),
+    )
+    .map_err(err)?;
     let addr = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: 67u16.to_be(),
@@ -364,7 +370,12 @@ fn serve(sock: UdpSocket, server: DhcpServer, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::SeqCst) {
         let n = match sock.recv_from(&mut buf) {
             Ok((n, _)) => n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 continue
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -375,7 +386,11 @@ fn serve(sock: UdpSocket, server: DhcpServer, stop: Arc<AtomicBool>) {
             }
         };
         if let Some(reply) = server.handle(&buf[..n]) {
-            log::debug!("dhcp: reply type {} to {:02x?}", reply[242], server.client_mac);
+            log::debug!(
+                "dhcp: reply type {} to {:02x?}",
+                reply[242],
+                server.client_mac
+            );
             if let Err(e) = sock.send_to(&reply, dest) {
                 log::warn!("dhcp: send failed: {e}");
             }
@@ -457,9 +472,15 @@ mod tests {
         assert_eq!(opt(&r, OPT_ROUTER).unwrap(), vec![10, 0, 2, 1]);
         assert_eq!(opt(&r, OPT_DNS).unwrap(), vec![10, 96, 0, 10]);
         assert_eq!(opt(&r, OPT_HOSTNAME).unwrap(), b"vm1".to_vec());
-        assert_eq!(opt(&r, OPT_DOMAIN).unwrap(), b"ns.svc.cluster.local".to_vec());
+        assert_eq!(
+            opt(&r, OPT_DOMAIN).unwrap(),
+            b"ns.svc.cluster.local".to_vec()
+        );
         assert_eq!(opt(&r, OPT_MTU).unwrap(), 1450u16.to_be_bytes().to_vec());
-        assert_eq!(opt(&r, OPT_LEASE_TIME).unwrap(), 86400u32.to_be_bytes().to_vec());
+        assert_eq!(
+            opt(&r, OPT_LEASE_TIME).unwrap(),
+            86400u32.to_be_bytes().to_vec()
+        );
         assert_eq!(opt(&r, OPT_BROADCAST).unwrap(), vec![10, 0, 2, 255]);
         let search = opt(&r, OPT_DOMAIN_SEARCH).unwrap();
         assert_eq!(
@@ -473,30 +494,53 @@ mod tests {
     fn request_ack_nak_and_other_server() {
         let s = server();
         let r = s
-            .handle(&request(REQUEST, MAC, &[(OPT_REQUESTED_IP, &[10, 0, 2, 2]), (OPT_SERVER_ID, &[10, 0, 2, 1])]))
+            .handle(&request(
+                REQUEST,
+                MAC,
+                &[
+                    (OPT_REQUESTED_IP, &[10, 0, 2, 2]),
+                    (OPT_SERVER_ID, &[10, 0, 2, 1]),
+                ],
+            ))
             .unwrap();
         assert_eq!(opt(&r, OPT_MSG_TYPE).unwrap(), vec![ACK]);
         assert_eq!(&r[16..20], &[10, 0, 2, 2]);
         let r = s
-            .handle(&request(REQUEST, MAC, &[(OPT_REQUESTED_IP, &[10, 0, 2, 9])]))
+            .handle(&request(
+                REQUEST,
+                MAC,
+                &[(OPT_REQUESTED_IP, &[10, 0, 2, 9])],
+            ))
             .unwrap();
         assert_eq!(opt(&r, OPT_MSG_TYPE).unwrap(), vec![NAK]);
         assert_eq!(&r[16..20], &[0, 0, 0, 0]);
         assert!(opt(&r, OPT_ROUTER).is_none());
         // Selecting another server: silence.
         assert!(s
-            .handle(&request(REQUEST, MAC, &[(OPT_REQUESTED_IP, &[10, 0, 2, 2]), (OPT_SERVER_ID, &[10, 0, 2, 7])]))
+            .handle(&request(
+                REQUEST,
+                MAC,
+                &[
+                    (OPT_REQUESTED_IP, &[10, 0, 2, 2]),
+                    (OPT_SERVER_ID, &[10, 0, 2, 7])
+                ]
+            ))
             .is_none());
         // Renewal: no requested-IP option, ciaddr set.
         let mut p = request(REQUEST, MAC, &[]);
         p[12..16].copy_from_slice(&[10, 0, 2, 2]);
-        assert_eq!(opt(&s.handle(&p).unwrap(), OPT_MSG_TYPE).unwrap(), vec![ACK]);
+        assert_eq!(
+            opt(&s.handle(&p).unwrap(), OPT_MSG_TYPE).unwrap(),
+            vec![ACK]
+        );
     }
 
     #[test]
     fn foreign_and_malformed_packets_are_ignored() {
         let s = server();
-        assert!(s.handle(&request(DISCOVER, [2, 0, 0, 0, 0, 1], &[])).is_none());
+        assert!(s
+            .handle(&request(DISCOVER, [2, 0, 0, 0, 0, 1], &[]))
+            .is_none());
         assert!(s.handle(&[]).is_none());
         assert!(s.handle(&[1u8; 100]).is_none());
         let mut p = request(DISCOVER, MAC, &[]);

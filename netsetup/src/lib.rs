@@ -203,7 +203,10 @@ impl Default for InterfaceSpec {
 /// One thing to undo, in reverse order of creation.
 #[derive(Debug)]
 enum Undo {
-    DelLink { index: u32, name: String },
+    DelLink {
+        index: u32,
+        name: String,
+    },
     DelNftTable(String),
     RestoreIpForward(String),
     /// Bridge binding: give the pod interface back its MAC, address and default route.
@@ -389,9 +392,7 @@ pub fn masquerade_ruleset(
 ) -> serde_json::Value {
     use serde_json::json;
     let fam = "ip";
-    let m = |left: serde_json::Value, right: serde_json::Value| {
-        json!({"match": {"op": "==", "left": left, "right": right}})
-    };
+    let m = |left: serde_json::Value, right: serde_json::Value| json!({"match": {"op": "==", "left": left, "right": right}});
     let iif = m(json!({"meta": {"key": "iifname"}}), json!(pod_iface));
     let oif = m(json!({"meta": {"key": "oifname"}}), json!(pod_iface));
     let daddr = m(
@@ -404,9 +405,7 @@ pub fn masquerade_ruleset(
     );
     let dnat = json!({"dnat": {"addr": guest_ip.to_string()}});
     let snat = json!({"snat": {"addr": pod_ip.to_string()}});
-    let rule = |chain: &str, expr: Vec<serde_json::Value>| {
-        json!({"add": {"rule": {"family": fam, "table": table, "chain": chain, "expr": expr}}})
-    };
+    let rule = |chain: &str, expr: Vec<serde_json::Value>| json!({"add": {"rule": {"family": fam, "table": table, "chain": chain, "expr": expr}}});
     let mut cmds = vec![
         json!({"add": {"table": {"family": fam, "name": table}}}),
         json!({"add": {"chain": {"family": fam, "table": table, "name": "prerouting",
@@ -415,7 +414,10 @@ pub fn masquerade_ruleset(
             "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}}}),
     ];
     if ports.is_empty() {
-        cmds.push(rule("prerouting", vec![iif.clone(), daddr.clone(), dnat.clone()]));
+        cmds.push(rule(
+            "prerouting",
+            vec![iif.clone(), daddr.clone(), dnat.clone()],
+        ));
     } else {
         for (proto, name) in [(Protocol::Tcp, "tcp"), (Protocol::Udp, "udp")] {
             let mut list: Vec<u16> = ports
@@ -448,8 +450,7 @@ pub fn masquerade_ruleset(
 pub fn setup_pod_network(binding: Binding, iface: &InterfaceSpec) -> Result<NetSetup> {
     let netns = netns::current().map_err(NetError::Netns)?;
     let mut rtnl = Rtnl::open()?;
-    if rtnl.link_by_name(BRIDGE_NAME)?.is_some() || rtnl.link_by_name(&iface.tap_name)?.is_some()
-    {
+    if rtnl.link_by_name(BRIDGE_NAME)?.is_some() || rtnl.link_by_name(&iface.tap_name)?.is_some() {
         return Err(NetError::AlreadySetUp(iface.tap_name.clone()));
     }
     let pod = rtnl.link(&iface.pod_interface)?;
@@ -462,7 +463,10 @@ pub fn setup_pod_network(binding: Binding, iface: &InterfaceSpec) -> Result<NetS
     let dns = std::fs::read_to_string(&iface.resolv_conf)
         .map(|t| resolv::parse_resolv_conf(&t))
         .unwrap_or_else(|e| {
-            log::warn!("{}: {e}; the guest gets no DNS", iface.resolv_conf.display());
+            log::warn!(
+                "{}: {e}; the guest gets no DNS",
+                iface.resolv_conf.display()
+            );
             resolv::DnsConfig::default()
         });
     let mut setup = NetSetup {
@@ -660,7 +664,13 @@ mod tests {
         assert_eq!(m.0, [2, 0, 0, 0xab, 0xcd, 1]);
         assert_eq!(m.to_string(), "02:00:00:ab:cd:01");
         assert_eq!("02-00-00-ab-cd-01".parse::<MacAddr>().unwrap(), m);
-        for bad in ["", "02:00:00:ab:cd", "02:00:00:ab:cd:1", "02:00:00:ab:cd:zz", "020:0:00:ab:cd:01"] {
+        for bad in [
+            "",
+            "02:00:00:ab:cd",
+            "02:00:00:ab:cd:1",
+            "02:00:00:ab:cd:zz",
+            "020:0:00:ab:cd:01",
+        ] {
             assert!(bad.parse::<MacAddr>().is_err(), "{bad}");
         }
         let r = MacAddr::random_local();
@@ -696,7 +706,11 @@ mod tests {
             "eth0",
             Ipv4Addr::new(10, 244, 0, 5),
             MASQ_GUEST,
-            &[p(Protocol::Tcp, 8080), p(Protocol::Tcp, 22), p(Protocol::Tcp, 22)],
+            &[
+                p(Protocol::Tcp, 8080),
+                p(Protocol::Tcp, 22),
+                p(Protocol::Tcp, 22),
+            ],
         );
         let cmds = v["nftables"].as_array().unwrap();
         assert_eq!(cmds.len(), 5, "one tcp rule, no udp rule, one snat rule");
@@ -710,6 +724,10 @@ mod tests {
         assert_eq!(nft_table_name("tap0"), "microvirt_tap0");
         assert_eq!(nft_table_name("tap-x.1"), "microvirt_tap_x_1");
         assert!(in_subnet(Ipv4Addr::new(10, 0, 2, 1), MASQ_GUEST, 24));
-        assert!(!in_subnet(Ipv4Addr::new(169, 254, 1, 1), Ipv4Addr::new(10, 244, 1, 7), 32));
+        assert!(!in_subnet(
+            Ipv4Addr::new(169, 254, 1, 1),
+            Ipv4Addr::new(10, 244, 1, 7),
+            32
+        ));
     }
 }

@@ -54,7 +54,10 @@ fn valid_domain(d: &str) -> bool {
     !d.is_empty()
         && d.len() <= 253
         && d.split('.').all(|l| {
-            !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         })
 }
 
@@ -71,13 +74,19 @@ mod tests {
         assert_eq!(cfg.servers, vec![Ipv4Addr::new(10, 96, 0, 10)]);
         assert_eq!(
             cfg.search,
-            vec!["default.svc.cluster.local", "svc.cluster.local", "cluster.local"]
+            vec![
+                "default.svc.cluster.local",
+                "svc.cluster.local",
+                "cluster.local"
+            ]
         );
     }
 
     #[test]
     fn domain_fallback_and_garbage() {
-        let cfg = parse_resolv_conf("domain example.org.\nnameserver bogus\nnameserver 1.1.1.1 ; x\nsearch\n\u{0}\n");
+        let cfg = parse_resolv_conf(
+            "domain example.org.\nnameserver bogus\nnameserver 1.1.1.1 ; x\nsearch\n\u{0}\n",
+        );
         assert_eq!(cfg.servers, vec![Ipv4Addr::new(1, 1, 1, 1)]);
         assert_eq!(cfg.search, vec!["example.org"]);
         let cfg = parse_resolv_conf("search bad..name ok.example\n");

@@ -6,8 +6,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP,
-    NLM_F_EXCL, NLM_F_REQUEST,
+    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+    NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
@@ -85,10 +85,12 @@ impl Rtnl {
         nl.finalize();
         let mut out = vec![0u8; nl.buffer_len()];
         nl.serialize(&mut out);
-        self.sock.send(&out, 0).map_err(|source| RtnlError::Request {
-            what: what.to_string(),
-            source,
-        })?;
+        self.sock
+            .send(&out, 0)
+            .map_err(|source| RtnlError::Request {
+                what: what.to_string(),
+                source,
+            })?;
 
         let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
         let mut replies = Vec::new();
@@ -106,12 +108,13 @@ impl Rtnl {
             let mut off = 0usize;
             while off < n {
                 let bytes = &self.buf[off..n];
-                let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes).map_err(
-                    |e| RtnlError::Decode {
-                        what: what.to_string(),
-                        detail: e.to_string(),
-                    },
-                )?;
+                let msg =
+                    NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes).map_err(|e| {
+                        RtnlError::Decode {
+                            what: what.to_string(),
+                            detail: e.to_string(),
+                        }
+                    })?;
                 let len = msg.header.length as usize;
                 if len == 0 {
                     return Err(RtnlError::Decode {
@@ -154,7 +157,11 @@ impl Rtnl {
     pub fn link_by_name(&mut self, name: &str) -> Result<Option<Link>> {
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
-        match self.request(&format!("get link {name}"), RouteNetlinkMessage::GetLink(msg), 0) {
+        match self.request(
+            &format!("get link {name}"),
+            RouteNetlinkMessage::GetLink(msg),
+            0,
+        ) {
             Ok(replies) => Ok(replies.into_iter().find_map(|m| match m {
                 RouteNetlinkMessage::NewLink(l) => Some(to_link(&l)),
                 _ => None,
@@ -198,7 +205,9 @@ impl Rtnl {
             msg.attributes.push(LinkAttribute::Address(mac.to_vec()));
         }
         msg.attributes
-            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Bridge)]));
+            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
+                InfoKind::Bridge,
+            )]));
         self.request(
             &format!("create bridge {name}"),
             RouteNetlinkMessage::NewLink(msg),
@@ -312,7 +321,11 @@ impl Rtnl {
     pub fn default_route_v4(&mut self) -> Result<Option<(Ipv4Addr, u32)>> {
         let mut msg = RouteMessage::default();
         msg.header.address_family = AddressFamily::Inet;
-        let replies = self.request("dump routes", RouteNetlinkMessage::GetRoute(msg), NLM_F_DUMP)?;
+        let replies = self.request(
+            "dump routes",
+            RouteNetlinkMessage::GetRoute(msg),
+            NLM_F_DUMP,
+        )?;
         for m in replies {
             if let RouteNetlinkMessage::NewRoute(r) = m {
                 if r.header.destination_prefix_length != 0

@@ -1,0 +1,490 @@
+//! Real network namespaces: a "node" netns, a "pod" netns whose eth0 is a veth to the node,
+//! and a "VM" netns whose vm0 (a veth stand-in for the guest's virtio-net, carrying the guest
+//! MAC) is a port of the pod's k6t-eth0 bridge. `ip` builds only this fixture; the code under
+//! test configures everything through netlink/nftables. Needs root, busybox (udhcpc) and
+//! libnftables1.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use netsetup::{netns, Binding, InterfaceSpec, PortForward, Protocol};
+
+const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
+const POD_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 2);
+const GUEST_MAC: &str = "02:00:00:00:00:42";
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("running ip")?;
+    ensure!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Three namespaces named after the test and the process; deleted on drop.
+struct Fixture {
+    node: String,
+    pod: String,
+    vm: String,
+    dir: PathBuf,
+}
+
+impl Fixture {
+    fn new(tag: &str) -> Result<Self> {
+        let id = std::process::id();
+        let f = Fixture {
+            node: format!("mvn-{tag}-{id}"),
+            pod: format!("mvp-{tag}-{id}"),
+            vm: format!("mvv-{tag}-{id}"),
+            dir: std::env::temp_dir().join(format!("netsetup-{tag}-{id}")),
+        };
+        std::fs::create_dir_all(&f.dir)?;
+        for ns in [&f.node, &f.pod, &f.vm] {
+            let _ = ip(&["netns", "del", ns]);
+            ip(&["netns", "add", ns])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        ip(&[
+            "link", "add", "eth0", "netns", &f.pod, "type", "veth", "peer", "name", "veth-pod",
+            "netns", &f.node,
+        ])?;
+        ip(&[
+            "-n",
+            &f.node,
+            "addr",
+            "add",
+            "192.168.77.1/24",
+            "dev",
+            "veth-pod",
+        ])?;
+        ip(&["-n", &f.node, "link", "set", "veth-pod", "up"])?;
+        ip(&[
+            "-n",
+            &f.pod,
+            "addr",
+            "add",
+            "192.168.77.2/24",
+            "dev",
+            "eth0",
+        ])?;
+        ip(&["-n", &f.pod, "link", "set", "eth0", "up"])?;
+        ip(&[
+            "-n",
+            &f.pod,
+            "route",
+            "add",
+            "default",
+            "via",
+            "192.168.77.1",
+        ])?;
+        Ok(f)
+    }
+
+    fn path(ns: &str) -> PathBuf {
+        Path::new("/run/netns").join(ns)
+    }
+
+    fn in_ns<T: Send>(&self, ns: &str, f: impl FnOnce() -> T + Send) -> Result<T> {
+        Ok(netns::run_in_path(&Self::path(ns), f)?)
+    }
+
+    /// The guest stand-in: veth vm0 (guest MAC) in the VM netns, its peer a bridge port.
+    fn attach_vm(&self, mac: &str) -> Result<()> {
+        ip(&[
+            "link", "add", "vm0", "netns", &self.vm, "address", mac, "type", "veth", "peer",
+            "name", "vmport", "netns", &self.pod,
+        ])?;
+        ip(&["-n", &self.vm, "link", "set", "vm0", "up"])?;
+        ip(&[
+            "-n", &self.pod, "link", "set", "vmport", "master", "k6t-eth0", "up",
+        ])?;
+        Ok(())
+    }
+
+    /// Runs busybox udhcpc in the VM netns; its script records the lease and configures vm0.
+    fn dhcp_client(&self) -> Result<HashMap<String, String>> {
+        let script = self.dir.join("udhcpc.sh");
+        let out = self.dir.join("lease.env");
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\ncase \"$1\" in\nbound|renew)\n  env > {out}.tmp && mv {out}.tmp {out}\n  \
+                 ip addr add \"$ip/$mask\" dev \"$interface\"\n  ip route add default via \"$router\"\n  ;;\nesac\n",
+                out = out.display()
+            ),
+        )?;
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        let st = Command::new("timeout")
+            .args(["60", "ip", "netns", "exec", &self.vm, "busybox", "udhcpc"])
+            .args([
+                "-i",
+                "vm0",
+                "-f",
+                "-q",
+                "-n",
+                "-t",
+                "10",
+                "-T",
+                "1",
+                "-x",
+                "hostname:ignored",
+            ])
+            .arg("-s")
+            .arg(&script)
+            .status()
+            .context("running busybox udhcpc")?;
+        ensure!(st.success(), "udhcpc failed: {st}");
+        let env = std::fs::read_to_string(&out).context("udhcpc script wrote no lease")?;
+        Ok(env
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect())
+    }
+
+    fn links(&self, ns: &str) -> Result<Vec<netsetup::rtnl::Link>> {
+        self.in_ns(ns, || -> Result<_> {
+            Ok(netsetup::rtnl::Rtnl::open()?.links()?)
+        })?
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        for ns in [&self.vm, &self.pod, &self.node] {
+            let _ = ip(&["netns", "del", ns]);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A TCP server in `ns` on `addr` that answers each of up to `n` connections with
+/// `"<tag> peer=<client ip>"`; stops after `n` connections or 20 s.
+fn tcp_server(ns: &str, addr: SocketAddr, tag: &'static str, n: usize) -> Result<JoinHandle<()>> {
+    let (tx, rx) = mpsc::channel();
+    let path = Fixture::path(ns);
+    let h = std::thread::spawn(move || {
+        let l = netns::run_in_path(&path, || TcpListener::bind(addr));
+        let l = match l {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) | Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        l.set_nonblocking(true).expect("nonblocking listener");
+        let _ = tx.send(Ok(()));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut served = 0;
+        while served < n && Instant::now() < deadline {
+            match l.accept() {
+                Ok((mut s, peer)) => {
+                    let _ = s.set_nonblocking(false);
+                    let _ = write!(s, "{tag} peer={}", peer.ip());
+                    served += 1;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .context("server did not start")??;
+    Ok(h)
+}
+
+/// Connects from `ns` to `addr` and returns what the server said.
+fn tcp_client(ns: &str, addr: SocketAddr) -> Result<std::io::Result<String>> {
+    netns::run_in_path(&Fixture::path(ns), || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })
+    .map_err(Into::into)
+}
+
+fn ip_forward(fx: &Fixture) -> Result<String> {
+    Ok(fx
+        .in_ns(&fx.pod, || {
+            std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+        })??
+        .trim()
+        .to_string())
+}
+
+fn resolv(fx: &Fixture) -> Result<PathBuf> {
+    let p = fx.dir.join("resolv.conf");
+    std::fs::write(
+        &p,
+        "search ns1.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n",
+    )?;
+    Ok(p)
+}
+
+fn setup(fx: &Fixture, binding: Binding, spec: InterfaceSpec) -> Result<netsetup::NetSetup> {
+    Ok(fx.in_ns(&fx.pod, || netsetup::setup_pod_network(binding, &spec))??)
+}
+
+fn check_no_leftovers(fx: &Fixture, forward_before: &str) -> Result<()> {
+    let names: Vec<String> = fx.links(&fx.pod)?.into_iter().map(|l| l.name).collect();
+    ensure!(
+        !names.iter().any(|n| n == "k6t-eth0" || n == "tap0"),
+        "links left behind: {names:?}"
+    );
+    let tables = fx.in_ns(&fx.pod, netsetup::nft::ip_tables)??;
+    ensure!(tables.is_empty(), "nftables tables left behind: {tables:?}");
+    ensure!(ip_forward(fx)? == forward_before, "ip_forward not restored");
+    Ok(())
+}
+
+#[test]
+fn masquerade_dhcp_dnat_snat_and_teardown() -> Result<()> {
+    let fx = Fixture::new("masq")?;
+    let forward_before = ip_forward(&fx)?;
+    let spec = InterfaceSpec {
+        mac: Some(GUEST_MAC.parse()?),
+        hostname: Some("vm1".into()),
+        resolv_conf: resolv(&fx)?,
+        ..Default::default()
+    };
+    let net = setup(&fx, Binding::Masquerade, spec)?;
+    assert_eq!(net.tap_name(), "tap0");
+    assert_eq!(net.guest_mac().to_string(), GUEST_MAC);
+    assert_eq!(net.pod_ip(), POD_IP);
+    assert_eq!(net.lease().ip, Ipv4Addr::new(10, 0, 2, 2));
+    assert_eq!(ip_forward(&fx)?, "1");
+    let tables = fx.in_ns(&fx.pod, netsetup::nft::ip_tables)??;
+    assert_eq!(tables, vec!["microvirt_tap0".to_string()]);
+
+    // The TAP is a port of the bridge, and the VMM can attach to it with its flags.
+    let links = fx.links(&fx.pod)?;
+    let br = links
+        .iter()
+        .find(|l| l.name == "k6t-eth0")
+        .context("no bridge")?;
+    let tap = links.iter().find(|l| l.name == "tap0").context("no tap")?;
+    assert_eq!(tap.controller, Some(br.index));
+    fx.in_ns(&fx.pod, || attach_tap("tap0"))??;
+
+    // DHCP.
+    fx.attach_vm(GUEST_MAC)?;
+    let lease = fx.dhcp_client()?;
+    assert_eq!(lease["ip"], "10.0.2.2");
+    assert_eq!(lease["router"], "10.0.2.1");
+    assert_eq!(lease["subnet"], "255.255.255.0");
+    assert_eq!(lease["dns"].trim(), "10.96.0.10");
+    assert_eq!(lease["serverid"], "10.0.2.1");
+    assert_eq!(lease["hostname"], "vm1");
+    assert_eq!(lease["domain"], "ns1.svc.cluster.local");
+    assert_eq!(
+        lease["search"],
+        "ns1.svc.cluster.local svc.cluster.local cluster.local"
+    );
+    assert_eq!(lease["lease"], "86400");
+    assert_eq!(lease["mtu"], "1500");
+
+    // Inbound: node → pod IP reaches the VM (DNAT), client address preserved.
+    let srv = tcp_server(&fx.vm, "10.0.2.2:8080".parse()?, "vm", 1)?;
+    let got = tcp_client(&fx.node, SocketAddr::from((POD_IP, 8080)))??;
+    assert_eq!(got, format!("vm peer={NODE_IP}"));
+    srv.join().expect("server thread");
+
+    // Outbound: VM → node is seen with the pod IP as source (SNAT).
+    let srv = tcp_server(&fx.node, SocketAddr::from((NODE_IP, 9090)), "node", 1)?;
+    let got = tcp_client(&fx.vm, SocketAddr::from((NODE_IP, 9090)))??;
+    assert_eq!(got, format!("node peer={POD_IP}"));
+    srv.join().expect("server thread");
+
+    // Teardown from another thread (not in the pod netns) removes everything.
+    net.teardown()?;
+    check_no_leftovers(&fx, &forward_before)?;
+    // The pod keeps its own address.
+    let addrs = fx.in_ns(&fx.pod, || -> Result<_> {
+        let mut r = netsetup::rtnl::Rtnl::open()?;
+        let eth0 = r.link("eth0")?;
+        Ok(r.ipv4_addrs(eth0.index)?)
+    })??;
+    assert_eq!(addrs, vec![(POD_IP, 24)]);
+    Ok(())
+}
+
+#[test]
+fn masquerade_port_allow_list_and_drop_cleans_up() -> Result<()> {
+    let fx = Fixture::new("ports")?;
+    let forward_before = ip_forward(&fx)?;
+    let spec = InterfaceSpec {
+        mac: Some(GUEST_MAC.parse()?),
+        ports: vec![PortForward {
+            protocol: Protocol::Tcp,
+            port: 8080,
+        }],
+        resolv_conf: resolv(&fx)?,
+        ..Default::default()
+    };
+    let net = setup(&fx, Binding::Masquerade, spec.clone())?;
+    // A second setup in the same namespace is refused and leaves the first intact.
+    let again = setup(&fx, Binding::Masquerade, spec);
+    assert!(
+        matches!(again, Err(ref e) if e.to_string().contains("already exists")),
+        "{again:?}"
+    );
+
+    fx.attach_vm(GUEST_MAC)?;
+    let lease = fx.dhcp_client()?;
+    assert_eq!(lease["ip"], "10.0.2.2");
+
+    let vm8080 = tcp_server(&fx.vm, "10.0.2.2:8080".parse()?, "vm", 1)?;
+    let vm8081 = tcp_server(&fx.vm, "10.0.2.2:8081".parse()?, "vm", 1)?;
+    let pod8081 = tcp_server(&fx.pod, SocketAddr::from((POD_IP, 8081)), "pod", 1)?;
+    assert_eq!(
+        tcp_client(&fx.node, SocketAddr::from((POD_IP, 8080)))??,
+        format!("vm peer={NODE_IP}")
+    );
+    // 8081 is not forwarded: the pod itself answers.
+    assert_eq!(
+        tcp_client(&fx.node, SocketAddr::from((POD_IP, 8081)))??,
+        format!("pod peer={NODE_IP}")
+    );
+    vm8080.join().expect("server");
+    pod8081.join().expect("server");
+    // Unblock the unused VM listener, then check it got nothing from outside.
+    let from_vm = tcp_client(&fx.vm, "10.0.2.2:8081".parse()?)??;
+    assert_eq!(from_vm, "vm peer=10.0.2.2");
+    vm8081.join().expect("server");
+
+    drop(net);
+    check_no_leftovers(&fx, &forward_before)?;
+    Ok(())
+}
+
+#[test]
+fn bridge_binding_gives_the_vm_the_pod_ip_and_restores_the_pod() -> Result<()> {
+    let fx = Fixture::new("br")?;
+    let eth0_before = fx
+        .links(&fx.pod)?
+        .into_iter()
+        .find(|l| l.name == "eth0")
+        .context("eth0")?;
+    let spec = InterfaceSpec {
+        hostname: Some("vm2".into()),
+        resolv_conf: resolv(&fx)?,
+        ..Default::default()
+    };
+    let net = setup(&fx, Binding::Bridge, spec)?;
+    // The guest takes eth0's MAC and IP; eth0 gets a new MAC and is a bridge port.
+    assert_eq!(Some(net.guest_mac().0), eth0_before.mac);
+    assert_eq!(net.lease().ip, POD_IP);
+    assert_eq!(net.lease().router, Some(NODE_IP));
+    let links = fx.links(&fx.pod)?;
+    let br = links
+        .iter()
+        .find(|l| l.name == "k6t-eth0")
+        .context("bridge")?;
+    let eth0 = links.iter().find(|l| l.name == "eth0").context("eth0")?;
+    assert_eq!(eth0.controller, Some(br.index));
+    assert_ne!(eth0.mac, eth0_before.mac);
+
+    let mac = net.guest_mac().to_string();
+    fx.attach_vm(&mac)?;
+    let lease = fx.dhcp_client()?;
+    assert_eq!(lease["ip"], POD_IP.to_string());
+    assert_eq!(lease["router"], NODE_IP.to_string());
+    assert_eq!(lease["subnet"], "255.255.255.0");
+    assert_eq!(lease["hostname"], "vm2");
+
+    // The node reaches the VM at the pod IP directly, and the VM reaches the node.
+    let srv = tcp_server(&fx.vm, SocketAddr::from((POD_IP, 8080)), "vm", 1)?;
+    assert_eq!(
+        tcp_client(&fx.node, SocketAddr::from((POD_IP, 8080)))??,
+        format!("vm peer={NODE_IP}")
+    );
+    srv.join().expect("server");
+    let srv = tcp_server(&fx.node, SocketAddr::from((NODE_IP, 9090)), "node", 1)?;
+    assert_eq!(
+        tcp_client(&fx.vm, SocketAddr::from((NODE_IP, 9090)))??,
+        format!("node peer={POD_IP}")
+    );
+    srv.join().expect("server");
+
+    net.teardown()?;
+    // Take the stand-in away so the pod's address is unique again, then check the pod.
+    ip(&["-n", &fx.vm, "link", "del", "vm0"])?;
+    let after = fx.links(&fx.pod)?;
+    ensure!(
+        !after
+            .iter()
+            .any(|l| l.name == "k6t-eth0" || l.name == "tap0"),
+        "links left: {after:?}"
+    );
+    let eth0 = after.iter().find(|l| l.name == "eth0").context("eth0")?;
+    assert_eq!(eth0.mac, eth0_before.mac);
+    assert_eq!(eth0.controller, None);
+    let (addrs, route) = fx.in_ns(&fx.pod, || -> Result<_> {
+        let mut r = netsetup::rtnl::Rtnl::open()?;
+        let i = r.link("eth0")?.index;
+        Ok((r.ipv4_addrs(i)?, r.default_route_v4()?))
+    })??;
+    assert_eq!(addrs, vec![(POD_IP, 24)]);
+    assert_eq!(route, Some((NODE_IP, eth0.index)));
+    // And the pod works again from the node.
+    let srv = tcp_server(&fx.pod, SocketAddr::from((POD_IP, 8080)), "pod", 1)?;
+    assert_eq!(
+        tcp_client(&fx.node, SocketAddr::from((POD_IP, 8080)))??,
+        format!("pod peer={NODE_IP}")
+    );
+    srv.join().expect("server");
+    Ok(())
+}
+
+#[test]
+fn missing_pod_interface_is_an_error_and_leaves_nothing() -> Result<()> {
+    let fx = Fixture::new("err")?;
+    let spec = InterfaceSpec {
+        pod_interface: "nope0".into(),
+        resolv_conf: resolv(&fx)?,
+        ..Default::default()
+    };
+    let r = setup(&fx, Binding::Masquerade, spec);
+    assert!(
+        matches!(r, Err(ref e) if e.to_string().contains("nope0")),
+        "{r:?}"
+    );
+    let names: Vec<String> = fx.links(&fx.pod)?.into_iter().map(|l| l.name).collect();
+    ensure!(
+        !names.iter().any(|n| n == "k6t-eth0" || n == "tap0"),
+        "{names:?}"
+    );
+    Ok(())
+}
+
+/// Opens the TAP as the VMM does (IFF_TAP | IFF_NO_PI | IFF_VNET_HDR).
+fn attach_tap(name: &str) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    let mut ifr = [0u8; 40];
+    ifr[..name.len()].copy_from_slice(name.as_bytes());
+    ifr[16..18].copy_from_slice(&netsetup::tap::TAP_FLAGS.to_ne_bytes());
+    // SAFETY: TUNSETIFF reads/writes a 40-byte ifreq at the pointer, which lives across the call.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), 0x4004_54ca, ifr.as_mut_ptr()) };
+    if r < 0 {
+        bail!("TUNSETIFF {name}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
