@@ -540,3 +540,9 @@ impl Drop for Cluster {
         }
     }
 }
+
+// Tests share one cluster through a `static` (`OnceLock<Cluster>`), so it must stay Send + Sync.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Cluster>();
+};
