@@ -13,7 +13,14 @@ fn main() {
         }
     };
     let guest = testguest_build::guest_dir();
-    for p in ["src", "Cargo.toml", "Cargo.lock", "build.rs", "link.ld.in", ".cargo/config.toml"] {
+    for p in [
+        "src",
+        "Cargo.toml",
+        "Cargo.lock",
+        "build.rs",
+        "link.ld.in",
+        ".cargo/config.toml",
+    ] {
         println!("cargo:rerun-if-changed={}", guest.join(p).display());
     }
     println!("cargo:rerun-if-changed=build.rs");
@@ -26,7 +33,11 @@ fn main() {
     };
     let dest = out.join("demo-guest.elf");
     if let Err(e) = std::fs::copy(&artifacts.pvh, &dest) {
-        eprintln!("copying {} to {}: {e}", artifacts.pvh.display(), dest.display());
+        eprintln!(
+            "copying {} to {}: {e}",
+            artifacts.pvh.display(),
+            dest.display()
+        );
         std::process::exit(1);
     }
 }

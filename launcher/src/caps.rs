@@ -102,7 +102,10 @@ mod tests {
             super::drop_all().unwrap();
             assert_eq!(super::effective().unwrap(), 0);
             let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
-            assert!(status.lines().any(|l| l == "CapPrm:\t0000000000000000"), "{status}");
+            assert!(
+                status.lines().any(|l| l == "CapPrm:\t0000000000000000"),
+                "{status}"
+            );
             assert!(status.lines().any(|l| l == "NoNewPrivs:\t1"), "{status}");
             // A privileged operation now fails even as root.
             // SAFETY: sethostname is given a valid buffer; it must fail with EPERM.

@@ -103,8 +103,7 @@ impl NoCloudSeed {
 /// Quotes a YAML scalar when it could be misread (names and uids normally need no quoting).
 fn yaml_scalar(s: &str) -> String {
     let plain = !s.is_empty()
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
     if plain {
         s.to_string()
@@ -115,7 +114,7 @@ fn yaml_scalar(s: &str) -> String {
 
 fn set_fat12(fat: &mut [u8], cluster: usize, value: u16) {
     let off = cluster * 3 / 2;
-    if cluster % 2 == 0 {
+    if cluster & 1 == 0 {
         fat[off] = value as u8;
         fat[off + 1] = (fat[off + 1] & 0xf0) | ((value >> 8) as u8 & 0x0f);
     } else {
@@ -177,7 +176,10 @@ fn lfn_entries(name: &str, checksum: u8) -> Vec<[u8; 32]> {
         e[0] = (p as u8 + 1) | if p + 1 == parts { 0x40 } else { 0 };
         e[11] = ATTR_LFN;
         e[13] = checksum;
-        let slots = (1..11).step_by(2).chain((14..26).step_by(2)).chain((28..32).step_by(2));
+        let slots = (1..11)
+            .step_by(2)
+            .chain((14..26).step_by(2))
+            .chain((28..32).step_by(2));
         for (slot, c) in slots.zip(chars) {
             e[slot..slot + 2].copy_from_slice(&c.to_le_bytes());
         }
@@ -212,7 +214,8 @@ pub fn build_vfat(files: &[(&str, &[u8])]) -> Result<Vec<u8>, CloudInitError> {
     let fat_sectors = ((clusters + 2) * 3 / 2 + 1).div_ceil(SECTOR);
     let data_start = 1 + FATS * fat_sectors + ROOT_SECTORS;
     let total_sectors = data_start + clusters * spc;
-    let total_sectors16 = u16::try_from(total_sectors).map_err(|_| CloudInitError::TooLarge(total))?;
+    let total_sectors16 =
+        u16::try_from(total_sectors).map_err(|_| CloudInitError::TooLarge(total))?;
     let mut img = vec![0u8; total_sectors * SECTOR];
 
     // Boot sector with the BIOS parameter block.
@@ -255,7 +258,12 @@ pub fn build_vfat(files: &[(&str, &[u8])]) -> Result<Vec<u8>, CloudInitError> {
         next += n;
         let short = short_alias(name, i + 1);
         root.extend(lfn_entries(name, lfn_checksum(&short)));
-        root.push(dir_entry(&short, ATTR_ARCHIVE, first as u16, data.len() as u32));
+        root.push(dir_entry(
+            &short,
+            ATTR_ARCHIVE,
+            first as u16,
+            data.len() as u32,
+        ));
     }
     if root.len() > ROOT_ENTRIES {
         return Err(CloudInitError::TooManyFiles);
@@ -325,7 +333,11 @@ pub(crate) mod reader {
             }
             if e[11] == 0x0f {
                 let mut units = Vec::new();
-                for o in (1..11).step_by(2).chain((14..26).step_by(2)).chain((28..32).step_by(2)) {
+                for o in (1..11)
+                    .step_by(2)
+                    .chain((14..26).step_by(2))
+                    .chain((28..32).step_by(2))
+                {
                     let u = u16::from_le_bytes([e[o], e[o + 1]]);
                     if u == 0 || u == 0xffff {
                         break;
@@ -390,8 +402,12 @@ mod tests {
     fn multi_cluster_files_and_big_content() {
         let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
         let small = vec![7u8; 1300];
-        let img = build_vfat(&[("a-long-file-name-here.txt", &small), ("big", &big), ("empty", &[])])
-            .unwrap();
+        let img = build_vfat(&[
+            ("a-long-file-name-here.txt", &small),
+            ("big", &big),
+            ("empty", &[]),
+        ])
+        .unwrap();
         let fat = reader::read(&img);
         assert_eq!(fat.files["a-long-file-name-here.txt"], small);
         assert_eq!(fat.files["big"], big);

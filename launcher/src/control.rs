@@ -146,7 +146,10 @@ fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
         let req: Value = match serde_json::from_str(line.trim()) {
             Ok(v) => v,
             Err(e) => {
-                reply(&mut writer, &json!({"ok": false, "error": format!("bad request: {e}")}))?;
+                reply(
+                    &mut writer,
+                    &json!({"ok": false, "error": format!("bad request: {e}")}),
+                )?;
                 continue;
             }
         };

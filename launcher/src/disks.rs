@@ -99,7 +99,10 @@ pub fn inside(root: &Path, rel: &str, volume: &str) -> Result<PathBuf, DiskError
     {
         return Err(invalid(
             volume,
-            format!("path {:?} must stay inside the mounted image", rel.display()),
+            format!(
+                "path {:?} must stay inside the mounted image",
+                rel.display()
+            ),
         ));
     }
     Ok(root.join(rel))
@@ -132,7 +135,10 @@ fn pvc_disk(volume: &str, path: &Path) -> Result<PathBuf, DiskError> {
     } else {
         Err(invalid(
             volume,
-            format!("{} is not a directory, file or block device", path.display()),
+            format!(
+                "{} is not a directory, file or block device",
+                path.display()
+            ),
         ))
     }
 }
@@ -228,11 +234,7 @@ fn volume_disk(
         return Ok((DiskKind::EmptyDisk, BlockConfig::new(path), false));
     }
     if let Some(ci) = &vol.cloud_init_no_cloud {
-        let id = doc
-            .metadata
-            .uid
-            .as_deref()
-            .unwrap_or_else(|| doc.name());
+        let id = doc.metadata.uid.as_deref().unwrap_or_else(|| doc.name());
         let seed = NoCloudSeed::from_volume(ci, id, doc.name()).map_err(|source| {
             DiskError::CloudInit {
                 volume: name.into(),
@@ -269,7 +271,10 @@ pub fn prepare(
             .ok_or_else(|| DiskError::NoVolume(disk.name.clone()))?;
         if let Some(bus) = disk.disk.as_ref().and_then(|d| d.bus.as_deref()) {
             if bus != "virtio" {
-                return Err(invalid(&disk.name, format!("bus {bus:?}: only virtio exists")));
+                return Err(invalid(
+                    &disk.name,
+                    format!("bus {bus:?}: only virtio exists"),
+                ));
             }
         }
         let (kind, mut config, overlay) = volume_disk(doc, vol, layout, scratch)?;
@@ -297,7 +302,14 @@ pub fn prepare(
         });
     }
     for v in &doc.spec.volumes {
-        if !doc.spec.domain.devices.disks.iter().any(|d| d.name == v.name) {
+        if !doc
+            .spec
+            .domain
+            .devices
+            .disks
+            .iter()
+            .any(|d| d.name == v.name)
+        {
             log::warn!("volume {:?} is not attached: no disk names it", v.name);
         }
     }
@@ -319,8 +331,7 @@ mod tests {
         std::fs::create_dir_all(dir.join("pvcs/data")).unwrap();
         std::fs::write(dir.join("base.img"), vec![0u8; 4096]).unwrap();
         std::fs::write(dir.join("pvcs/data/disk.img"), vec![0u8; 4096]).unwrap();
-        let d = doc(
-            r#"
+        let d = doc(r#"
 metadata: {name: t}
 spec:
   domain:
@@ -336,8 +347,7 @@ spec:
     - {name: ci, cloudInitNoCloud: {userData: "hi"}}
     - {name: root, containerDisk: {image: x, path: base.img}}
     - {name: unused, emptyDisk: {capacity: 1Mi}}
-"#,
-        );
+"#);
         let layout = Layout::Local {
             base_dir: dir.clone(),
             pvc_root: dir.join("pvcs"),
@@ -350,7 +360,10 @@ spec:
         assert_eq!(names, ["root", "ci", "data", "scratch"]);
         assert_eq!(disks[0].kind, DiskKind::ContainerDisk);
         assert_eq!(disks[0].config.overlay, Some(scratch.join("root.overlay")));
-        assert!(!scratch.join("root.overlay").exists(), "stale overlay removed");
+        assert!(
+            !scratch.join("root.overlay").exists(),
+            "stale overlay removed"
+        );
         assert_eq!(disks[0].config.id.as_deref(), Some("r1"));
         assert!(disks[1].config.read_only);
         assert_eq!(disks[2].config.path, dir.join("pvcs/data/disk.img"));

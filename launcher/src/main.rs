@@ -183,7 +183,10 @@ fn parse(args: &[String]) -> Result<(Cmd, log::LevelFilter), String> {
 fn write_termination_log(path: Option<&Path>, outcome: &Outcome) {
     if let Some(p) = path {
         if let Err(e) = std::fs::write(p, outcome.termination_message()) {
-            log::error!("cannot write the termination message to {}: {e}", p.display());
+            log::error!(
+                "cannot write the termination message to {}: {e}",
+                p.display()
+            );
         }
     }
 }

@@ -121,7 +121,10 @@ impl Outcome {
             }
             first.truncate(cut);
         }
-        let mut s = format!("{first}\nreason={}\nexitCode={}\n", self.reason, self.exit_code);
+        let mut s = format!(
+            "{first}\nreason={}\nexitCode={}\n",
+            self.reason, self.exit_code
+        );
         if let Some(ms) = self.boot_time_ms {
             s.push_str(&format!("bootTimeMs={ms}\n"));
         }
@@ -173,10 +176,7 @@ pub fn forward_signals(events: Sender<Event>) -> std::io::Result<()> {
     Ok(())
 }
 
-fn spawn_vmm(
-    cfg: &LaunchConfig,
-    events: Sender<Event>,
-) -> Result<(VmmController, i32), String> {
+fn spawn_vmm(cfg: &LaunchConfig, events: Sender<Event>) -> Result<(VmmController, i32), String> {
     let (ready_tx, ready_rx) = channel::<Result<(VmmController, i32), String>>();
     let (boot_tx, boot_rx) = channel::<BootTime>();
     let vm = cfg.vm.clone();
@@ -266,10 +266,7 @@ pub fn run(
             Ok(s) => Some(s),
             Err(e) => {
                 let _ = controller.request(Action::Stop);
-                return Outcome::setup_failed(format!(
-                    "control socket {}: {e}",
-                    path.display()
-                ));
+                return Outcome::setup_failed(format!("control socket {}: {e}", path.display()));
             }
         },
         None => None,
@@ -382,9 +379,11 @@ pub fn run(
                 "VM stopped on request".to_string(),
             ),
         },
-        Ok((ExitReason::Fault(msg), _)) => {
-            (exit_code::CRASH, "GuestCrashed", format!("guest crashed: {msg}"))
-        }
+        Ok((ExitReason::Fault(msg), _)) => (
+            exit_code::CRASH,
+            "GuestCrashed",
+            format!("guest crashed: {msg}"),
+        ),
         Err(e) => (exit_code::CRASH, "VmmFailed", format!("VMM failed: {e}")),
     };
     Outcome {
@@ -411,7 +410,10 @@ mod tests {
         let lines: Vec<&str> = m.lines().collect();
         assert_eq!(lines[0].len(), 256);
         assert!(lines[0].starts_with("guest crashed: xxx"));
-        assert_eq!(&lines[1..], ["reason=GuestCrashed", "exitCode=1", "bootTimeMs=12"]);
+        assert_eq!(
+            &lines[1..],
+            ["reason=GuestCrashed", "exitCode=1", "bootTimeMs=12"]
+        );
         let s = Outcome::setup_failed("no kernel");
         assert_eq!(s.exit_code, exit_code::SETUP);
         assert_eq!(

@@ -424,7 +424,10 @@ spec:
         assert_eq!(doc.spec.volumes.len(), 2);
         let cap = &doc.spec.volumes[1].empty_disk.as_ref().unwrap().capacity;
         assert_eq!(cap.bytes("c").unwrap(), 1 << 20);
-        assert_eq!(doc.spec.domain.devices.disks[0].serial.as_deref(), Some("abc"));
+        assert_eq!(
+            doc.spec.domain.devices.disks[0].serial.as_deref(),
+            Some("abc")
+        );
     }
 
     #[test]
