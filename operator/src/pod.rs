@@ -13,9 +13,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 use microvirt_crds::quantity::{self, format_bytes, QuantityError};
-use microvirt_crds::vmi::{
-    PullPolicy, VirtualMachineInstance, ANNOTATION_VMI_UID, LABEL_VMI_NAME,
-};
+use microvirt_crds::vmi::{PullPolicy, VirtualMachineInstance, ANNOTATION_VMI_UID, LABEL_VMI_NAME};
 use serde::Serialize;
 
 use crate::config::{Config, KvmMode, KVM_RESOURCE};
@@ -130,13 +128,21 @@ pub const KERNEL_BOOT_DIR: &str = "/var/run/microvirt/kernel-boot";
 
 /// The launcher pod for a VMI.
 pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, PodError> {
-    let name = vmi.metadata.name.as_deref().ok_or(PodError::MissingMeta("name"))?;
+    let name = vmi
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(PodError::MissingMeta("name"))?;
     let namespace = vmi
         .metadata
         .namespace
         .as_deref()
         .ok_or(PodError::MissingMeta("namespace"))?;
-    let uid = vmi.metadata.uid.as_deref().ok_or(PodError::MissingMeta("uid"))?;
+    let uid = vmi
+        .metadata
+        .uid
+        .as_deref()
+        .ok_or(PodError::MissingMeta("uid"))?;
     let owner = vmi
         .controller_owner_ref(&())
         .ok_or(PodError::MissingMeta("uid"))?;
@@ -337,11 +343,7 @@ pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, Po
         }),
         readiness_probe: Some(Probe {
             exec: Some(ExecAction {
-                command: Some(vec![
-                    "virt-launcher".into(),
-                    "probe".into(),
-                    "ready".into(),
-                ]),
+                command: Some(vec!["virt-launcher".into(), "probe".into(), "ready".into()]),
             }),
             period_seconds: Some(1),
             timeout_seconds: Some(1),
@@ -397,6 +399,9 @@ pub fn pod_belongs_to(pod: &Pod, vmi: &VirtualMachineInstance) -> bool {
     let Some(uid) = vmi.meta().uid.as_deref() else {
         return false;
     };
-    pod.annotations().get(ANNOTATION_VMI_UID).map(String::as_str) == Some(uid)
+    pod.annotations()
+        .get(ANNOTATION_VMI_UID)
+        .map(String::as_str)
+        == Some(uid)
         || pod.owner_references().iter().any(|o| o.uid == uid)
 }

@@ -159,8 +159,22 @@ pub fn desired_status(
         let mut st = old.clone();
         st.phase = Some(p);
         let mut conds = Vec::new();
-        set_condition(&mut conds, &old.conditions, "Ready", false, "VMIFinished", now);
-        set_condition(&mut conds, &old.conditions, "Paused", false, "NotPaused", now);
+        set_condition(
+            &mut conds,
+            &old.conditions,
+            "Ready",
+            false,
+            "VMIFinished",
+            now,
+        );
+        set_condition(
+            &mut conds,
+            &old.conditions,
+            "Paused",
+            false,
+            "NotPaused",
+            now,
+        );
         st.conditions = conds;
         if let Some(pod) = pod {
             if st.boot_time_ms.is_none() {
@@ -184,7 +198,16 @@ pub fn desired_status(
                     old.boot_time_ms,
                 )
             } else {
-                (VmiPhase::Pending, None, None, false, None, vec![], None, None)
+                (
+                    VmiPhase::Pending,
+                    None,
+                    None,
+                    false,
+                    None,
+                    vec![],
+                    None,
+                    None,
+                )
             }
         }
         Some(pod) => {
@@ -196,7 +219,9 @@ pub fn desired_status(
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty());
             let ps = pod.status.as_ref();
-            let ip = ps.and_then(|s| s.pod_ip.clone()).filter(|ip| !ip.is_empty());
+            let ip = ps
+                .and_then(|s| s.pod_ip.clone())
+                .filter(|ip| !ip.is_empty());
             let ips: Vec<String> = ps
                 .and_then(|s| s.pod_ips.as_ref())
                 .map(|v| v.iter().map(|p| p.ip.clone()).collect())
@@ -243,11 +268,22 @@ pub fn desired_status(
         &old.conditions,
         "Ready",
         ready,
-        if ready { "GuestBooted" } else { "GuestNotReady" },
+        if ready {
+            "GuestBooted"
+        } else {
+            "GuestNotReady"
+        },
         now,
     );
     // Paused is reported as False: microvirt has no pause API yet.
-    set_condition(&mut conditions, &old.conditions, "Paused", false, "NotPaused", now);
+    set_condition(
+        &mut conditions,
+        &old.conditions,
+        "Paused",
+        false,
+        "NotPaused",
+        now,
+    );
 
     VirtualMachineInstanceStatus {
         phase: Some(phase),

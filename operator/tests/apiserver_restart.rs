@@ -28,7 +28,12 @@ async fn census(env: &Env) -> Result<(BTreeMap<String, (String, usize)>, Vec<Str
     let mut by_uid: BTreeMap<String, (String, usize)> = vmis
         .items
         .iter()
-        .map(|v| (v.metadata.uid.clone().unwrap_or_default(), (v.name_any(), 0)))
+        .map(|v| {
+            (
+                v.metadata.uid.clone().unwrap_or_default(),
+                (v.name_any(), 0),
+            )
+        })
         .collect();
     let mut orphans = Vec::new();
     for p in &pods.items {
@@ -87,10 +92,17 @@ spec:
     tokio::task::block_in_place(|| cluster.restart_apiserver())?;
 
     // Converge: 9 + 3 VMIs, each with exactly one pod, no orphan pods.
-    wait_for("12 VMIs with one pod each after the restart", Duration::from_secs(90), || async {
-        let (c, orphans) = census(&env).await?;
-        Ok((c.len() == 12 && c.values().all(|(_, n)| *n == 1) && orphans.is_empty()).then_some(()))
-    })
+    wait_for(
+        "12 VMIs with one pod each after the restart",
+        Duration::from_secs(90),
+        || async {
+            let (c, orphans) = census(&env).await?;
+            Ok(
+                (c.len() == 12 && c.values().all(|(_, n)| *n == 1) && orphans.is_empty())
+                    .then_some(()),
+            )
+        },
+    )
     .await?;
 
     // Status still flows: a pod marked running makes its VMI Running.
@@ -112,17 +124,24 @@ spec:
     )
     .await?;
     env.start_operator().await?;
-    wait_for("4 + 3 VMIs after the operator restart", Duration::from_secs(60), || async {
-        let list = vmis.list(&ListParams::default()).await?;
-        let live = list
-            .items
-            .iter()
-            .filter(|v| v.metadata.deletion_timestamp.is_none())
-            .count();
-        let (c, orphans) = census(&env).await?;
-        Ok((live == 7 && c.len() == 7 && c.values().all(|(_, n)| *n == 1) && orphans.is_empty())
+    wait_for(
+        "4 + 3 VMIs after the operator restart",
+        Duration::from_secs(60),
+        || async {
+            let list = vmis.list(&ListParams::default()).await?;
+            let live = list
+                .items
+                .iter()
+                .filter(|v| v.metadata.deletion_timestamp.is_none())
+                .count();
+            let (c, orphans) = census(&env).await?;
+            Ok((live == 7
+                && c.len() == 7
+                && c.values().all(|(_, n)| *n == 1)
+                && orphans.is_empty())
             .then_some(()))
-    })
+        },
+    )
     .await?;
     Ok(())
 }

@@ -84,7 +84,11 @@ pub fn crd_dir() -> PathBuf {
 }
 
 /// Run kubectl against `kubeconfig`; returns (success, stdout, stderr).
-pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<(bool, String, String)> {
+pub fn kubectl(
+    kubeconfig: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<(bool, String, String)> {
     use std::io::Write;
     let mut cmd = Command::new("kubectl");
     cmd.arg("--kubeconfig").arg(kubeconfig).args(args);
