@@ -229,6 +229,7 @@ pub struct NetSetup {
     netns: File,
     undo: Vec<Undo>,
     dhcp: Option<dhcp::DhcpHandle>,
+    undo_on_drop: bool,
 }
 
 impl fmt::Debug for NetSetup {
@@ -266,6 +267,14 @@ impl NetSetup {
         self.binding
     }
 
+    /// Makes drop leave the configuration in place (the DHCP server still stops). For the
+    /// launcher pod: the pod's network namespace disappears with the pod, and once the
+    /// launcher has dropped CAP_NET_ADMIN an undo could not run anyway.
+    /// [`NetSetup::teardown`] still undoes everything.
+    pub fn keep_on_drop(&mut self) {
+        self.undo_on_drop = false;
+    }
+
     /// Stops the DHCP server and undoes every change; tries all steps and reports the failures.
     pub fn teardown(mut self) -> Result<()> {
         self.undo_all()
@@ -291,6 +300,12 @@ impl NetSetup {
 
 impl Drop for NetSetup {
     fn drop(&mut self) {
+        if !self.undo_on_drop {
+            if let Some(mut d) = self.dhcp.take() {
+                d.stop();
+            }
+            return;
+        }
         if let Err(e) = self.undo_all() {
             log::warn!("pod network teardown: {e}");
         }
@@ -489,6 +504,7 @@ pub fn setup_pod_network(binding: Binding, iface: &InterfaceSpec) -> Result<NetS
         netns,
         undo: Vec::new(),
         dhcp: None,
+        undo_on_drop: true,
     };
     // On error `setup` is dropped, which undoes what was recorded so far.
     match binding {
