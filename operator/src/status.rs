@@ -309,3 +309,180 @@ pub fn boot_time_ms(pod: &Pod) -> Option<u64> {
                 .and_then(|v| v.trim().parse().ok())
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStatus, PodCondition, PodIP, PodSpec,
+        PodStatus,
+    };
+    use k8s_openapi::jiff::Timestamp;
+
+    fn t(s: i64) -> Time {
+        Time(Timestamp::from_second(s).unwrap())
+    }
+
+    fn vmi() -> VirtualMachineInstance {
+        let mut v = VirtualMachineInstance::new("vm1", Default::default());
+        v.metadata.namespace = Some("ns".into());
+        v.metadata.uid = Some("uid".into());
+        v
+    }
+
+    fn pod(node: Option<&str>, state: Option<ContainerState>, phase: &str, ready: bool) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some("virt-launcher-vm1".into());
+        p.spec = Some(PodSpec {
+            node_name: node.map(String::from),
+            ..Default::default()
+        });
+        p.status = Some(PodStatus {
+            phase: Some(phase.into()),
+            pod_ip: Some("10.0.0.5".into()),
+            pod_ips: Some(vec![PodIP {
+                ip: "10.0.0.5".into(),
+            }]),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..Default::default()
+            }]),
+            container_statuses: state.map(|s| {
+                vec![ContainerStatus {
+                    name: COMPUTE_CONTAINER.into(),
+                    state: Some(s),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn running() -> Option<ContainerState> {
+        Some(ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        })
+    }
+
+    fn terminated(code: i32, msg: &str) -> Option<ContainerState> {
+        Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                message: Some(msg.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn phases_follow_the_pod() {
+        let v = vmi();
+        let now = t(100);
+        assert_eq!(
+            desired_status(&v, None, &now).phase,
+            Some(VmiPhase::Pending)
+        );
+        let p = pod(None, None, "Pending", false);
+        assert_eq!(
+            desired_status(&v, Some(&p), &now).phase,
+            Some(VmiPhase::Scheduling)
+        );
+        let p = pod(Some("n1"), None, "Pending", false);
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Scheduled));
+        assert_eq!(st.node_name.as_deref(), Some("n1"));
+        let p = pod(Some("n1"), running(), "Running", true);
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Running));
+        assert!(st.is_ready());
+        assert_eq!(st.interfaces[0].ip_address.as_deref(), Some("10.0.0.5"));
+        assert_eq!(st.launcher_pod.as_deref(), Some("virt-launcher-vm1"));
+        let p = pod(Some("n1"), None, "Unknown", false);
+        assert_eq!(
+            desired_status(&v, Some(&p), &now).phase,
+            Some(VmiPhase::Unknown)
+        );
+    }
+
+    #[test]
+    fn exit_codes_and_termination_message() {
+        let v = vmi();
+        let now = t(100);
+        // Terminated state decides even before the pod phase catches up.
+        let p = pod(
+            Some("n1"),
+            terminated(0, "powered off\nbootTimeMs=87\n"),
+            "Running",
+            false,
+        );
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Succeeded));
+        assert_eq!(st.boot_time_ms, Some(87));
+        assert!(!st.is_ready());
+        let p = pod(
+            Some("n1"),
+            terminated(2, "disk missing: root\nmore"),
+            "Failed",
+            false,
+        );
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.reason.as_deref(), Some("LauncherExited2"));
+        assert_eq!(st.message.as_deref(), Some("disk missing: root"));
+        // Pod Failed without container status (e.g. evicted).
+        let mut p = pod(Some("n1"), None, "Failed", false);
+        p.status.as_mut().unwrap().reason = Some("Evicted".into());
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.reason.as_deref(), Some("Evicted"));
+    }
+
+    #[test]
+    fn transitions_are_recorded_once_and_conditions_keep_their_time() {
+        let mut v = vmi();
+        let p = pod(Some("n1"), running(), "Running", false);
+        let st1 = desired_status(&v, Some(&p), &t(100));
+        assert_eq!(st1.phase_transition_timestamps.len(), 1);
+        v.status = Some(st1.clone());
+        // Same inputs later: nothing changes (idempotent, no write needed).
+        let st2 = desired_status(&v, Some(&p), &t(200));
+        assert_eq!(st2, st1);
+        // Ready flips: one new transition time on the condition, phase list unchanged.
+        let p = pod(Some("n1"), running(), "Running", true);
+        let st3 = desired_status(&v, Some(&p), &t(300));
+        assert_eq!(
+            st3.phase_transition_timestamps,
+            st1.phase_transition_timestamps
+        );
+        let ready = st3.condition("Ready").unwrap();
+        assert_eq!(ready.last_transition_time, Some(t(300)));
+    }
+
+    #[test]
+    fn lost_pod_fails_a_started_vmi_and_final_phases_stick() {
+        let mut v = vmi();
+        let p = pod(Some("n1"), running(), "Running", true);
+        v.status = Some(desired_status(&v, Some(&p), &t(100)));
+        let st = desired_status(&v, None, &t(110));
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.reason.as_deref(), Some(REASON_POD_GONE));
+        v.status = Some(st);
+        // Even a running pod cannot revive a Failed VMI.
+        let st = desired_status(&v, Some(&p), &t(120));
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert!(!st.is_ready());
+    }
+
+    #[test]
+    fn termination_message_parsing() {
+        assert_eq!(termination_reason(""), None);
+        assert_eq!(termination_reason("  ok  \nx"), Some("ok".into()));
+        let long = "é".repeat(200);
+        assert!(termination_reason(&long).unwrap().len() <= 256);
+        assert_eq!(termination_boot_time_ms("a\nbootTimeMs= 12\n"), Some(12));
+        assert_eq!(termination_boot_time_ms("bootTimeMs=x"), None);
+    }
+}
