@@ -573,3 +573,27 @@ fn pod_mode_bad_document_writes_the_reason() {
     let msg = std::fs::read_to_string(pod.term_log()).unwrap();
     assert!(msg.starts_with("invalid VMI document: "), "{msg}");
 }
+
+#[test]
+fn pod_mode_sigterm_resumes_a_paused_guest_and_shuts_it_down() {
+    let pod = Pod::new(
+        "podpaused",
+        &pod_document("cad", "testguest.scenario=ctrlaltdel", 10),
+    );
+    let mut l = Launcher::spawn(&mut pod.cmd(&["pod"]));
+    let end = Instant::now() + Duration::from_secs(20);
+    while !pod.probe_ready() {
+        assert!(Instant::now() < end, "never ready; stderr:\n{}", l.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(pod.control("pause")["state"], "paused");
+    l.signal(libc::SIGTERM);
+    let (st, took) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    let msg = std::fs::read_to_string(pod.term_log()).unwrap();
+    assert!(
+        msg.starts_with("guest reset after the shutdown request\n"),
+        "{msg}"
+    );
+}
