@@ -272,6 +272,8 @@ pub enum DhcpError {
 /// A running server thread; stopped (and joined) on drop.
 pub struct DhcpHandle {
     stop: Arc<AtomicBool>,
+    /// A second handle on the server socket, to wake the thread's receive on stop.
+    wake: Option<UdpSocket>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -279,6 +281,11 @@ impl DhcpHandle {
     /// Stops the server and waits for its thread (at most one receive timeout).
     pub fn stop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        if let Some(w) = self.wake.take() {
+            // SAFETY: shutdown(2) on a socket we own; it makes the server thread's blocked
+            // receive return at once (the 200 ms timeout remains the fallback).
+            unsafe { libc::shutdown(w.as_raw_fd(), libc::SHUT_RDWR) };
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -352,6 +359,7 @@ pub fn spawn(iface: &str, server: DhcpServer) -> Result<DhcpHandle, DhcpError> {
     }
     sock.set_read_timeout(Some(Duration::from_millis(200)))
         .map_err(err)?;
+    let wake = sock.try_clone().map_err(err)?;
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
     let thread = std::thread::Builder::new()
@@ -360,6 +368,7 @@ pub fn spawn(iface: &str, server: DhcpServer) -> Result<DhcpHandle, DhcpError> {
         .map_err(err)?;
     Ok(DhcpHandle {
         stop,
+        wake: Some(wake),
         thread: Some(thread),
     })
 }
