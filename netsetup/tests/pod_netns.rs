@@ -114,6 +114,28 @@ impl Fixture {
         Ok(())
     }
 
+    /// The guest behind the real TAP: veth vm0 (guest MAC, VM netns) ↔ relay0 (pod netns, not
+    /// bridged), and a relay thread moving frames between the TAP (opened with the VMM's flags)
+    /// and relay0 (AF_PACKET with PACKET_VNET_HDR, so both sides speak virtio-net headers) —
+    /// what the VMM's virtio-net device does between the TAP and the guest.
+    fn attach_vm_via_tap(&self, mac: &str, tap: &str) -> Result<Relay> {
+        ip(&[
+            "link", "add", "vm0", "netns", &self.vm, "address", mac, "type", "veth", "peer",
+            "name", "relay0", "netns", &self.pod,
+        ])?;
+        ip(&["-n", &self.vm, "link", "set", "vm0", "up"])?;
+        ip(&[
+            "-n", &self.pod, "link", "set", "relay0", "promisc", "on", "up",
+        ])?;
+        let tap = tap.to_string();
+        let (tapf, pkt) = self.in_ns(&self.pod, move || -> Result<_> {
+            let tapf = attach_tap(&tap)?;
+            let index = netsetup::rtnl::Rtnl::open()?.link("relay0")?.index;
+            Ok((tapf, packet_socket(index)?))
+        })??;
+        Ok(Relay::start(tapf, pkt))
+    }
+
     /// Runs busybox udhcpc in the VM netns; its script records the lease and configures vm0.
     fn dhcp_client(&self) -> Result<HashMap<String, String>> {
         let script = self.dir.join("udhcpc.sh");
@@ -278,10 +300,9 @@ fn masquerade_dhcp_dnat_snat_and_teardown() -> Result<()> {
         .context("no bridge")?;
     let tap = links.iter().find(|l| l.name == "tap0").context("no tap")?;
     assert_eq!(tap.controller, Some(br.index));
-    fx.in_ns(&fx.pod, || attach_tap("tap0"))??;
 
-    // DHCP.
-    fx.attach_vm(GUEST_MAC)?;
+    // The guest sits behind the real TAP (see `attach_vm_via_tap`).
+    let relay = fx.attach_vm_via_tap(GUEST_MAC, net.tap_name())?;
     let lease = fx.dhcp_client()?;
     assert_eq!(lease["ip"], "10.0.2.2");
     assert_eq!(lease["router"], "10.0.2.1");
@@ -309,7 +330,12 @@ fn masquerade_dhcp_dnat_snat_and_teardown() -> Result<()> {
     assert_eq!(got, format!("node peer={POD_IP}"));
     srv.join().expect("server thread");
 
+    // A bulk transfer through the TAP (GSO frames from the VM side, MTU frames back).
+    let big = bulk_echo(&fx)?;
+    assert_eq!(big, 4 << 20);
+
     // Teardown from another thread (not in the pod netns) removes everything.
+    drop(relay);
     net.teardown()?;
     check_no_leftovers(&fx, &forward_before)?;
     // The pod keeps its own address.
@@ -720,4 +746,190 @@ fn launcher_privileges_suffice_net_admin_and_net_bind_service() -> Result<()> {
     ensure!(names.iter().any(|n| n == "k6t-eth0"), "{names:?}");
     ensure!(fx.in_ns(&fx.pod, netsetup::nft::ip_tables)??.len() == 1);
     Ok(())
+}
+
+/// An AF_PACKET socket with virtio-net headers, bound to link `index`.
+fn packet_socket(index: u32) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let proto = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: plain socket(2); the fd is owned right after.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            i32::from(proto),
+        )
+    };
+    ensure!(
+        fd >= 0,
+        "packet socket: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: fresh fd owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    use std::os::fd::AsRawFd;
+    // SAFETY: setsockopt reads one c_int that lives across the call.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_PACKET,
+            libc::PACKET_VNET_HDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    ensure!(
+        r == 0,
+        "PACKET_VNET_HDR: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: sockaddr_ll is plain data; zeroed is a valid value.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = proto;
+    sll.sll_ifindex = index as i32;
+    // SAFETY: bind reads a sockaddr_ll of the given size that lives across the call.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    ensure!(
+        r == 0,
+        "bind packet socket: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(fd)
+}
+
+/// Moves frames (with their virtio-net headers) between a TAP and a packet socket until dropped.
+struct Relay {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Relay {
+    fn start(tap: std::fs::File, pkt: std::os::fd::OwnedFd) -> Relay {
+        use std::os::fd::AsRawFd;
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536 + VNET_HDR];
+            let (t, p) = (tap.as_raw_fd(), pkt.as_raw_fd());
+            while !stop2.load(Ordering::SeqCst) {
+                let mut fds = [
+                    libc::pollfd {
+                        fd: t,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                    libc::pollfd {
+                        fd: p,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                ];
+                // SAFETY: two valid pollfds that live across the call.
+                if unsafe { libc::poll(fds.as_mut_ptr(), 2, 100) } <= 0 {
+                    continue;
+                }
+                if fds[0].revents & libc::POLLIN != 0 {
+                    // SAFETY: read into our buffer of buf.len() bytes.
+                    let n = unsafe { libc::read(t, buf.as_mut_ptr().cast(), buf.len()) };
+                    if n > 0 {
+                        // SAFETY: write n bytes of our buffer.
+                        unsafe { libc::write(p, buf.as_ptr().cast(), n as usize) };
+                    }
+                }
+                if fds[1].revents & libc::POLLIN != 0 {
+                    // SAFETY: sockaddr_ll is plain data; zeroed is valid.
+                    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+                    let mut len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+                    // SAFETY: recvfrom into our buffer and address struct, sizes given.
+                    let n = unsafe {
+                        libc::recvfrom(
+                            p,
+                            buf.as_mut_ptr().cast(),
+                            buf.len(),
+                            0,
+                            (&mut sll as *mut libc::sockaddr_ll).cast(),
+                            &mut len,
+                        )
+                    };
+                    // Frames relay0 itself sent (from the TAP) come back as PACKET_OUTGOING.
+                    if n > 0 && sll.sll_pkttype != libc::PACKET_OUTGOING {
+                        // SAFETY: write n bytes of our buffer.
+                        unsafe { libc::write(t, buf.as_ptr().cast(), n as usize) };
+                    }
+                }
+            }
+            drop(tap);
+            drop(pkt);
+        });
+        Relay {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sends 4 MiB from the node to an echo-less sink in the VM through the pod IP and returns the
+/// byte count the VM received.
+fn bulk_echo(fx: &Fixture) -> Result<usize> {
+    let (tx, rx) = mpsc::channel();
+    let path = Fixture::path(&fx.vm);
+    let h = std::thread::spawn(move || -> Result<usize> {
+        let l = netns::run_in_path(&path, || TcpListener::bind("10.0.2.2:7070"))??;
+        tx.send(()).ok();
+        l.set_nonblocking(true)?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match l.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false)?;
+                    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                    let mut total = 0;
+                    let mut buf = vec![0u8; 65536];
+                    loop {
+                        let n = s.read(&mut buf)?;
+                        if n == 0 {
+                            return Ok(total);
+                        }
+                        ensure!(buf[..n].iter().all(|&b| b == 0x5a), "corrupted data");
+                        total += n;
+                    }
+                }
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .context("sink did not start")?;
+    fx.in_ns(&fx.node, || -> Result<()> {
+        let mut s =
+            TcpStream::connect_timeout(&SocketAddr::from((POD_IP, 7070)), Duration::from_secs(5))?;
+        s.set_write_timeout(Some(Duration::from_secs(10)))?;
+        let chunk = vec![0x5au8; 1 << 20];
+        for _ in 0..4 {
+            s.write_all(&chunk)?;
+        }
+        Ok(())
+    })??;
+    h.join().map_err(|_| anyhow::anyhow!("sink panicked"))?
 }
