@@ -24,6 +24,7 @@ const CONTAINER: &str = "compute";
 #[derive(Parser, Debug, PartialEq, Eq)]
 #[command(
     name = "kubectl virt",
+    bin_name = "kubectl virt",
     about = "Control microvirt VMs and VMIs (console, pause/unpause, start/stop/restart)"
 )]
 struct Cli {
