@@ -191,6 +191,20 @@ impl DhcpServer {
         Some(self.reply(&req, reply_type))
     }
 
+    /// Where a reply goes (RFC 2131 4.1): unicast to `ciaddr` when the client already has
+    /// its address (renewal, INFORM — a client may then listen on a socket bound to that
+    /// address only), else broadcast (the client has no address yet; NAKs always broadcast).
+    pub fn reply_destination(request: &[u8], reply: &[u8]) -> SocketAddrV4 {
+        let broadcast = SocketAddrV4::new(Ipv4Addr::BROADCAST, 68);
+        let is_nak = reply.get(HEADER_LEN..HEADER_LEN + 3) == Some(&[OPT_MSG_TYPE, 1, NAK][..]);
+        match parse(request) {
+            Some(req) if !req.ciaddr.is_unspecified() && !is_nak => {
+                SocketAddrV4::new(req.ciaddr, 68)
+            }
+            _ => broadcast,
+        }
+    }
+
     fn reply(&self, req: &Request<'_>, msg_type: u8) -> Vec<u8> {
         let l = &self.lease;
         let mut out = vec![0u8; HEADER_LEN];
@@ -375,7 +389,6 @@ pub fn spawn(iface: &str, server: DhcpServer) -> Result<DhcpHandle, DhcpError> {
 
 fn serve(sock: UdpSocket, server: DhcpServer, stop: Arc<AtomicBool>) {
     let mut buf = [0u8; 1500];
-    let dest = SocketAddrV4::new(Ipv4Addr::BROADCAST, 68);
     while !stop.load(Ordering::SeqCst) {
         let n = match sock.recv_from(&mut buf) {
             Ok((n, _)) => n,
@@ -400,6 +413,7 @@ fn serve(sock: UdpSocket, server: DhcpServer, stop: Arc<AtomicBool>) {
                 reply[242],
                 server.client_mac
             );
+            let dest = DhcpServer::reply_destination(&buf[..n], &reply);
             if let Err(e) = sock.send_to(&reply, dest) {
                 log::warn!("dhcp: send failed: {e}");
             }
@@ -589,6 +603,30 @@ mod tests {
             vec![32, 169, 254, 1, 1, 0, 0, 0, 0, 0, 169, 254, 1, 1]
         );
         assert_eq!(opt(&r, OPT_SUBNET).unwrap(), vec![255, 255, 255, 255]);
+    }
+
+    #[test]
+    fn replies_broadcast_until_the_client_has_its_address() {
+        let s = server();
+        let bcast = SocketAddrV4::new(Ipv4Addr::BROADCAST, 68);
+        let d = request(DISCOVER, MAC, &[]);
+        assert_eq!(
+            DhcpServer::reply_destination(&d, &s.handle(&d).unwrap()),
+            bcast
+        );
+        let mut renew = request(REQUEST, MAC, &[]);
+        renew[12..16].copy_from_slice(&[10, 0, 2, 2]);
+        assert_eq!(
+            DhcpServer::reply_destination(&renew, &s.handle(&renew).unwrap()),
+            SocketAddrV4::new(Ipv4Addr::new(10, 0, 2, 2), 68)
+        );
+        // A NAK to a client renewing an address it may not keep: broadcast.
+        let mut wrong = request(REQUEST, MAC, &[]);
+        wrong[12..16].copy_from_slice(&[10, 0, 2, 9]);
+        let nak = s.handle(&wrong).unwrap();
+        assert_eq!(opt(&nak, OPT_MSG_TYPE).unwrap(), vec![NAK]);
+        assert_eq!(DhcpServer::reply_destination(&wrong, &nak), bcast);
+        assert_eq!(DhcpServer::reply_destination(&[], &[]), bcast);
     }
 
     #[test]

@@ -39,6 +39,9 @@ struct Fixture {
     node: String,
     pod: String,
     vm: String,
+    /// Holds relay0, the VM link's peer for the TAP relay: no addresses, so its kernel stack
+    /// never answers the VM (which would bypass the TAP).
+    wire: String,
     dir: PathBuf,
 }
 
@@ -49,10 +52,11 @@ impl Fixture {
             node: format!("mvn-{tag}-{id}"),
             pod: format!("mvp-{tag}-{id}"),
             vm: format!("mvv-{tag}-{id}"),
+            wire: format!("mvw-{tag}-{id}"),
             dir: std::env::temp_dir().join(format!("netsetup-{tag}-{id}")),
         };
         std::fs::create_dir_all(&f.dir)?;
-        for ns in [&f.node, &f.pod, &f.vm] {
+        for ns in [&f.node, &f.pod, &f.vm, &f.wire] {
             let _ = ip(&["netns", "del", ns]);
             ip(&["netns", "add", ns])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
@@ -114,24 +118,25 @@ impl Fixture {
         Ok(())
     }
 
-    /// The guest behind the real TAP: veth vm0 (guest MAC, VM netns) ↔ relay0 (pod netns, not
-    /// bridged), and a relay thread moving frames between the TAP (opened with the VMM's flags)
-    /// and relay0 (AF_PACKET with PACKET_VNET_HDR, so both sides speak virtio-net headers) —
-    /// what the VMM's virtio-net device does between the TAP and the guest.
+    /// The guest behind the real TAP: veth vm0 (guest MAC, VM netns) ↔ relay0 (a netns of its
+    /// own, no addresses), and a relay thread moving frames between the TAP (opened in the pod
+    /// netns with the VMM's flags) and relay0 (AF_PACKET with PACKET_VNET_HDR, so both sides
+    /// speak virtio-net headers) — what the VMM's virtio-net device does between the TAP and
+    /// the guest.
     fn attach_vm_via_tap(&self, mac: &str, tap: &str) -> Result<Relay> {
         ip(&[
             "link", "add", "vm0", "netns", &self.vm, "address", mac, "type", "veth", "peer",
-            "name", "relay0", "netns", &self.pod,
+            "name", "relay0", "netns", &self.wire,
         ])?;
         ip(&["-n", &self.vm, "link", "set", "vm0", "up"])?;
         ip(&[
-            "-n", &self.pod, "link", "set", "relay0", "promisc", "on", "up",
+            "-n", &self.wire, "link", "set", "relay0", "promisc", "on", "up",
         ])?;
         let tap = tap.to_string();
-        let (tapf, pkt) = self.in_ns(&self.pod, move || -> Result<_> {
-            let tapf = attach_tap(&tap)?;
+        let tapf = self.in_ns(&self.pod, move || attach_tap(&tap))??;
+        let pkt = self.in_ns(&self.wire, || -> Result<_> {
             let index = netsetup::rtnl::Rtnl::open()?.link("relay0")?.index;
-            Ok((tapf, packet_socket(index)?))
+            packet_socket(index)
         })??;
         Ok(Relay::start(tapf, pkt))
     }
@@ -186,7 +191,7 @@ impl Fixture {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
-        for ns in [&self.vm, &self.pod, &self.node] {
+        for ns in [&self.wire, &self.vm, &self.pod, &self.node] {
             let _ = ip(&["netns", "del", ns]);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -317,6 +322,10 @@ fn masquerade_dhcp_dnat_snat_and_teardown() -> Result<()> {
     );
     assert_eq!(lease["lease"], "86400");
     assert_eq!(lease["mtu"], "1500");
+    // A renewal as systemd-networkd makes it: unicast from a socket bound to the leased
+    // address; the ACK must come back to that socket (unicast, not broadcast).
+    let ack = fx.in_ns(&fx.vm, || renew(GUEST_MAC))??;
+    assert_eq!(ack, 5, "DHCPACK");
 
     // Inbound: node → pod IP reaches the VM (DNAT), client address preserved.
     let srv = tcp_server(&fx.vm, "10.0.2.2:8080".parse()?, "vm", 1)?;
@@ -932,4 +941,31 @@ fn bulk_echo(fx: &Fixture) -> Result<usize> {
         Ok(())
     })??;
     h.join().map_err(|_| anyhow::anyhow!("sink panicked"))?
+}
+
+/// Sends a DHCPREQUEST (ciaddr = 10.0.2.2) from 10.0.2.2:68 to 10.0.2.1:67 and returns the
+/// message type of the reply received on that socket.
+fn renew(mac: &str) -> Result<u8> {
+    let mac: netsetup::MacAddr = mac.parse()?;
+    let sock = std::net::UdpSocket::bind("10.0.2.2:68")?;
+    sock.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut p = vec![0u8; 240];
+    p[0] = 1;
+    p[1] = 1;
+    p[2] = 6;
+    p[4..8].copy_from_slice(&[9, 9, 9, 9]);
+    p[12..16].copy_from_slice(&[10, 0, 2, 2]);
+    p[28..34].copy_from_slice(&mac.0);
+    p[236..240].copy_from_slice(&[99, 130, 83, 99]);
+    p.extend_from_slice(&[53, 1, 3, 255]);
+    sock.send_to(&p, "10.0.2.1:67")?;
+    let mut buf = [0u8; 1500];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let (n, _) = sock.recv_from(&mut buf)?;
+        if n > 243 && buf[0] == 2 && buf[4..8] == [9, 9, 9, 9] && buf[240] == 53 {
+            return Ok(buf[242]);
+        }
+    }
+    bail!("no reply to the renewal")
 }
