@@ -1,5 +1,5 @@
 //! Pod network bindings for `virt-launcher`, configured from Rust: links and addresses through
-//! rtnetlink ([`rtnl`]), NAT through nftables ([`nft`], libnftables' JSON API), a built-in
+//! rtnetlink ([`rtnl`]), NAT through nf_tables netlink ([`nft`], encoded here), a built-in
 //! DHCP server ([`dhcp`]) and a persistent TAP ([`tap`]) that the VMM opens by name.
 //!
 //! Call [`setup_pod_network`] in the pod's network namespace (the launcher runs there; tests
@@ -20,8 +20,9 @@
 //!   gateway. The bridge has only the link-local 169.254.75.10/32 for the DHCP server.
 //!   Teardown restores address, MAC and default route.
 //!
-//! Requirements at run time: CAP_NET_ADMIN in the namespace, `/dev/net/tun`, and
-//! `libnftables.so.1` (Debian package `libnftables1`) for masquerade. Writing
+//! Requirements at run time: CAP_NET_ADMIN in the namespace, CAP_NET_BIND_SERVICE (or
+//! `net.ipv4.ip_unprivileged_port_start=0`) for the DHCP server's port 67, `/dev/net/tun`;
+//! no C library and no external program. Writing
 //! `/proc/sys/net/ipv4/ip_forward` needs a writable `/proc/sys`; when it is read-only the
 //! setup succeeds only if forwarding is already on.
 
@@ -321,8 +322,7 @@ fn undo_step(rtnl: &mut Rtnl, netns: &File, step: &Undo) -> Result<()> {
             }
         }
         Undo::DelNftTable(table) => {
-            let doc = nft_delete_table(table);
-            netns::run_in(netns, || nft::run_json(&doc)).map_err(NetError::Netns)??;
+            netns::run_in(netns, || nft::delete_table(table)).map_err(NetError::Netns)??;
         }
         Undo::RestoreIpForward(old) => {
             let old = old.clone();
@@ -392,71 +392,82 @@ pub fn nft_table_name(tap: &str) -> String {
     format!("microvirt_{s}")
 }
 
-fn nft_delete_table(table: &str) -> serde_json::Value {
-    serde_json::json!({"nftables": [{"delete": {"table": {"family": "ip", "name": table}}}]})
-}
-
-/// The masquerade ruleset (libnftables JSON): DNAT pod IP → guest for traffic arriving on
-/// `pod_iface` (only `ports` when given), SNAT guest → pod IP for traffic leaving through it.
+/// The masquerade ruleset: table `ip <table>` with a `prerouting` NAT chain (priority -100)
+/// that DNATs traffic arriving on `pod_iface` for the pod IP to the guest (only `ports` when
+/// given, one rule per port), and a `postrouting` NAT chain (priority 100) that SNATs the
+/// guest's traffic leaving through `pod_iface` to the pod IP. In nft syntax:
+///
+/// ```text
+/// table ip microvirt_tap0 {
+///   chain prerouting { type nat hook prerouting priority -100;
+///     iifname "eth0" ip daddr POD_IP [meta l4proto tcp th dport 22] dnat to 10.0.2.2 }
+///   chain postrouting { type nat hook postrouting priority 100;
+///     ip saddr 10.0.2.2 oifname "eth0" snat to POD_IP }
+/// }
+/// ```
 pub fn masquerade_ruleset(
     table: &str,
     pod_iface: &str,
     pod_ip: Ipv4Addr,
     guest_ip: Ipv4Addr,
     ports: &[PortForward],
-) -> serde_json::Value {
-    use serde_json::json;
-    let fam = "ip";
-    let m = |left: serde_json::Value, right: serde_json::Value| json!({"match": {"op": "==", "left": left, "right": right}});
-    let iif = m(json!({"meta": {"key": "iifname"}}), json!(pod_iface));
-    let oif = m(json!({"meta": {"key": "oifname"}}), json!(pod_iface));
-    let daddr = m(
-        json!({"payload": {"protocol": "ip", "field": "daddr"}}),
-        json!(pod_ip.to_string()),
-    );
-    let saddr = m(
-        json!({"payload": {"protocol": "ip", "field": "saddr"}}),
-        json!(guest_ip.to_string()),
-    );
-    let dnat = json!({"dnat": {"addr": guest_ip.to_string()}});
-    let snat = json!({"snat": {"addr": pod_ip.to_string()}});
-    let rule = |chain: &str, expr: Vec<serde_json::Value>| json!({"add": {"rule": {"family": fam, "table": table, "chain": chain, "expr": expr}}});
-    let mut cmds = vec![
-        json!({"add": {"table": {"family": fam, "name": table}}}),
-        json!({"add": {"chain": {"family": fam, "table": table, "name": "prerouting",
-            "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}}}),
-        json!({"add": {"chain": {"family": fam, "table": table, "name": "postrouting",
-            "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}}}),
-    ];
+) -> nft::Table {
+    use nft::{Expr, MetaKey, NatKind};
+    let inbound = |extra: &[Expr]| {
+        let mut e: Vec<Expr> = Vec::new();
+        e.extend(Expr::ifname_eq(MetaKey::IifName, pod_iface));
+        e.extend(Expr::ip_addr_eq(false, pod_ip));
+        e.extend_from_slice(extra);
+        e.extend(Expr::nat_to(NatKind::Dnat, guest_ip));
+        nft::Rule {
+            chain: "prerouting".into(),
+            exprs: e,
+        }
+    };
+    let mut rules = Vec::new();
     if ports.is_empty() {
-        cmds.push(rule(
-            "prerouting",
-            vec![iif.clone(), daddr.clone(), dnat.clone()],
-        ));
+        rules.push(inbound(&[]));
     } else {
-        for (proto, name) in [(Protocol::Tcp, "tcp"), (Protocol::Udp, "udp")] {
-            let mut list: Vec<u16> = ports
-                .iter()
-                .filter(|p| p.protocol == proto)
-                .map(|p| p.port)
-                .collect();
-            list.sort_unstable();
-            list.dedup();
-            if list.is_empty() {
-                continue;
-            }
-            let dport = m(
-                json!({"payload": {"protocol": name, "field": "dport"}}),
-                json!({"set": list}),
-            );
-            cmds.push(rule(
-                "prerouting",
-                vec![iif.clone(), daddr.clone(), dport, dnat.clone()],
-            ));
+        let mut list: Vec<(u8, u16)> = ports
+            .iter()
+            .map(|p| {
+                let proto = match p.protocol {
+                    Protocol::Tcp => libc::IPPROTO_TCP as u8,
+                    Protocol::Udp => libc::IPPROTO_UDP as u8,
+                };
+                (proto, p.port)
+            })
+            .collect();
+        list.sort_unstable();
+        list.dedup();
+        for (proto, port) in list {
+            rules.push(inbound(&Expr::dport_eq(proto, port)));
         }
     }
-    cmds.push(rule("postrouting", vec![saddr, oif, snat]));
-    json!({ "nftables": cmds })
+    let mut out: Vec<Expr> = Vec::new();
+    out.extend(Expr::ip_addr_eq(true, guest_ip));
+    out.extend(Expr::ifname_eq(MetaKey::OifName, pod_iface));
+    out.extend(Expr::nat_to(NatKind::Snat, pod_ip));
+    rules.push(nft::Rule {
+        chain: "postrouting".into(),
+        exprs: out,
+    });
+    nft::Table {
+        name: table.to_string(),
+        chains: vec![
+            nft::Chain {
+                name: "prerouting".into(),
+                hook: nft::Hook::Prerouting,
+                priority: -100,
+            },
+            nft::Chain {
+                name: "postrouting".into(),
+                hook: nft::Hook::Postrouting,
+                priority: 100,
+            },
+        ],
+        rules,
+    }
 }
 
 /// Sets up the pod network for one guest interface in the calling thread's network namespace.
@@ -596,7 +607,7 @@ fn setup_masquerade(s: &mut NetSetup, iface: &InterfaceSpec, mtu: u32) -> Result
         MASQ_GUEST,
         &iface.ports,
     );
-    nft::run_json(&rules)?;
+    nft::apply(&rules)?;
     s.undo.push(Undo::DelNftTable(table));
     Ok(())
 }
@@ -695,29 +706,38 @@ mod tests {
 
     #[test]
     fn ruleset_all_ports() {
-        let v = masquerade_ruleset(
-            "microvirt_tap0",
-            "eth0",
-            Ipv4Addr::new(10, 244, 0, 5),
-            MASQ_GUEST,
-            &[],
+        use nft::{Expr, MetaKey, NatKind};
+        let pod = Ipv4Addr::new(10, 244, 0, 5);
+        let t = masquerade_ruleset("microvirt_tap0", "eth0", pod, MASQ_GUEST, &[]);
+        assert_eq!(t.name, "microvirt_tap0");
+        assert_eq!(t.chains.len(), 2);
+        assert_eq!(
+            (t.chains[0].hook, t.chains[0].priority),
+            (nft::Hook::Prerouting, -100)
         );
-        let cmds = v["nftables"].as_array().unwrap();
-        assert_eq!(cmds.len(), 5);
-        let pre = &cmds[3]["add"]["rule"];
-        assert_eq!(pre["chain"], "prerouting");
-        assert_eq!(pre["expr"][1]["match"]["right"], "10.244.0.5");
-        assert_eq!(pre["expr"][2]["dnat"]["addr"], "10.0.2.2");
-        let post = &cmds[4]["add"]["rule"];
-        assert_eq!(post["expr"][0]["match"]["right"], "10.0.2.2");
-        assert_eq!(post["expr"][1]["match"]["right"], "eth0");
-        assert_eq!(post["expr"][2]["snat"]["addr"], "10.244.0.5");
+        assert_eq!(
+            (t.chains[1].hook, t.chains[1].priority),
+            (nft::Hook::Postrouting, 100)
+        );
+        assert_eq!(t.rules.len(), 2);
+        let mut want: Vec<Expr> = Vec::new();
+        want.extend(Expr::ifname_eq(MetaKey::IifName, "eth0"));
+        want.extend(Expr::ip_addr_eq(false, pod));
+        want.extend(Expr::nat_to(NatKind::Dnat, MASQ_GUEST));
+        assert_eq!(t.rules[0].chain, "prerouting");
+        assert_eq!(t.rules[0].exprs, want);
+        let mut want: Vec<Expr> = Vec::new();
+        want.extend(Expr::ip_addr_eq(true, MASQ_GUEST));
+        want.extend(Expr::ifname_eq(MetaKey::OifName, "eth0"));
+        want.extend(Expr::nat_to(NatKind::Snat, pod));
+        assert_eq!(t.rules[1].chain, "postrouting");
+        assert_eq!(t.rules[1].exprs, want);
     }
 
     #[test]
     fn ruleset_port_allow_list() {
         let p = |protocol, port| PortForward { protocol, port };
-        let v = masquerade_ruleset(
+        let t = masquerade_ruleset(
             "t",
             "eth0",
             Ipv4Addr::new(10, 244, 0, 5),
@@ -726,13 +746,23 @@ mod tests {
                 p(Protocol::Tcp, 8080),
                 p(Protocol::Tcp, 22),
                 p(Protocol::Tcp, 22),
+                p(Protocol::Udp, 53),
             ],
         );
-        let cmds = v["nftables"].as_array().unwrap();
-        assert_eq!(cmds.len(), 5, "one tcp rule, no udp rule, one snat rule");
-        let m = &cmds[3]["add"]["rule"]["expr"][2]["match"];
-        assert_eq!(m["left"]["payload"]["protocol"], "tcp");
-        assert_eq!(m["right"]["set"], serde_json::json!([22, 8080]));
+        // One DNAT rule per distinct port, then the SNAT rule.
+        assert_eq!(t.rules.len(), 4);
+        let ports: Vec<Vec<nft::Expr>> = t.rules[..3]
+            .iter()
+            .map(|r| r.exprs[4..8].to_vec())
+            .collect();
+        assert_eq!(
+            ports,
+            vec![
+                nft::Expr::dport_eq(6, 22).to_vec(),
+                nft::Expr::dport_eq(6, 8080).to_vec(),
+                nft::Expr::dport_eq(17, 53).to_vec(),
+            ]
+        );
     }
 
     #[test]
