@@ -255,6 +255,14 @@ pub fn desired_status(
         }
     };
 
+    // Never step back (Running → Scheduled, …): that only happens with a pod read from a cache
+    // older than the one the current status was computed from; keep the status until it catches up.
+    if let (Some(o), Some(n)) = (old_phase.and_then(rank), rank(phase)) {
+        if n < o {
+            return old;
+        }
+    }
+
     let mut transitions = old.phase_transition_timestamps.clone();
     if old_phase != Some(phase) || transitions.is_empty() {
         transitions.push(PhaseTransitionTimestamp {
@@ -295,6 +303,17 @@ pub fn desired_status(
         interfaces,
         launcher_pod: launcher,
         boot_time_ms: boot,
+    }
+}
+
+/// Order of the non-final phases a VMI walks through (None for Unknown and final phases).
+fn rank(p: VmiPhase) -> Option<u8> {
+    match p {
+        VmiPhase::Pending => Some(0),
+        VmiPhase::Scheduling => Some(1),
+        VmiPhase::Scheduled => Some(2),
+        VmiPhase::Running => Some(3),
+        _ => None,
     }
 }
 
@@ -474,6 +493,16 @@ mod tests {
         let st = desired_status(&v, Some(&p), &t(120));
         assert_eq!(st.phase, Some(VmiPhase::Failed));
         assert!(!st.is_ready());
+    }
+
+    #[test]
+    fn a_stale_pod_never_moves_the_phase_back() {
+        let mut v = vmi();
+        let running = pod(Some("n1"), running(), "Running", true);
+        v.status = Some(desired_status(&v, Some(&running), &t(100)));
+        let stale = pod(None, None, "Pending", false);
+        let st = desired_status(&v, Some(&stale), &t(110));
+        assert_eq!(Some(&st), v.status.as_ref());
     }
 
     #[test]

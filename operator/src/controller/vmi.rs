@@ -122,6 +122,13 @@ async fn apply(
         }
     }
     let phase = vmi.phase();
+    if pod.is_none() && phase.is_some_and(|p| p != microvirt_crds::VmiPhase::Pending) {
+        // The cache may lag behind our own create: only the API server can say the pod is gone.
+        pod = pods
+            .get_opt(&pod_name(&name))
+            .await?
+            .filter(|p| pod_belongs_to(p, &vmi));
+    }
     if pod.is_none() && phase.is_none_or(|p| p == microvirt_crds::VmiPhase::Pending) {
         let desired = desired_pod(&vmi, &ctx.config)?;
         let created = pods
