@@ -166,17 +166,26 @@ async fn main() -> Result<()> {
             break;
         }
         if start.elapsed() > Duration::from_secs(120) {
-            let t = times.lock().unwrap_or_else(|e| e.into_inner());
-            for name in t.created.keys() {
-                if !t.vmi_running.contains_key(name) {
-                    let v = vmis.get_opt(name).await?;
-                    eprintln!(
-                        "{name}: pod seen {:?}, marked running {:?}, VMI status {:?}",
-                        t.pod_seen.contains_key(name),
-                        t.marked_running.contains_key(name),
-                        v.and_then(|v| v.status)
-                    );
-                }
+            let stuck: Vec<(String, bool, bool)> = {
+                let t = times.lock().unwrap_or_else(|e| e.into_inner());
+                t.created
+                    .keys()
+                    .filter(|n| !t.vmi_running.contains_key(*n))
+                    .map(|n| {
+                        (
+                            n.clone(),
+                            t.pod_seen.contains_key(n),
+                            t.marked_running.contains_key(n),
+                        )
+                    })
+                    .collect()
+            };
+            for (name, seen, marked) in stuck {
+                let v = vmis.get_opt(&name).await?;
+                eprintln!(
+                    "{name}: pod seen {seen}, marked running {marked}, VMI status {:?}",
+                    v.and_then(|v| v.status)
+                );
             }
             bail!("only {done}/{count} VMIs Running after 120 s");
         }
