@@ -46,7 +46,8 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn new(tag: &str) -> Result<Self> {
+    /// The namespaces and the node↔pod veth, without addresses.
+    fn bare(tag: &str) -> Result<Self> {
         let id = std::process::id();
         let f = Fixture {
             node: format!("mvn-{tag}-{id}"),
@@ -65,6 +66,14 @@ impl Fixture {
             "link", "add", "eth0", "netns", &f.pod, "type", "veth", "peer", "name", "veth-pod",
             "netns", &f.node,
         ])?;
+        ip(&["-n", &f.node, "link", "set", "veth-pod", "up"])?;
+        ip(&["-n", &f.pod, "link", "set", "eth0", "up"])?;
+        Ok(f)
+    }
+
+    /// Pod on a shared /24 with the node (192.168.77.2 via 192.168.77.1).
+    fn new(tag: &str) -> Result<Self> {
+        let f = Self::bare(tag)?;
         ip(&[
             "-n",
             &f.node,
@@ -74,7 +83,6 @@ impl Fixture {
             "dev",
             "veth-pod",
         ])?;
-        ip(&["-n", &f.node, "link", "set", "veth-pod", "up"])?;
         ip(&[
             "-n",
             &f.pod,
@@ -84,7 +92,6 @@ impl Fixture {
             "dev",
             "eth0",
         ])?;
-        ip(&["-n", &f.pod, "link", "set", "eth0", "up"])?;
         ip(&[
             "-n",
             &f.pod,
@@ -93,6 +100,53 @@ impl Fixture {
             "default",
             "via",
             "192.168.77.1",
+        ])?;
+        Ok(f)
+    }
+
+    /// Calico-style pod: a /32 address and a gateway outside it (169.254.1.1, on-link).
+    fn new_calico(tag: &str) -> Result<Self> {
+        let f = Self::bare(tag)?;
+        ip(&[
+            "-n",
+            &f.node,
+            "addr",
+            "add",
+            "169.254.1.1/32",
+            "dev",
+            "veth-pod",
+        ])?;
+        ip(&[
+            "-n",
+            &f.node,
+            "route",
+            "add",
+            "10.244.1.7/32",
+            "dev",
+            "veth-pod",
+        ])?;
+        ip(&["-n", &f.pod, "addr", "add", "10.244.1.7/32", "dev", "eth0"])?;
+        ip(&[
+            "-n",
+            &f.pod,
+            "route",
+            "add",
+            "169.254.1.1/32",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ])?;
+        ip(&[
+            "-n",
+            &f.pod,
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.1.1",
+            "dev",
+            "eth0",
         ])?;
         Ok(f)
     }
@@ -149,7 +203,11 @@ impl Fixture {
             &script,
             format!(
                 "#!/bin/sh\ncase \"$1\" in\nbound|renew)\n  env > {out}.tmp && mv {out}.tmp {out}\n  \
-                 ip addr add \"$ip/$mask\" dev \"$interface\"\n  ip route add default via \"$router\"\n  ;;\nesac\n",
+                 ip addr add \"$ip/$mask\" dev \"$interface\"\n  \
+                 if [ -n \"$staticroutes\" ]; then\n    set -- $staticroutes\n    \
+                 while [ $# -ge 2 ]; do\n      if [ \"$2\" = 0.0.0.0 ]; then ip route add \"$1\" dev \"$interface\"; \
+                 else ip route add \"$1\" via \"$2\" dev \"$interface\"; fi\n      shift 2\n    done\n  \
+                 else ip route add default via \"$router\"; fi\n  ;;\nesac\n",
                 out = out.display()
             ),
         )?;
@@ -968,4 +1026,61 @@ fn renew(mac: &str) -> Result<u8> {
         }
     }
     bail!("no reply to the renewal")
+}
+
+#[test]
+fn bridge_binding_with_a_calico_style_off_subnet_gateway() -> Result<()> {
+    let fx = Fixture::new_calico("calico")?;
+    let pod_ip = Ipv4Addr::new(10, 244, 1, 7);
+    let gw = Ipv4Addr::new(169, 254, 1, 1);
+    let spec = InterfaceSpec {
+        resolv_conf: resolv(&fx)?,
+        ..Default::default()
+    };
+    let net = setup(&fx, Binding::Bridge, spec)?;
+    assert_eq!(net.lease().ip, pod_ip);
+    assert_eq!(net.lease().prefix_len, 32);
+    assert_eq!(net.lease().router, Some(gw));
+
+    let mac = net.guest_mac().to_string();
+    let relay = fx.attach_vm_via_tap(&mac, net.tap_name())?;
+    let lease = fx.dhcp_client()?;
+    assert_eq!(lease["ip"], pod_ip.to_string());
+    assert_eq!(lease["subnet"], "255.255.255.255");
+    // RFC 3442 routes: the gateway on-link, then the default route through it.
+    assert_eq!(
+        lease["staticroutes"],
+        "169.254.1.1/32 0.0.0.0 0.0.0.0/0 169.254.1.1"
+    );
+
+    let srv = tcp_server(&fx.vm, SocketAddr::from((pod_ip, 8080)), "vm", 1)?;
+    assert_eq!(
+        tcp_client(&fx.node, SocketAddr::from((pod_ip, 8080)))??,
+        format!("vm peer={gw}")
+    );
+    srv.join().expect("server");
+    let srv = tcp_server(&fx.node, SocketAddr::from((gw, 9090)), "node", 1)?;
+    assert_eq!(
+        tcp_client(&fx.vm, SocketAddr::from((gw, 9090)))??,
+        format!("node peer={pod_ip}")
+    );
+    srv.join().expect("server");
+
+    drop(relay);
+    net.teardown()?;
+    ip(&["-n", &fx.vm, "link", "del", "vm0"])?;
+    let (addrs, route) = fx.in_ns(&fx.pod, || -> Result<_> {
+        let mut r = netsetup::rtnl::Rtnl::open()?;
+        let i = r.link("eth0")?.index;
+        Ok((r.ipv4_addrs(i)?, r.default_route_v4()?.map(|(g, _)| g)))
+    })??;
+    assert_eq!(addrs, vec![(pod_ip, 32)]);
+    assert_eq!(route, Some(gw));
+    let srv = tcp_server(&fx.pod, SocketAddr::from((pod_ip, 8080)), "pod", 1)?;
+    assert_eq!(
+        tcp_client(&fx.node, SocketAddr::from((pod_ip, 8080)))??,
+        format!("pod peer={gw}")
+    );
+    srv.join().expect("server");
+    Ok(())
 }
