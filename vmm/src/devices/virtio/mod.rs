@@ -19,6 +19,7 @@
 pub mod block;
 pub mod mmio;
 pub mod net;
+pub mod testing;
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
