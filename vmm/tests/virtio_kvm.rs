@@ -493,7 +493,6 @@ fn blk_overlay_keeps_base_identical_and_vms_isolated() {
             "vm2 sector {sec}"
         );
     }
-    drop((d1, d2));
     drop(vm1);
     drop(vm2);
     assert_eq!(fs::read(&base).unwrap(), base_before, "base image modified");
