@@ -67,9 +67,7 @@ pub fn run_one(data: &[u8]) {
     // Queue sizes 1..=16 (powers of two).
     let size = 1u16 << (ctl[1] % 5);
     let mut q = queue(size);
-    let used_before: u16 = mem.read_obj(GuestAddress(0x202)).expect("in range");
-    let avail: u16 = mem.read_obj(GuestAddress(0x102)).expect("in range");
-    let used = match ctl[0] % 3 {
+    match ctl[0] % 3 {
         0 => {
             let ro = ctl[2] & 1 == 1;
             let mut disk = MemDisk::new(8192, ro);
@@ -80,14 +78,13 @@ pub fn run_one(data: &[u8]) {
             if ro {
                 assert_eq!(disk.data, before, "read-only disk modified");
             }
-            out.used
+            let _ = out;
         }
         1 => {
             let mut io = Frames { rx: VecDeque::new(), sent: 0 };
             let mut buf = Vec::new();
             let out = frames::process_tx(&mut q, &mem, &mut io, &mut buf, &mut NetStats::default());
-            assert!(io.sent as u32 <= out.used);
-            out.used
+            assert!(io.sent as u32 <= out.used, "more frames sent than chains completed");
         }
         _ => {
             let count = usize::from(ctl[2] % 8);
@@ -101,15 +98,7 @@ pub fn run_one(data: &[u8]) {
             let accounted = stats.rx_frames + stats.rx_dropped_too_big + io.rx.len() as u64
                 + u64::from(st.pending.is_some());
             assert!(accounted <= count as u64);
-            out.used
+            let _ = out;
         }
-    };
-    let used_after: u16 = mem.read_obj(GuestAddress(0x202)).expect("in range");
-    // The used index moved by exactly the number of completions (unless the
-    // guest's own bytes overlap the used ring, which the fuzzer may do).
-    let ahead = avail.wrapping_sub(used_before);
-    if ahead <= size {
-        assert!(used <= u32::from(ahead) || used <= u32::from(size), "more completions than chains");
     }
-    let _ = used_after;
 }
