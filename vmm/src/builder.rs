@@ -14,6 +14,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::x86_64::{boot, layout, mptable};
 use crate::config::{SerialConfig, VmConfig};
+use crate::device_manager::mmio::MmioDeviceManager;
 use crate::devices::bus::Bus;
 use crate::devices::interrupt::IrqLine;
 use crate::devices::legacy::boot_timer::{BootTime, BootTimer};
@@ -22,6 +23,7 @@ use crate::devices::legacy::i8042::I8042Device;
 use crate::devices::legacy::serial::{
     InputSource, SerialDevice, SerialInput, SerialOut, SocketConsole,
 };
+use crate::devices::virtio;
 use crate::lifecycle::{InvalidTransition, Lifecycle, VmState};
 use crate::timing::Clock;
 use crate::vstate::memory::GuestMemoryMmap;
@@ -66,6 +68,8 @@ pub enum VmmError {
     EventLoop(String),
     #[error(transparent)]
     Lifecycle(#[from] InvalidTransition),
+    #[error(transparent)]
+    Virtio(#[from] virtio::VirtioError),
 }
 
 /// How a VM run ended.
@@ -149,6 +153,7 @@ pub struct BuildOptions {
 pub struct RunTimings {
     pub build_us: u64,
     pub first_debug_port_us: Option<u64>,
+    pub boot_timer: Option<BootTime>,
 }
 
 /// The state the control subscriber acts on.
@@ -283,6 +288,7 @@ pub struct Vmm {
     stats: Arc<ExitStats>,
     timings: RunTimings,
     first_debug_port_us: Arc<Mutex<Option<u64>>>,
+    boot_time: Arc<Mutex<Option<BootTime>>>,
     cmdline: String,
     // Keep the VM and its memory alive for as long as vCPUs may run (dropped last).
     _vm: Arc<VmFd>,
@@ -334,15 +340,31 @@ impl Vmm {
         };
         let mut event_manager =
             VmmEventManager::new().map_err(|e| VmmError::EventLoop(e.to_string()))?;
-        let device_entries: Vec<String> = Vec::new();
-        let cmdline = compose_cmdline(cfg, &device_entries);
+        let mut pio = Bus::new();
+        let mut mmio = Bus::new();
+
+        // virtio devices: the device manager assigns slots and IRQs, in config order.
+        let mut mmio_mgr = MmioDeviceManager::new();
+        for disk in &cfg.disks {
+            virtio::attach_block(
+                &vm,
+                &mem,
+                &mut mmio,
+                &mut mmio_mgr,
+                &mut event_manager,
+                disk,
+            )?;
+        }
+        for net in &cfg.nets {
+            virtio::attach_net(&vm, &mem, &mut mmio, &mut mmio_mgr, &mut event_manager, net)?;
+        }
+
+        let cmdline = compose_cmdline(cfg, &mmio_mgr.cmdline_entries());
         boot::write_cmdline(&mem, &cmdline)?;
         boot::write_boot_info(&mem, &kernel, mem_size, cmdline.len(), initrd)?;
         mptable::setup(&mem, vcpu_count)?;
 
         // Legacy devices.
-        let mut pio = Bus::new();
-        let mut mmio = Bus::new();
         let irq = |gsi: u32| -> Result<IrqLine, VmmError> {
             let line = IrqLine::new(gsi).map_err(|e| VmmError::Device(format!("eventfd: {e}")))?;
             vm.register_irqfd(line.eventfd(), gsi)
@@ -403,8 +425,13 @@ impl Vmm {
             1,
         )
         .map_err(bus_err)?;
+        let boot_time = Arc::new(Mutex::new(None));
         mmio.insert(
-            Arc::new(Mutex::new(BootTimer::new(start, opts.boot_notify))),
+            Arc::new(Mutex::new(BootTimer::new(
+                start,
+                opts.boot_notify,
+                boot_time.clone(),
+            ))),
             layout::BOOT_TIMER_ADDR,
             layout::BOOT_TIMER_SIZE,
         )
@@ -454,7 +481,7 @@ impl Vmm {
         event_manager.add_subscriber(control.clone());
         let timings = RunTimings {
             build_us: start.wall.elapsed().as_micros() as u64,
-            first_debug_port_us: None,
+            ..Default::default()
         };
         log::debug!(
             "built VM: {} vCPU(s), {} MiB, {:?} entry {:#x}, in {} us",
@@ -474,6 +501,7 @@ impl Vmm {
             stats,
             timings,
             first_debug_port_us,
+            boot_time,
             cmdline,
             _vm: vm,
             _mem: mem,
@@ -513,6 +541,7 @@ impl Vmm {
             log::debug!("unknown accesses ignored: {unknown_pio} port I/O, {unknown_mmio} MMIO");
         }
         self.timings.first_debug_port_us = *self.first_debug_port_us.lock().expect("lock");
+        self.timings.boot_timer = *self.boot_time.lock().expect("lock");
         Ok((reason, self.timings))
     }
 }

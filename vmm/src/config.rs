@@ -7,6 +7,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::arch::x86_64::layout::MAX_VCPUS;
+use crate::devices::virtio::{BlockConfig, NetConfig};
 
 pub const DEFAULT_MEM_MIB: u64 = 128;
 pub const DEFAULT_VCPUS: u8 = 1;
@@ -105,6 +106,12 @@ pub struct VmConfig {
     pub vcpus: u64,
     #[serde(default)]
     pub serial: SerialConfig,
+    /// virtio-blk disks, in order: /dev/vda, /dev/vdb, ...
+    #[serde(default)]
+    pub disks: Vec<BlockConfig>,
+    /// virtio-net interfaces, in order: eth0, eth1, ...
+    #[serde(default)]
+    pub nets: Vec<NetConfig>,
 }
 
 impl VmConfig {
@@ -117,6 +124,8 @@ impl VmConfig {
             mem_mib: DEFAULT_MEM_MIB,
             vcpus: u64::from(DEFAULT_VCPUS),
             serial: SerialConfig::Stdio,
+            disks: Vec::new(),
+            nets: Vec::new(),
         }
     }
 

@@ -12,10 +12,13 @@ use vmm::{Action, BuildOptions, ExitReason, VmConfig, Vmm};
 const USAGE: &str = "\
 usage: microvm --kernel PATH [--initrd PATH] [--cmdline STR] [--mem-mib N] [--vcpus N]
                [--serial stdio|none|unix:PATH] [--no-default-cmdline] [--log-level LEVEL]
+               [--disk path=IMG[,ro][,id=SERIAL][,overlay=PATH]]... [--net tap=NAME[,mac=MAC]]...
        microvm --config FILE.json [same flags to override]
 
 Boots PATH (ELF vmlinux with or without a PVH note, or bzImage) on /dev/kvm.
-Defaults: 128 MiB, 1 vCPU, serial console on stdin/stdout. The guest's command line
+Defaults: 128 MiB, 1 vCPU, serial console on stdin/stdout. Disks become
+/dev/vda, /dev/vdb... in order (overlay=PATH: copy-on-write, the image is never
+written); nets become eth0, eth1... over the named TAP devices. The guest's command line
 is the VMM's defaults followed by --cmdline. Exit status: 0 when the guest resets or
 powers off, 1 on a VM error, 2 on bad usage or a forced stop. SIGTERM/SIGINT ask the
 guest to shut down (Ctrl-Alt-Del); a second one stops the VM at once.";
@@ -75,7 +78,8 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
                     .parse()
                     .map_err(|_| format!("--log-level: unknown level {v:?}"))?;
             }
-            "--kernel" | "--initrd" | "--cmdline" | "--mem-mib" | "--vcpus" | "--serial" => {
+            "--kernel" | "--initrd" | "--cmdline" | "--mem-mib" | "--vcpus" | "--serial"
+            | "--disk" | "--net" => {
                 let v = value(flag)?;
                 overrides.push((flag.clone(), v));
             }
@@ -95,6 +99,12 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
             "--mem-mib" => cfg.mem_mib = number(&v)?,
             "--vcpus" => cfg.vcpus = number(&v)?,
             "--serial" => cfg.serial = v.parse().map_err(|e| format!("--serial: {e}"))?,
+            "--disk" => cfg
+                .disks
+                .push(v.parse().map_err(|e| format!("--disk {v}: {e}"))?),
+            "--net" => cfg
+                .nets
+                .push(v.parse().map_err(|e| format!("--net {v}: {e}"))?),
             _ => unreachable!("only listed flags are collected"),
         }
     }
@@ -201,13 +211,14 @@ fn main() -> ExitCode {
                 .ok()
                 .and_then(|v| v.parse::<u64>().ok())
                 .map(|t0| start_mono.saturating_sub(t0) / 1000);
+            let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
             log::debug!(
-                "timings: spawn-to-main-us={} build-us={} first-guest-io-us={}",
-                spawn_offset_us.map_or("-".into(), |v| v.to_string()),
+                "timings: spawn-to-main-us={} build-us={} first-guest-io-us={} boot-timer-us={} boot-timer-cpu-us={}",
+                opt(spawn_offset_us),
                 timings.build_us,
-                timings
-                    .first_debug_port_us
-                    .map_or("-".into(), |v| v.to_string())
+                opt(timings.first_debug_port_us),
+                opt(timings.boot_timer.map(|b| b.wall_us)),
+                opt(timings.boot_timer.map(|b| b.cpu_us)),
             );
             match &reason {
                 ExitReason::GuestReset => log::info!("guest reset; VM stopped"),

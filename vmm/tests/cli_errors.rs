@@ -141,14 +141,29 @@ fn no_access_to_dev_kvm() {
     let d = tmpdir("nokvm");
     let k = d.join("k.elf");
     synthetic_elf(&k, 4096);
-    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(&k, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    // The checkout may live where `nobody` cannot reach (e.g. under /root): run a copy.
+    let bin = d.join("microvm");
+    std::fs::copy(env!("CARGO_BIN_EXE_microvm"), &bin).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for (p, mode) in [(&d, 0o755), (&k, 0o644), (&bin, 0o755)] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let mut dir = d.parent();
+    while let Some(p) = dir {
+        let mode = std::fs::metadata(p).unwrap().permissions().mode();
+        assert!(
+            mode & 0o001 != 0,
+            "{} is not searchable by others",
+            p.display()
+        );
+        dir = p.parent();
+    }
     let out = Command::new("setpriv")
         .args([
             "--reuid=65534",
             "--regid=65534",
             "--clear-groups",
-            env!("CARGO_BIN_EXE_microvm"),
+            bin.to_str().unwrap(),
         ])
         .args(["--kernel", k.to_str().unwrap()])
         .output()

@@ -4,18 +4,33 @@
 
 use anyhow::{bail, Result};
 
+mod bench;
 mod cluster;
+mod demo;
 mod images;
+mod setup;
+mod test;
 mod testhost;
+
+/// The repository root (the workspace this xtask belongs to).
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
 
 fn usage() -> &'static str {
     "usage: cargo xtask <command>\n\
      commands:\n\
      \x20 test            set up this machine (packages, cached artifacts) and run every test\n\
+     \x20 demo [ARGS]     build microvm and the test guest, boot it here (console on this terminal)\n\
+     \x20 bench [RUNS]    VMM benchmarks on /dev/kvm: start-to-guest, memory overhead, boots/s\n\
      \x20 images          build (or find cached) the guest kernel + rootfs, print their paths\n\
      \x20 testhost [SCENARIO...|--list]  run end-to-end scenarios in the QEMU-TCG test host\n\
-     \x20 bench-testhost [RUNS]  microvm vs QEMU -M microvm boot time and RSS in the test host\n\
-     \x20 cluster up|down|status  a persistent private etcd + kube-apiserver on 127.0.0.1\n"
+     \x20 bench-testhost [RUNS] [--initrd]  microvm vs QEMU -M microvm boot time and RSS in the test host\n\
+     \x20 cluster up|down|status  a persistent private etcd + kube-apiserver on 127.0.0.1\n\
+     \x20 testguest       build the no_std test guest, print its image paths (pvh, linux64, bzimage)\n"
 }
 
 fn main() -> Result<()> {
@@ -27,10 +42,20 @@ fn main() -> Result<()> {
             print!("{}", usage());
             Ok(())
         }
+        "bench" => bench::main(rest),
+        "test" => test::main(rest),
+        "demo" => demo::main(rest),
         "cluster" => cluster::main(rest),
         "images" => images::main(rest),
         "testhost" => testhost::main(rest),
         "bench-testhost" => testhost::bench_main(rest),
+        "testguest" => {
+            let a = testguest_build::build()?;
+            println!("pvh {}", a.pvh.display());
+            println!("linux64 {}", a.linux64.display());
+            println!("bzimage {}", a.bzimage.display());
+            Ok(())
+        }
         _ => {
             bail!("unknown command {cmd:?}\n{}", usage())
         }

@@ -34,8 +34,11 @@ pub(crate) struct Pki {
     pub serving_cert_pem: String,
     /// Its private key.
     pub serving_key_pem: String,
-    /// The key that signs and verifies service-account tokens.
+    /// The key that signs service-account tokens (PKCS#8).
     pub service_account_key_pem: String,
+    /// Its public half (PKIX), which verifies them: kube-apiserver reads public keys from
+    /// `--service-account-key-file` and does not derive them from a PKCS#8 private key.
+    pub service_account_pub_pem: String,
 }
 
 pub(crate) fn generate() -> Result<Pki, CertError> {
@@ -86,6 +89,7 @@ pub(crate) fn generate() -> Result<Pki, CertError> {
         serving_cert_pem: serving_cert.pem(),
         serving_key_pem: serving_key.serialize_pem(),
         service_account_key_pem: sa_key.serialize_pem(),
+        service_account_pub_pem: sa_key.public_key_pem(),
     })
 }
 
@@ -102,6 +106,9 @@ mod tests {
             .starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(p.serving_key_pem.starts_with("-----BEGIN PRIVATE KEY-----"));
         assert!(p.service_account_key_pem.contains("PRIVATE KEY"));
+        assert!(p
+            .service_account_pub_pem
+            .starts_with("-----BEGIN PUBLIC KEY-----"));
         assert_ne!(p.serving_key_pem, p.service_account_key_pem);
         assert!(!p.ca_der.is_empty());
     }

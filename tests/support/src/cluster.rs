@@ -222,6 +222,10 @@ impl Cluster {
                 "service-account.key",
                 pki.service_account_key_pem.as_bytes(),
             ),
+            (
+                "service-account.pub",
+                pki.service_account_pub_pem.as_bytes(),
+            ),
             ("admin.token", token.as_bytes()),
         ];
         for (name, data) in files {
@@ -266,7 +270,7 @@ impl Cluster {
             pki_arg("tls-private-key-file", "apiserver.key"),
             pki_arg("client-ca-file", "ca.crt"),
             pki_arg("token-auth-file", "tokens.csv"),
-            pki_arg("service-account-key-file", "service-account.key"),
+            pki_arg("service-account-key-file", "service-account.pub"),
             pki_arg("service-account-signing-key-file", "service-account.key"),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_string(),
             format!("--cert-dir={}", dir.join("pki").display()),
@@ -281,7 +285,7 @@ impl Cluster {
             "--disable-admission-plugins=ServiceAccount".to_string(),
             "--allow-privileged=true".to_string(),
             "--profiling=false".to_string(),
-            "--v=1".to_string(),
+            "--v=0".to_string(),
         ];
         args.extend(opts.extra_apiserver_args.iter().cloned());
         c.apiserver_args = args;

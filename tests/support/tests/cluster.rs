@@ -169,3 +169,42 @@ fn two_clusters_are_isolated_and_persistent_mode_outlives_drop() -> Result {
     assert!(!detached::stop(&state)?);
     Ok(())
 }
+
+#[test]
+fn watchdog_stops_the_cluster_when_its_owner_is_killed() -> Result {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::Duration;
+
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_hold-cluster"))
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(holder.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    let parts: Vec<&str> = line.split_whitespace().collect();
+    let [dir, etcd, api] = parts[..] else {
+        let _ = holder.kill();
+        return Err(format!("unexpected line {line:?}").into());
+    };
+    let (dir, etcd, api) = (
+        Path::new(dir).to_path_buf(),
+        etcd.parse::<u32>()?,
+        api.parse::<u32>()?,
+    );
+    assert!(alive(etcd) && alive(api) && dir.is_dir());
+
+    holder.kill()?; // SIGKILL: no destructor runs
+    holder.wait()?;
+    let t = Instant::now();
+    while (alive(etcd) || alive(api) || dir.exists()) && t.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "watchdog cleaned up {:.1} s after the owner died",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(!alive(etcd), "etcd {etcd} leaked");
+    assert!(!alive(api), "kube-apiserver {api} leaked");
+    assert!(!dir.exists(), "{} leaked", dir.display());
+    Ok(())
+}

@@ -305,11 +305,20 @@ impl VcpuHandle {
         self.id
     }
 
-    /// Sends `cmd` and kicks the thread out of KVM_RUN until it acknowledges.
+    /// Sends `cmd` and waits for the thread to acknowledge it. Pause and Stop may find
+    /// the thread inside KVM_RUN, so it is kicked out with a signal until it answers;
+    /// Resume only ever reaches a thread waiting for commands.
     pub fn command(&mut self, cmd: VcpuCmd) -> Result<(), VcpuError> {
         self.cmd
             .send(cmd)
             .map_err(|_| VcpuError::ThreadGone(self.id))?;
+        if cmd == VcpuCmd::Resume {
+            return self
+                .ack
+                .recv()
+                .map(|_| ())
+                .map_err(|_| VcpuError::ThreadGone(self.id));
+        }
         loop {
             if let Some(t) = &self.thread {
                 // A signal that lands while the thread is outside KVM_RUN is lost,

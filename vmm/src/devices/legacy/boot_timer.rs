@@ -3,6 +3,7 @@
 //! elapsed since it started building the VM, and reports the event.
 
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 
 use crate::arch::x86_64::layout::BOOT_TIMER_MAGIC;
 use crate::devices::bus::BusDevice;
@@ -18,16 +19,21 @@ pub struct BootTime {
 pub struct BootTimer {
     start: Clock,
     notify: Option<Sender<BootTime>>,
-    fired: bool,
+    first: Arc<Mutex<Option<BootTime>>>,
 }
 
 impl BootTimer {
-    /// `start` is the time VM building began; `notify` receives the first boot event.
-    pub fn new(start: Clock, notify: Option<Sender<BootTime>>) -> Self {
+    /// `start` is the time VM building began; `notify` receives the first boot event,
+    /// which is also kept in `first`.
+    pub fn new(
+        start: Clock,
+        notify: Option<Sender<BootTime>>,
+        first: Arc<Mutex<Option<BootTime>>>,
+    ) -> Self {
         Self {
             start,
             notify,
-            fired: false,
+            first,
         }
     }
 }
@@ -50,8 +56,9 @@ impl BusDevice for BootTimer {
             t.wall_us / 1000,
             t.cpu_us / 1000
         );
-        if !self.fired {
-            self.fired = true;
+        let mut first = self.first.lock().expect("boot timer lock");
+        if first.is_none() {
+            *first = Some(t);
             if let Some(tx) = &self.notify {
                 let _ = tx.send(t);
             }
@@ -66,13 +73,15 @@ mod tests {
     #[test]
     fn only_the_magic_byte_at_offset_zero_fires_once() {
         let (tx, rx) = std::sync::mpsc::channel();
-        let mut t = BootTimer::new(Clock::now(), Some(tx));
+        let slot = Arc::new(Mutex::new(None));
+        let mut t = BootTimer::new(Clock::now(), Some(tx), slot.clone());
         t.write(0, &[1]);
         t.write(4, &[BOOT_TIMER_MAGIC]);
         assert!(rx.try_recv().is_err());
         t.write(0, &[BOOT_TIMER_MAGIC]);
         let got = rx.try_recv().unwrap();
         assert!(got.wall_us < 10_000_000);
+        assert_eq!(*slot.lock().unwrap(), Some(got));
         t.write(0, &[BOOT_TIMER_MAGIC]);
         assert!(rx.try_recv().is_err(), "reported once");
     }

@@ -1,0 +1,49 @@
+//! Schema tweaks that bound sizes, so the API server's CEL cost estimator accepts our rules.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde_json::json;
+
+/// Most labels a selector or template may carry.
+pub const MAX_LABELS: u64 = 64;
+/// Longest label value (Kubernetes' own limit).
+pub const MAX_LABEL_VALUE: u64 = 63;
+
+fn bound_map(obj: &mut serde_json::Map<String, serde_json::Value>) {
+    obj.insert("maxProperties".into(), json!(MAX_LABELS));
+    if let Some(ap) = obj
+        .get_mut("additionalProperties")
+        .and_then(|v| v.as_object_mut())
+    {
+        ap.insert("maxLength".into(), json!(MAX_LABEL_VALUE));
+    }
+}
+
+/// `transform` for a label map field: at most 64 entries, values at most 63 characters.
+pub fn bounded_labels(schema: &mut Schema) {
+    if let Some(obj) = schema.as_object_mut() {
+        bound_map(obj);
+    }
+}
+
+/// `schema_with` for a LabelSelector: Kubernetes' schema with bounded matchLabels and
+/// matchExpressions.
+pub fn label_selector(generator: &mut SchemaGenerator) -> Schema {
+    let mut schema = <LabelSelector as JsonSchema>::json_schema(generator);
+    if let Some(props) = schema
+        .as_object_mut()
+        .and_then(|o| o.get_mut("properties"))
+        .and_then(|p| p.as_object_mut())
+    {
+        if let Some(ml) = props.get_mut("matchLabels").and_then(|v| v.as_object_mut()) {
+            bound_map(ml);
+        }
+        if let Some(me) = props
+            .get_mut("matchExpressions")
+            .and_then(|v| v.as_object_mut())
+        {
+            me.insert("maxItems".into(), json!(16));
+        }
+    }
+    schema
+}

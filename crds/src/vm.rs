@@ -1,0 +1,109 @@
+//! `VirtualMachine` (short name `vm`): a VMI that is started and stopped by a run strategy.
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::template::VirtualMachineInstanceTemplateSpec;
+
+/// Desired state of a VirtualMachine.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "microvirt.io",
+    version = "v1alpha1",
+    kind = "VirtualMachine",
+    plural = "virtualmachines",
+    singular = "virtualmachine",
+    shortname = "vm",
+    shortname = "vms",
+    category = "microvirt",
+    namespaced,
+    status = "VirtualMachineStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "A virtual machine whose VMI the operator creates and deletes according to runStrategy.",
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.printableStatus"),
+    printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready")
+)]
+#[x_kube(
+    validation = Rule::new("!(has(self.running) && has(self.runStrategy))")
+        .message("set either spec.running or spec.runStrategy, not both")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineSpec {
+    /// Deprecated shorthand: true = Always, false = Halted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<bool>,
+    /// When the operator keeps a VMI: Always, Halted, Manual, RerunOnFailure, Once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_strategy: Option<RunStrategy>,
+    /// The VMI to run.
+    pub template: VirtualMachineInstanceTemplateSpec,
+}
+
+/// Run strategies (KubeVirt's semantics).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RunStrategy {
+    /// Keep a VMI running; recreate it whenever it ends.
+    Always,
+    /// Keep no VMI.
+    Halted,
+    /// Never create or delete the VMI on its own; the user starts and stops it.
+    Manual,
+    /// Recreate the VMI when it Failed; leave it when it Succeeded.
+    RerunOnFailure,
+    /// Run the VMI once; never recreate it.
+    Once,
+}
+
+impl VirtualMachineSpec {
+    /// The effective run strategy (`running` maps to Always/Halted; default Halted).
+    pub fn effective_run_strategy(&self) -> RunStrategy {
+        match (self.run_strategy, self.running) {
+            (Some(s), _) => s,
+            (None, Some(true)) => RunStrategy::Always,
+            (None, Some(false)) | (None, None) => RunStrategy::Halted,
+        }
+    }
+}
+
+/// Observed state of a VirtualMachine.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineStatus {
+    /// Human-readable state: Stopped, Starting, Running, Stopping, Succeeded, Failed, Unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub printable_status: Option<PrintableStatus>,
+    /// Whether the VMI exists and is Ready.
+    #[serde(default)]
+    pub ready: bool,
+    /// Whether a VMI exists.
+    #[serde(default)]
+    pub created: bool,
+    /// Name of the current VMI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmi_name: Option<String>,
+    /// uid of the last VMI that `Once` already ran (so it is not run again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub once_ran_uid: Option<String>,
+}
+
+/// `kubectl get vm` STATUS values.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PrintableStatus {
+    /// No VMI.
+    Stopped,
+    /// VMI exists, not Running yet.
+    Starting,
+    /// VMI Running.
+    Running,
+    /// VMI being deleted.
+    Stopping,
+    /// VMI ended cleanly and is kept.
+    Succeeded,
+    /// VMI failed and is kept.
+    Failed,
+    /// VMI state unknown.
+    Unknown,
+}

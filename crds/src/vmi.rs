@@ -1,0 +1,614 @@
+//! `VirtualMachineInstance` (short name `vmi`): one running microVM.
+//!
+//! Field names follow KubeVirt's `kubevirt.io/v1` API so that a KubeVirt manifest works after its
+//! `apiVersion` is changed to `microvirt.io/v1alpha1` (for the subset of fields microvirt supports).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+
+/// Label key that the operator puts on launcher pods: the owning VMI's name.
+pub const LABEL_VMI_NAME: &str = "microvirt.io/vmi";
+/// Annotation key on launcher pods carrying the owning VMI's uid.
+pub const ANNOTATION_VMI_UID: &str = "microvirt.io/vmi-uid";
+/// Annotation on a VMI listing the presets (namespace/name, comma separated) applied to it.
+pub const ANNOTATION_PRESETS_APPLIED: &str = "microvirt.io/presets-applied";
+
+/// Desired state of a microVM.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "microvirt.io",
+    version = "v1alpha1",
+    kind = "VirtualMachineInstance",
+    plural = "virtualmachineinstances",
+    singular = "virtualmachineinstance",
+    shortname = "vmi",
+    shortname = "vmis",
+    category = "microvirt",
+    namespaced,
+    status = "VirtualMachineInstanceStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "A microVM instance. The operator runs it in one virt-launcher pod.",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "IP", type_ = "string", json_path = ".status.interfaces[0].ipAddress"),
+    printcolumn(name = "NodeName", type_ = "string", json_path = ".status.nodeName"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type=='Ready')].status"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("!has(oldSelf.status) || self.spec == oldSelf.spec")
+        .message("spec of a VirtualMachineInstance is immutable after creation; delete and recreate it")
+)]
+#[x_kube(
+    validation = Rule::new(
+        "!has(self.domain.devices) || !has(self.domain.devices.disks) || self.domain.devices.disks.all(d, has(self.volumes) && self.volumes.exists(v, v.name == d.name))"
+    )
+    .message("every entry of spec.domain.devices.disks must name a volume listed in spec.volumes"),
+    validation = Rule::new(
+        "!has(self.domain.devices) || !has(self.domain.devices.interfaces) || self.domain.devices.interfaces.all(i, has(self.networks) && self.networks.exists(n, n.name == i.name))"
+    )
+    .message("every entry of spec.domain.devices.interfaces must name a network listed in spec.networks")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineInstanceSpec {
+    /// The virtual hardware.
+    pub domain: DomainSpec,
+    /// Volumes that disks refer to by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub volumes: Vec<Volume>,
+    /// Networks that interfaces refer to by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub networks: Vec<Network>,
+    /// Node labels the launcher pod must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Tolerations of the launcher pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Affinity of the launcher pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Seconds the launcher gets to power the guest off when the VMI is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub termination_grace_period_seconds: Option<i64>,
+}
+
+/// Virtual hardware of a VMI (also the defaults a preset carries).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainSpec {
+    /// vCPU topology; the guest gets cores × sockets × threads vCPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Cpu>,
+    /// Guest memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
+    /// Resources of the launcher pod's compute container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// How the guest is booted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<Firmware>,
+    /// Disks and network interfaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub devices: Option<Devices>,
+}
+
+/// vCPU topology.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Cpu {
+    /// Cores per socket (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 64))]
+    pub cores: Option<u32>,
+    /// Sockets (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 8))]
+    pub sockets: Option<u32>,
+    /// Threads per core (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 2))]
+    pub threads: Option<u32>,
+}
+
+/// Guest memory.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new(
+        "!has(self.guest) || (isQuantity(string(self.guest)) && quantity(string(self.guest)).compareTo(quantity('16Mi')) >= 0)"
+    )
+    .message("domain.memory.guest must be a quantity of at least 16Mi, e.g. 128Mi")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Memory {
+    /// Memory the guest sees, e.g. `128Mi` (at least 16Mi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest: Option<Quantity>,
+}
+
+/// Resource requests and limits (KubeVirt's `domain.resources`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new(
+        "!has(self.requests) || !('memory' in self.requests) || (isQuantity(string(self.requests['memory'])) && quantity(string(self.requests['memory'])).compareTo(quantity('16Mi')) >= 0)"
+    )
+    .message("domain.resources.requests.memory must be a quantity of at least 16Mi")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceRequirements {
+    /// Requests, e.g. `memory: 128Mi`. A memory request is the guest memory when
+    /// `domain.memory.guest` is unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests: Option<BTreeMap<String, Quantity>>,
+    /// Limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<BTreeMap<String, Quantity>>,
+}
+
+/// Boot firmware.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Firmware {
+    /// Direct kernel boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_boot: Option<KernelBoot>,
+}
+
+/// Direct kernel boot: a kernel (and optional initrd) taken from a container image.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KernelBoot {
+    /// Kernel command line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    pub kernel_args: Option<String>,
+    /// Where the kernel and initrd come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<KernelBootContainer>,
+}
+
+/// A container image holding the guest kernel.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("has(self.kernelPath) || has(self.initrdPath)")
+        .message("firmware.kernelBoot.container needs kernelPath (and optionally initrdPath)")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct KernelBootContainer {
+    /// Image reference.
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+    /// Path of the kernel inside the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub kernel_path: Option<String>,
+    /// Path of the initrd inside the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub initrd_path: Option<String>,
+    /// Image pull policy (Always, IfNotPresent, Never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+}
+
+/// Image pull policy.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PullPolicy {
+    /// Always pull.
+    Always,
+    /// Pull when absent.
+    IfNotPresent,
+    /// Never pull.
+    Never,
+}
+
+/// Devices of the guest.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Devices {
+    /// Block devices; each names a volume.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub disks: Vec<Disk>,
+    /// Network interfaces; each names a network.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub interfaces: Vec<Interface>,
+}
+
+/// A disk of the guest.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Disk {
+    /// Name; must match a volume's name.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Attach as a disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskTarget>,
+    /// Serial number the guest sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 20))]
+    pub serial: Option<String>,
+}
+
+/// How a disk is attached.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskTarget {
+    /// Bus; microvirt only has virtio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bus: Option<DiskBus>,
+    /// Attach read-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readonly: Option<bool>,
+}
+
+/// Disk bus.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskBus {
+    /// virtio-blk (the only bus a microVM has).
+    Virtio,
+}
+
+/// A network interface of the guest.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!(has(self.masquerade) && has(self.bridge))")
+        .message("an interface uses either masquerade or bridge, not both")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Interface {
+    /// Name; must match a network's name.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// NAT the guest behind the pod IP (the default when neither binding is given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub masquerade: Option<InterfaceMasquerade>,
+    /// Bridge the guest onto the pod interface; the guest takes the pod IP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge: Option<InterfaceBridge>,
+    /// Ports forwarded to the guest (masquerade only; all ports when empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub ports: Vec<Port>,
+    /// MAC address, e.g. `02:00:00:00:00:01`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9a-fA-F]{2}[:-]){5}[0-9a-fA-F]{2}$"))]
+    pub mac_address: Option<String>,
+}
+
+/// Masquerade binding (no fields).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct InterfaceMasquerade {}
+
+/// Bridge binding (no fields).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct InterfaceBridge {}
+
+/// A forwarded port.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Port {
+    /// Optional name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub name: Option<String>,
+    /// TCP (default) or UDP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<Protocol>,
+    /// Port number.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+/// Transport protocol.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Protocol {
+    /// TCP.
+    #[serde(rename = "TCP")]
+    Tcp,
+    /// UDP.
+    #[serde(rename = "UDP")]
+    Udp,
+}
+
+/// A volume: exactly one source.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new(
+        "(has(self.containerDisk) ? 1 : 0) + (has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.cloudInitNoCloud) ? 1 : 0) + (has(self.emptyDisk) ? 1 : 0) == 1"
+    )
+    .message("a volume needs exactly one of containerDisk, persistentVolumeClaim, cloudInitNoCloud, emptyDisk")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    /// Name that a disk refers to.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// A disk image inside a container image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_disk: Option<ContainerDiskSource>,
+    /// A PersistentVolumeClaim in the VMI's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim: Option<PersistentVolumeClaimSource>,
+    /// A NoCloud cloud-init seed disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init_no_cloud: Option<CloudInitNoCloudSource>,
+    /// A blank disk discarded when the VMI ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_disk: Option<EmptyDiskSource>,
+}
+
+/// Disk image inside a container image.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerDiskSource {
+    /// Image reference.
+    #[schemars(length(min = 1, max = 512))]
+    pub image: String,
+    /// Path of the disk image inside the container image (default: the first file in `/disk`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub path: Option<String>,
+    /// Image pull policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+}
+
+/// PVC reference.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistentVolumeClaimSource {
+    /// Claim name.
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: String,
+    /// Attach read-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+}
+
+/// cloud-init NoCloud data.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("has(self.userData) || has(self.userDataBase64) || has(self.networkData)")
+        .message("cloudInitNoCloud needs userData, userDataBase64 or networkData"),
+    validation = Rule::new("!(has(self.userData) && has(self.userDataBase64))")
+        .message("cloudInitNoCloud takes userData or userDataBase64, not both")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudInitNoCloudSource {
+    /// user-data as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16384))]
+    pub user_data: Option<String>,
+    /// user-data, base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32768))]
+    pub user_data_base64: Option<String>,
+    /// network-config as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16384))]
+    pub network_data: Option<String>,
+}
+
+/// Blank disk.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EmptyDiskSource {
+    /// Size, e.g. `1Gi`.
+    pub capacity: Quantity,
+}
+
+/// A network the guest attaches to.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Network {
+    /// Name that an interface refers to.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// The pod network (the only kind microvirt has).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodNetwork>,
+}
+
+/// The pod network.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodNetwork {
+    /// CIDR of the guest side of masquerade (default 10.0.2.0/24).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub vm_network_cidr: Option<String>,
+}
+
+/// Observed state of a VMI, derived by the operator from its launcher pod.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineInstanceStatus {
+    /// Lifecycle phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<VmiPhase>,
+    /// Short machine-readable reason for the phase (set when Failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable detail (the launcher's termination message when Failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Conditions (Ready, Paused).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<VmiCondition>,
+    /// When each phase was entered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phase_transition_timestamps: Vec<PhaseTransitionTimestamp>,
+    /// Node the launcher pod runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// Guest interfaces; `interfaces[0].ipAddress` is the pod IP.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<InterfaceStatus>,
+    /// Name of the launcher pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launcher_pod: Option<String>,
+    /// Milliseconds from VMM start to guest booted, reported by the launcher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_time_ms: Option<u64>,
+}
+
+/// VMI lifecycle phase (KubeVirt's names).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum VmiPhase {
+    /// Accepted; no launcher pod yet (or the pod is not scheduled yet).
+    Pending,
+    /// Launcher pod created, no node assigned.
+    Scheduling,
+    /// Node assigned, launcher not running yet.
+    Scheduled,
+    /// Launcher container running.
+    Running,
+    /// Guest powered off cleanly (launcher exited 0).
+    Succeeded,
+    /// Launcher failed (non-zero exit, or pod Failed/lost).
+    Failed,
+    /// State cannot be determined.
+    Unknown,
+}
+
+impl VmiPhase {
+    /// Succeeded or Failed: nothing more will happen to this VMI.
+    pub fn is_final(self) -> bool {
+        matches!(self, VmiPhase::Succeeded | VmiPhase::Failed)
+    }
+
+    /// The name used in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VmiPhase::Pending => "Pending",
+            VmiPhase::Scheduling => "Scheduling",
+            VmiPhase::Scheduled => "Scheduled",
+            VmiPhase::Running => "Running",
+            VmiPhase::Succeeded => "Succeeded",
+            VmiPhase::Failed => "Failed",
+            VmiPhase::Unknown => "Unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for VmiPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A VMI condition.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VmiCondition {
+    /// Ready or Paused.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// "True", "False" or "Unknown".
+    pub status: String,
+    /// Machine-readable reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When status last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
+}
+
+/// When a phase was entered.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseTransitionTimestamp {
+    /// The phase.
+    pub phase: VmiPhase,
+    /// When it was entered.
+    pub phase_transition_timestamp: Time,
+}
+
+/// Observed state of a guest interface.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceStatus {
+    /// Interface name from the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Primary IP address (the pod IP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_address: Option<String>,
+    /// All IP addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_addresses: Vec<String>,
+    /// MAC address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+}
+
+impl VirtualMachineInstanceSpec {
+    /// Number of vCPUs (cores × sockets × threads, each defaulting to 1).
+    pub fn vcpus(&self) -> u32 {
+        let cpu = self.domain.cpu.clone().unwrap_or_default();
+        cpu.cores
+            .unwrap_or(1)
+            .saturating_mul(cpu.sockets.unwrap_or(1))
+            .saturating_mul(cpu.threads.unwrap_or(1))
+    }
+
+    /// Guest memory: `domain.memory.guest`, else `domain.resources.requests.memory`, else `None`.
+    pub fn guest_memory(&self) -> Option<&Quantity> {
+        if let Some(q) = self.domain.memory.as_ref().and_then(|m| m.guest.as_ref()) {
+            return Some(q);
+        }
+        self.domain
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("memory"))
+    }
+}
+
+impl VirtualMachineInstanceStatus {
+    /// The condition of the given type, if present.
+    pub fn condition(&self, type_: &str) -> Option<&VmiCondition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+
+    /// Whether the Ready condition is True.
+    pub fn is_ready(&self) -> bool {
+        self.condition("Ready").is_some_and(|c| c.status == "True")
+    }
+}
+
+impl VirtualMachineInstance {
+    /// Current phase (None before the operator has seen the VMI).
+    pub fn phase(&self) -> Option<VmiPhase> {
+        self.status.as_ref().and_then(|s| s.phase)
+    }
+
+    /// Whether the Ready condition is True.
+    pub fn is_ready(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| s.is_ready())
+    }
+}

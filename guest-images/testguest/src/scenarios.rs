@@ -1,0 +1,147 @@
+//! The scenarios selected by `testguest.scenario=NAME`.
+
+use crate::bootinfo::BootInfo;
+use crate::io::{halt_forever, inb, inl, mmio_read32, mmio_write32, outb, outl, pause};
+use crate::{i8042, print, println, reset, serial, triple_fault, Fault};
+
+/// Longest echoed line; longer input is echoed in pieces of this size.
+const LINE_MAX: usize = 256;
+/// Most i8042 bytes shown in the `i8042:` line.
+const KBD_LOG_MAX: usize = 32;
+/// After Ctrl+Alt+Del, stop collecting bytes after this many empty status polls.
+const KBD_DRAIN_IDLE_POLLS: u32 = 2000;
+
+/// Runs the scenario named on the command line (default `basic`).
+pub fn run(bi: &BootInfo) -> ! {
+    let name = bi.param("testguest.scenario").unwrap_or(b"basic");
+    match name {
+        b"basic" => basic(),
+        b"echo" => echo(),
+        b"ctrlaltdel" => ctrl_alt_del(),
+        b"triple-fault" => {
+            let fault = match bi.param("testguest.fault") {
+                Some(b"ud2") => Fault::InvalidOpcode,
+                Some(b"de") => Fault::DivideError,
+                Some(b"gp") => Fault::GeneralProtection,
+                _ => Fault::Breakpoint,
+            };
+            println!("triple-fault: now");
+            triple_fault(fault)
+        }
+        b"unknown-io" => unknown_io(),
+        b"blk" => {
+            crate::blk::run(bi);
+            reset()
+        }
+        b"net" => {
+            crate::net::run(bi, false);
+            reset()
+        }
+        b"net-many" => {
+            crate::net::run(bi, true);
+            reset()
+        }
+        b"halt-forever" => {
+            println!("halting");
+            halt_forever()
+        }
+        other => {
+            print!("unknown scenario: ");
+            serial::write_bytes_escaped(other);
+            println!();
+            reset()
+        }
+    }
+}
+
+fn basic() -> ! {
+    println!("reset");
+    reset()
+}
+
+fn echo() -> ! {
+    println!("echo: ready");
+    let mut line = [0u8; LINE_MAX];
+    let mut len = 0;
+    let mut last_cr = false;
+    loop {
+        let b = serial::read_byte();
+        let was_cr = core::mem::replace(&mut last_cr, b == b'\r');
+        if b == b'\n' && was_cr {
+            continue; // second half of CRLF
+        }
+        if b == b'\r' || b == b'\n' || len == LINE_MAX {
+            print!("echo: ");
+            serial::write_bytes_escaped(&line[..len]);
+            println!();
+            if &line[..len] == b"quit" {
+                println!("echo: bye");
+                reset();
+            }
+            len = 0;
+            if b == b'\r' || b == b'\n' {
+                continue;
+            }
+        }
+        line[len] = b;
+        len += 1;
+    }
+}
+
+fn ctrl_alt_del() -> ! {
+    println!("waiting for ctrl-alt-del");
+    let mut got = [0u8; KBD_LOG_MAX];
+    let mut n = 0;
+    let mut dec = i8042::CtrlAltDel::default();
+    loop {
+        let Some(b) = i8042::try_read() else {
+            pause();
+            continue;
+        };
+        if n < got.len() {
+            got[n] = b;
+            n += 1;
+        }
+        if dec.feed(b) {
+            break;
+        }
+    }
+    // Collect the key releases that follow (bounded: stop after a stretch of empty polls).
+    let mut idle = 0;
+    while idle < KBD_DRAIN_IDLE_POLLS {
+        match i8042::try_read() {
+            Some(b) => {
+                idle = 0;
+                if n < got.len() {
+                    got[n] = b;
+                    n += 1;
+                }
+            }
+            None => {
+                idle += 1;
+                pause();
+            }
+        }
+    }
+    print!("i8042:");
+    for b in &got[..n] {
+        print!(" {:02x}", b);
+    }
+    println!();
+    println!("ctrl-alt-del received");
+    reset()
+}
+
+fn unknown_io() -> ! {
+    let port = inb(0x510);
+    let port32 = inl(0x511);
+    let mmio = mmio_read32(0xcf00_0000);
+    println!(
+        "unknown-io: port={:02x} port32={:08x} mmio={:08x}",
+        port, port32, mmio
+    );
+    outb(0x510, 0x5a);
+    outl(0x511, 0xdead_beef);
+    mmio_write32(0xcf00_0000, 0xdead_beef);
+    reset()
+}

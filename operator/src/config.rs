@@ -1,0 +1,46 @@
+//! Operator settings (flags / environment of `virt-operator`).
+
+/// How the launcher pod gets `/dev/kvm` and `/dev/net/tun`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvmMode {
+    /// Request the extended resource `devices.microvirt.io/kvm: 1`; a device plugin on the node
+    /// injects both device nodes (default).
+    DevicePlugin,
+    /// Mount `/dev/kvm` and `/dev/net/tun` from the node through hostPath volumes. Only for nodes
+    /// whose container runtime lets unprivileged containers open those devices.
+    HostPath,
+}
+
+/// Settings the reconcilers need.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Image of the launcher container.
+    pub launcher_image: String,
+    /// Memory the launcher needs on top of guest memory, in bytes.
+    pub launcher_memory_overhead: u64,
+    /// How `/dev/kvm` reaches the pod.
+    pub kvm_mode: KvmMode,
+    /// CPU request per vCPU, in millicores.
+    pub cpu_request_millis_per_vcpu: u32,
+    /// Guest memory when a VMI names none, in bytes.
+    pub default_guest_memory: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            launcher_image: DEFAULT_LAUNCHER_IMAGE.to_string(),
+            launcher_memory_overhead: 32 << 20,
+            kvm_mode: KvmMode::DevicePlugin,
+            cpu_request_millis_per_vcpu: 100,
+            default_guest_memory: 128 << 20,
+        }
+    }
+}
+
+/// Default launcher image.
+pub const DEFAULT_LAUNCHER_IMAGE: &str = "microvirt/virt-launcher:dev";
+/// Field manager of every server-side apply the operator does.
+pub const FIELD_MANAGER: &str = "microvirt-operator";
+/// Extended resource that grants `/dev/kvm` and `/dev/net/tun`.
+pub const KVM_RESOURCE: &str = "devices.microvirt.io/kvm";

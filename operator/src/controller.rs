@@ -1,0 +1,311 @@
+//! The three controllers (VMI, VM, VMIRS), their shared context, and [`run`].
+//!
+//! Each reconciler is small and idempotent: read the object and the caches, compute the desired
+//! state with the pure functions of [`crate::pod`], [`crate::status`], [`crate::replicaset`],
+//! [`crate::virtualmachine`] and [`crate::preset`], then write only what differs (server-side
+//! apply with field manager `microvirt-operator`; status through the status subresource).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{future, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use microvirt_crds::{
+    VirtualMachine, VirtualMachineInstance, VirtualMachineInstancePreset,
+    VirtualMachineInstanceReplicaSet,
+};
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::pod::{PodError, APP_NAME, LABEL_APP};
+use crate::preset::PresetError;
+
+pub mod vm;
+pub mod vmi;
+pub mod vmirs;
+
+/// Errors of a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API request failed.
+    #[error("API request failed: {0}")]
+    Kube(#[from] kube::Error),
+    /// The launcher pod could not be built.
+    #[error(transparent)]
+    Pod(#[from] PodError),
+    /// Presets could not be applied.
+    #[error(transparent)]
+    Preset(#[from] PresetError),
+    /// JSON (de)serialization failed.
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The object lacks a name or namespace.
+    #[error("object has no {0}")]
+    MissingMeta(&'static str),
+    /// Deletion waits for the launcher pod to terminate (not a failure; retried shortly).
+    #[error("waiting for launcher pod {0} to terminate")]
+    PodTerminating(String),
+    /// Adding or removing a finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+/// Whether an error is a plain `404 Not Found`.
+pub fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Whether an error is `409 AlreadyExists/Conflict`.
+pub fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// State shared by all reconcilers.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Settings.
+    pub config: Config,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Launcher pods (label `app.kubernetes.io/name=virt-launcher`).
+    pub pods: Store<Pod>,
+    /// Presets.
+    pub presets: Store<VirtualMachineInstancePreset>,
+    /// VMIs (for the VM and VMIRS controllers).
+    pub vmis: Store<VirtualMachineInstance>,
+}
+
+impl Context {
+    /// Publish an Event about `obj` without delaying the reconcile (failures are logged).
+    pub fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let recorder = self.recorder.clone();
+        let reference = obj.object_ref(&());
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&ev, &reference).await {
+                tracing::debug!("publishing event: {e}");
+            }
+        });
+    }
+}
+
+/// What [`run`] watches and how.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Only this namespace (default: all).
+    pub namespace: Option<String>,
+    /// Reporting instance name for Events (e.g. the pod name).
+    pub instance: Option<String>,
+}
+
+fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn error_policy_for<K: Resource>(
+    controller: &'static str,
+) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
+    move |obj, err, _ctx| match err {
+        Error::PodTerminating(_) => Action::requeue(Duration::from_millis(500)),
+        _ => {
+            tracing::warn!(controller, object = %obj_name(&*obj), "reconcile failed: {err}");
+            Action::requeue(Duration::from_secs(2))
+        }
+    }
+}
+
+fn obj_name<K: Resource>(obj: &K) -> String {
+    format!(
+        "{}/{}",
+        obj.meta().namespace.as_deref().unwrap_or(""),
+        obj.meta().name.as_deref().unwrap_or("")
+    )
+}
+
+/// Time a reconcile and count it.
+pub async fn instrumented<F>(ctx: &Context, controller: &'static str, fut: F) -> Result<Action, Error>
+where
+    F: std::future::Future<Output = Result<Action, Error>>,
+{
+    let start = Instant::now();
+    let res = fut.await;
+    let failed = matches!(&res, Err(e) if !matches!(e, Error::PodTerminating(_)));
+    ctx.metrics.reconciled(controller, start.elapsed(), failed);
+    res
+}
+
+/// Run every controller until `shutdown` resolves. `ready` is set once the caches are filled.
+pub async fn run(
+    client: Client,
+    config: Config,
+    metrics: Arc<Metrics>,
+    opts: RunOptions,
+    ready: Arc<AtomicBool>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+) {
+    let ns = opts.namespace.as_deref();
+    let pod_api: Api<Pod> = api(&client, ns);
+    let vmi_api: Api<VirtualMachineInstance> = api(&client, ns);
+    let vm_api: Api<VirtualMachine> = api(&client, ns);
+    let rs_api: Api<VirtualMachineInstanceReplicaSet> = api(&client, ns);
+    let preset_api: Api<VirtualMachineInstancePreset> = api(&client, ns);
+
+    // Shared caches.
+    let (pods, pod_writer) = reflector::store();
+    let pod_stream = watcher(
+        pod_api,
+        watcher::Config::default().labels(&format!("{LABEL_APP}={APP_NAME}")),
+    )
+    .default_backoff()
+    .reflect(pod_writer)
+    .touched_objects();
+    let (presets, preset_writer) = reflector::store();
+    let preset_stream = watcher(preset_api, watcher::Config::default())
+        .default_backoff()
+        .reflect(preset_writer)
+        .touched_objects();
+    let (vmis, vmi_writer) = reflector::store();
+    let vmi_stream_for_rs = watcher(vmi_api.clone(), watcher::Config::default())
+        .default_backoff()
+        .reflect(vmi_writer)
+        .touched_objects();
+    // The VM controller gets its own VMI watch (a stream feeds one controller only).
+    let vmi_stream_for_vm = watcher(vmi_api.clone(), watcher::Config::default())
+        .default_backoff()
+        .touched_objects();
+
+    let reporter = Reporter {
+        controller: crate::config::FIELD_MANAGER.into(),
+        instance: opts.instance.clone(),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client: client.clone(),
+        config,
+        metrics,
+        pods: pods.clone(),
+        presets: presets.clone(),
+        vmis: vmis.clone(),
+    });
+
+    // Presets only feed the cache.
+    let preset_task = tokio::spawn(preset_stream.for_each(|_| future::ready(())));
+
+    let vmi_ctrl = Controller::new(vmi_api, watcher::Config::default())
+        .owns_stream(pod_stream)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            |obj, ctx: Arc<Context>| async move {
+                let c = ctx.clone();
+                instrumented(&c, "vmi", vmi::reconcile(obj, ctx)).await
+            },
+            error_policy_for("vmi"),
+            ctx.clone(),
+        )
+        .for_each(|r| {
+            if let Err(e) = r {
+                tracing::debug!("vmi controller: {e}");
+            }
+            future::ready(())
+        });
+    let rs_ctrl = Controller::new(rs_api, watcher::Config::default())
+        .owns_stream(vmi_stream_for_rs)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            |obj, ctx: Arc<Context>| async move {
+                let c = ctx.clone();
+                instrumented(&c, "vmirs", vmirs::reconcile(obj, ctx)).await
+            },
+            error_policy_for("vmirs"),
+            ctx.clone(),
+        )
+        .for_each(|r| {
+            if let Err(e) = r {
+                tracing::debug!("vmirs controller: {e}");
+            }
+            future::ready(())
+        });
+    let vm_ctrl = Controller::new(vm_api, watcher::Config::default())
+        .owns_stream(vmi_stream_for_vm)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            |obj, ctx: Arc<Context>| async move {
+                let c = ctx.clone();
+                instrumented(&c, "vm", vm::reconcile(obj, ctx)).await
+            },
+            error_policy_for("vm"),
+            ctx.clone(),
+        )
+        .for_each(|r| {
+            if let Err(e) = r {
+                tracing::debug!("vm controller: {e}");
+            }
+            future::ready(())
+        });
+
+    let ready_flag = ready.clone();
+    let (pods_r, presets_r, vmis_r) = (pods.clone(), presets.clone(), vmis.clone());
+    let readiness = async move {
+        let _ = pods_r.wait_until_ready().await;
+        let _ = presets_r.wait_until_ready().await;
+        let _ = vmis_r.wait_until_ready().await;
+        ready_flag.store(true, Ordering::SeqCst);
+        tracing::info!("caches filled; controllers running");
+    };
+    tokio::join!(vmi_ctrl, rs_ctrl, vm_ctrl, readiness);
+    preset_task.abort();
+    ready.store(false, Ordering::SeqCst);
+}
+
+/// Object name and namespace, or an error.
+pub fn name_ns<K: Resource>(obj: &K) -> Result<(String, String), Error> {
+    let name = obj.meta().name.clone().ok_or(Error::MissingMeta("name"))?;
+    let ns = obj
+        .meta()
+        .namespace
+        .clone()
+        .ok_or(Error::MissingMeta("namespace"))?;
+    Ok((name, ns))
+}
+
+/// Convert a finalizer helper error.
+pub fn finalizer_err(e: kube::runtime::finalizer::Error<Error>) -> Error {
+    use kube::runtime::finalizer::Error as F;
+    match e {
+        F::ApplyFailed(e) | F::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    }
+}
+
+/// Labels of an object as a reference (convenience re-export for the sub-modules).
+pub fn labels_of<K: ResourceExt>(obj: &K) -> &std::collections::BTreeMap<String, String> {
+    obj.labels()
+}

@@ -1,0 +1,222 @@
+//! VMI reconciler: presets on first sight, one launcher pod, status from the pod, graceful
+//! deletion through a finalizer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use microvirt_crds::vmi::ANNOTATION_PRESETS_APPLIED;
+use microvirt_crds::VirtualMachineInstance;
+use serde_json::json;
+
+use super::{finalizer_err, is_not_found, name_ns, Context, Error};
+use crate::config::FIELD_MANAGER;
+use crate::pod::{desired_pod, pod_belongs_to, pod_name};
+use crate::{preset, status};
+
+/// Finalizer on every VMI: the launcher pod is stopped before the VMI goes away.
+pub const FINALIZER: &str = "microvirt.io/launcher-pod";
+
+/// Reconcile one VMI.
+pub async fn reconcile(vmi: Arc<VirtualMachineInstance>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let (_, ns) = name_ns(&*vmi)?;
+    let api: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, vmi, |event| async {
+        match event {
+            FinalizerEvent::Apply(vmi) => apply(vmi, &ctx, &api).await,
+            FinalizerEvent::Cleanup(vmi) => cleanup(vmi, &ctx).await,
+        }
+    })
+    .await
+    .map_err(finalizer_err)
+}
+
+async fn apply(
+    vmi: Arc<VirtualMachineInstance>,
+    ctx: &Context,
+    api: &Api<VirtualMachineInstance>,
+) -> Result<Action, Error> {
+    let (name, ns) = name_ns(&*vmi)?;
+
+    // 1. Presets, once, before the first status write (afterwards the spec is immutable).
+    if vmi.status.is_none() && !vmi.annotations().contains_key(ANNOTATION_PRESETS_APPLIED) {
+        let candidates: Vec<_> = ctx
+            .presets
+            .state()
+            .into_iter()
+            .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
+            .collect();
+        let matched = preset::matching(candidates.iter().map(|p| p.as_ref()), vmi.labels());
+        if !matched.is_empty() {
+            let outcome = preset::apply(&vmi.spec.domain, &matched)?;
+            for (p, field) in &outcome.conflicts {
+                ctx.event(
+                    &*vmi,
+                    EventType::Warning,
+                    "PresetConflict",
+                    "ApplyPreset",
+                    format!("preset {p}: {field} not applied, the VMI already sets a different value"),
+                );
+            }
+            let applied = outcome.applied.join(",");
+            // A merge patch guarded by resourceVersion: the spec seen is the spec merged into.
+            let patch = json!({
+                "metadata": {
+                    "resourceVersion": vmi.resource_version(),
+                    "annotations": { ANNOTATION_PRESETS_APPLIED: applied },
+                },
+                "spec": { "domain": outcome.domain },
+            });
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            ctx.event(
+                &*vmi,
+                EventType::Normal,
+                "PresetsApplied",
+                "ApplyPreset",
+                format!("applied presets: {applied}"),
+            );
+            return Ok(Action::await_change());
+        }
+    }
+
+    // 2. The launcher pod.
+    let pod_key = ObjectRef::<Pod>::new(&pod_name(&name)).within(&ns);
+    let cached = ctx.pods.get(&pod_key);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut pod: Option<Pod> = None;
+    if let Some(p) = cached {
+        if pod_belongs_to(&p, &vmi) {
+            pod = Some((*p).clone());
+        } else {
+            // A pod of an earlier VMI with the same name: remove it, then try again.
+            if p.metadata.deletion_timestamp.is_none() {
+                let dp = DeleteParams {
+                    preconditions: p.uid().map(|uid| Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match pods.delete(&p.name_any(), &dp).await {
+                    Ok(_) => {}
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) if super::is_conflict(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+    }
+    let phase = vmi.phase();
+    if pod.is_none() && phase.is_none_or(|p| p == microvirt_crds::VmiPhase::Pending) {
+        let desired = desired_pod(&vmi, &ctx.config)?;
+        let created = pods
+            .patch(
+                &pod_name(&name),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&desired),
+            )
+            .await?;
+        if pod_belongs_to(&created, &vmi) {
+            ctx.event(
+                &*vmi,
+                EventType::Normal,
+                "SuccessfulCreate",
+                "CreatePod",
+                format!("created launcher pod {}", created.name_any()),
+            );
+            pod = Some(created);
+        } else {
+            // The name is held by an older VMI's pod that the cache did not show yet.
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+    }
+
+    // 3. Status from the pod.
+    let now = Time(Timestamp::now());
+    let desired = status::desired_status(&vmi, pod.as_ref(), &now);
+    if vmi.status.as_ref() != Some(&desired) {
+        let old_phase = vmi.phase();
+        let patch = json!({
+            "apiVersion": "microvirt.io/v1alpha1",
+            "kind": "VirtualMachineInstance",
+            "status": desired,
+        });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+        if let Some(new_phase) = desired.phase.filter(|p| Some(*p) != old_phase) {
+            if let Some(created) = vmi.metadata.creation_timestamp.as_ref() {
+                let since = now.0.duration_since(created.0);
+                let since = Duration::try_from(since).unwrap_or_default();
+                ctx.metrics.phase_entered(new_phase.as_str(), since);
+            }
+            let (type_, note) = match (&desired.reason, &desired.message) {
+                (Some(r), Some(m)) => (EventType::Warning, format!("{new_phase}: {r}: {m}")),
+                (Some(r), None) => (EventType::Warning, format!("{new_phase}: {r}")),
+                _ => (EventType::Normal, format!("VMI is {new_phase}")),
+            };
+            let type_ = if new_phase == microvirt_crds::VmiPhase::Failed {
+                type_
+            } else {
+                EventType::Normal
+            };
+            ctx.event(&*vmi, type_, new_phase.as_str(), "UpdateStatus", note);
+        }
+    }
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Deletion: stop the launcher pod gracefully; the finalizer goes once the pod is gone.
+async fn cleanup(vmi: Arc<VirtualMachineInstance>, ctx: &Context) -> Result<Action, Error> {
+    let (name, ns) = name_ns(&*vmi)?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let pname = pod_name(&name);
+    let Some(pod) = pods.get_opt(&pname).await? else {
+        return Ok(Action::await_change());
+    };
+    if !pod_belongs_to(&pod, &vmi) {
+        return Ok(Action::await_change());
+    }
+    if pod.metadata.deletion_timestamp.is_none() {
+        let dp = DeleteParams {
+            grace_period_seconds: vmi
+                .spec
+                .termination_grace_period_seconds
+                .and_then(|s| u32::try_from(s).ok()),
+            preconditions: pod.uid().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match pods.delete(&pname, &dp).await {
+            Ok(_) => ctx.event(
+                &*vmi,
+                EventType::Normal,
+                "Stopping",
+                "DeletePod",
+                format!("deleting launcher pod {pname}"),
+            ),
+            Err(e) if is_not_found(&e) => return Ok(Action::await_change()),
+            Err(e) => return Err(e.into()),
+        }
+        // Unscheduled and finished pods are removed at once.
+        if pods.get_opt(&pname).await?.is_none() {
+            return Ok(Action::await_change());
+        }
+    }
+    Err(Error::PodTerminating(pname))
+}

@@ -1,0 +1,116 @@
+//! VMIRS reconciler: converge the number of VMIs to `replicas`, report status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
+use kube::{Api, ResourceExt};
+use microvirt_crds::{VirtualMachineInstance, VirtualMachineInstanceReplicaSet};
+use serde_json::json;
+
+use super::{finalizer_err, is_conflict, is_not_found, name_ns, Context, Error};
+use crate::config::FIELD_MANAGER;
+use crate::replicaset::{new_replica, owned_by, plan};
+
+/// Finalizer on every VMIRS: its VMIs are deleted with it (also without a garbage collector).
+pub const FINALIZER: &str = "microvirt.io/replicas";
+
+/// Reconcile one VMIRS.
+pub async fn reconcile(
+    rs: Arc<VirtualMachineInstanceReplicaSet>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let (_, ns) = name_ns(&*rs)?;
+    let api: Api<VirtualMachineInstanceReplicaSet> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer(&api, FINALIZER, rs, |event| async {
+        match event {
+            FinalizerEvent::Apply(rs) => apply(rs, &ctx, &api).await,
+            FinalizerEvent::Cleanup(rs) => cleanup(rs, &ctx).await,
+        }
+    })
+    .await
+    .map_err(finalizer_err)
+}
+
+fn vmis_in(ctx: &Context, ns: &str) -> Vec<Arc<VirtualMachineInstance>> {
+    ctx.vmis
+        .state()
+        .into_iter()
+        .filter(|v| v.namespace().as_deref() == Some(ns))
+        .collect()
+}
+
+async fn apply(
+    rs: Arc<VirtualMachineInstanceReplicaSet>,
+    ctx: &Context,
+    api: &Api<VirtualMachineInstanceReplicaSet>,
+) -> Result<Action, Error> {
+    let (name, ns) = name_ns(&*rs)?;
+    let vmis = vmis_in(ctx, &ns);
+    let p = plan(&rs, vmis.iter().map(|v| v.as_ref()));
+    let vmi_api: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    for vname in &p.create {
+        match vmi_api.create(&pp, &new_replica(&rs, vname)).await {
+            Ok(_) => ctx.event(
+                &*rs,
+                EventType::Normal,
+                "SuccessfulCreate",
+                "CreateVMI",
+                format!("created VMI {vname}"),
+            ),
+            // Created by an earlier attempt whose answer was lost, or a foreign VMI: the cache
+            // will show it and the next reconcile counts it.
+            Err(e) if is_conflict(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for vname in &p.delete {
+        match vmi_api.delete(vname, &DeleteParams::default()).await {
+            Ok(_) => ctx.event(
+                &*rs,
+                EventType::Normal,
+                "SuccessfulDelete",
+                "DeleteVMI",
+                format!("deleted VMI {vname}"),
+            ),
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if rs.status.as_ref() != Some(&p.status) {
+        let patch = json!({
+            "apiVersion": "microvirt.io/v1alpha1",
+            "kind": "VirtualMachineInstanceReplicaSet",
+            "status": p.status,
+        });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+async fn cleanup(rs: Arc<VirtualMachineInstanceReplicaSet>, ctx: &Context) -> Result<Action, Error> {
+    let (_, ns) = name_ns(&*rs)?;
+    let vmi_api: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
+    for v in vmis_in(ctx, &ns) {
+        if owned_by(&v, &rs) && v.metadata.deletion_timestamp.is_none() {
+            match vmi_api.delete(&v.name_any(), &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(Action::await_change())
+}

@@ -1,0 +1,120 @@
+//! A tiny HTTP endpoint: `/metrics` (Prometheus text), `/healthz` (process alive), `/readyz`
+//! (caches filled, or standing by for leadership).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::metrics::Metrics;
+
+/// Errors of the HTTP endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// Binding the listen address failed.
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// The response for a request line's path: (status line, content type, body).
+pub fn respond(path: &str, metrics: &Metrics, ready: bool) -> (&'static str, &'static str, String) {
+    let path = path.split('?').next().unwrap_or("");
+    match path {
+        "/metrics" => (
+            "200 OK",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.encode(),
+        ),
+        "/healthz" | "/livez" => ("200 OK", "text/plain", "ok\n".into()),
+        "/readyz" if ready => ("200 OK", "text/plain", "ok\n".into()),
+        "/readyz" => (
+            "503 Service Unavailable",
+            "text/plain",
+            "caches not filled yet\n".into(),
+        ),
+        _ => ("404 Not Found", "text/plain", "not found\n".into()),
+    }
+}
+
+async fn serve_one(mut sock: TcpStream, metrics: Arc<Metrics>, ready: Arc<AtomicBool>) {
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    // Read until the end of the request head or the buffer is full.
+    while n < buf.len() {
+        match sock.read(&mut buf[n..]).await {
+            Ok(0) | Err(_) => break,
+            Ok(k) => {
+                n += k;
+                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+        }
+    }
+    let head = String::from_utf8_lossy(&buf[..n]);
+    let mut parts = head.lines().next().unwrap_or("").split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, ctype, body) = if method == "GET" || method == "HEAD" {
+        respond(path, &metrics, ready.load(Ordering::SeqCst))
+    } else {
+        ("405 Method Not Allowed", "text/plain", "GET only\n".into())
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = sock.write_all(head.as_bytes()).await;
+    if method != "HEAD" {
+        let _ = sock.write_all(body.as_bytes()).await;
+    }
+    let _ = sock.shutdown().await;
+}
+
+/// Bind `addr`; returns the bound address and a future serving forever.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+) -> Result<(SocketAddr, impl std::future::Future<Output = ()>), HttpError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| HttpError::Bind { addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| HttpError::Bind { addr, source })?;
+    let fut = async move {
+        loop {
+            match listener.accept().await {
+                Ok((sock, _)) => {
+                    tokio::spawn(serve_one(sock, metrics.clone(), ready.clone()));
+                }
+                Err(e) => tracing::warn!("accept: {e}"),
+            }
+        }
+    };
+    Ok((local, fut))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        let m = Metrics::new();
+        assert_eq!(respond("/healthz", &m, false).0, "200 OK");
+        assert_eq!(respond("/readyz", &m, false).0, "503 Service Unavailable");
+        assert_eq!(respond("/readyz", &m, true).0, "200 OK");
+        assert_eq!(respond("/nope", &m, true).0, "404 Not Found");
+        let (s, _, body) = respond("/metrics", &m, true);
+        assert_eq!(s, "200 OK");
+        assert!(body.ends_with("# EOF\n"), "{body}");
+    }
+}

@@ -1,0 +1,13 @@
+//! microvirt's operator: kube-rs controllers mapping the `microvirt.io` CRDs onto virt-launcher pods.
+
+pub mod config;
+pub mod controller;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod pod;
+pub mod preset;
+pub mod replicaset;
+pub mod selector;
+pub mod status;
+pub mod virtualmachine;

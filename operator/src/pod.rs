@@ -1,0 +1,402 @@
+//! The launcher pod a VMI runs in (pure: no API calls). The contract is documented in
+//! `docs/launcher-pod.md`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
+    EnvVar, ExecAction, HostPathVolumeSource, ImageVolumeSource, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe, ResourceRequirements, SecurityContext,
+    Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::{Resource, ResourceExt};
+use microvirt_crds::quantity::{self, format_bytes, QuantityError};
+use microvirt_crds::vmi::{
+    PullPolicy, VirtualMachineInstance, ANNOTATION_VMI_UID, LABEL_VMI_NAME,
+};
+use serde::Serialize;
+
+use crate::config::{Config, KvmMode, KVM_RESOURCE};
+
+/// Annotation carrying the VMI document the launcher reads (through the downward API).
+pub const ANNOTATION_VMI_SPEC: &str = "microvirt.io/vmi-spec";
+/// Optional pod annotation with the guest boot time in ms (set by a node agent, never by the
+/// launcher, which has no API credentials).
+pub const ANNOTATION_BOOT_TIME_MS: &str = "microvirt.io/boot-time-ms";
+/// Name of the launcher container.
+pub const COMPUTE_CONTAINER: &str = "compute";
+/// Directory holding runtime files of the launcher.
+pub const RUNTIME_DIR: &str = "/var/run/microvirt";
+/// Where the VMI document is mounted.
+pub const VMI_DIR: &str = "/var/run/microvirt/vmi";
+/// File name of the VMI document inside [`VMI_DIR`].
+pub const VMI_FILE: &str = "vmi.json";
+/// Termination message path of the launcher container.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+/// Label on every launcher pod.
+pub const LABEL_APP: &str = "app.kubernetes.io/name";
+/// Value of [`LABEL_APP`].
+pub const APP_NAME: &str = "virt-launcher";
+/// Label saying who manages the pod.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// Why a launcher pod cannot be built for a VMI.
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    /// The VMI has no name, namespace or uid (not read from the API).
+    #[error("VMI has no {0} (not read from the API server?)")]
+    MissingMeta(&'static str),
+    /// Guest memory is not a usable quantity.
+    #[error("guest memory: {0}")]
+    Memory(#[from] QuantityError),
+    /// The VMI document could not be serialized.
+    #[error("serializing the VMI document: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// The document handed to the launcher at `/var/run/microvirt/vmi/vmi.json`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LauncherDocument<'a> {
+    /// `microvirt.io/v1alpha1`.
+    pub api_version: &'static str,
+    /// `VirtualMachineInstance`.
+    pub kind: &'static str,
+    /// name, namespace, uid.
+    pub metadata: LauncherMeta<'a>,
+    /// The VMI spec (presets already applied).
+    pub spec: &'a microvirt_crds::VirtualMachineInstanceSpec,
+    /// Guest memory in bytes after defaulting.
+    pub guest_memory_bytes: u64,
+    /// vCPU count after defaulting.
+    pub vcpus: u32,
+}
+
+/// Identity of the VMI inside [`LauncherDocument`].
+#[derive(Serialize)]
+pub struct LauncherMeta<'a> {
+    /// VMI name.
+    pub name: &'a str,
+    /// VMI namespace.
+    pub namespace: &'a str,
+    /// VMI uid.
+    pub uid: &'a str,
+}
+
+/// Name of the launcher pod of a VMI (deterministic, so retries never create a second pod).
+pub fn pod_name(vmi_name: &str) -> String {
+    format!("virt-launcher-{vmi_name}")
+}
+
+/// Guest memory in bytes: `domain.memory.guest`, else `domain.resources.requests.memory`, else
+/// the configured default.
+pub fn guest_memory_bytes(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<u64, PodError> {
+    match vmi.spec.guest_memory() {
+        Some(q) => Ok(quantity::parse_bytes(&q.0)?),
+        None => Ok(cfg.default_guest_memory),
+    }
+}
+
+fn pull_policy(p: Option<PullPolicy>) -> Option<String> {
+    p.map(|p| {
+        match p {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+        .to_string()
+    })
+}
+
+/// Mount path of a containerDisk volume's image.
+pub fn container_disk_dir(volume: &str) -> String {
+    format!("{RUNTIME_DIR}/container-disks/{volume}")
+}
+
+/// Mount path of a persistentVolumeClaim volume (the disk is `disk.img` inside).
+pub fn pvc_dir(volume: &str) -> String {
+    format!("{RUNTIME_DIR}/pvcs/{volume}")
+}
+
+/// Mount path of an emptyDisk volume (the launcher creates `disk.img` inside).
+pub fn empty_disk_dir(volume: &str) -> String {
+    format!("{RUNTIME_DIR}/empty-disks/{volume}")
+}
+
+/// Mount path of the kernel boot image.
+pub const KERNEL_BOOT_DIR: &str = "/var/run/microvirt/kernel-boot";
+
+/// The launcher pod for a VMI.
+pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, PodError> {
+    let name = vmi.metadata.name.as_deref().ok_or(PodError::MissingMeta("name"))?;
+    let namespace = vmi
+        .metadata
+        .namespace
+        .as_deref()
+        .ok_or(PodError::MissingMeta("namespace"))?;
+    let uid = vmi.metadata.uid.as_deref().ok_or(PodError::MissingMeta("uid"))?;
+    let owner = vmi
+        .controller_owner_ref(&())
+        .ok_or(PodError::MissingMeta("uid"))?;
+
+    let guest_memory = guest_memory_bytes(vmi, cfg)?;
+    let vcpus = vmi.spec.vcpus().max(1);
+    let doc = LauncherDocument {
+        api_version: "microvirt.io/v1alpha1",
+        kind: "VirtualMachineInstance",
+        metadata: LauncherMeta {
+            name,
+            namespace,
+            uid,
+        },
+        spec: &vmi.spec,
+        guest_memory_bytes: guest_memory,
+        vcpus,
+    };
+    let doc_json = serde_json::to_string(&doc)?;
+
+    // Labels: the VMI's own (so Services can select launcher pods) plus ours.
+    let mut labels: BTreeMap<String, String> = vmi.labels().clone();
+    labels.insert(LABEL_VMI_NAME.into(), name.into());
+    labels.insert(LABEL_APP.into(), APP_NAME.into());
+    labels.insert(LABEL_MANAGED_BY.into(), crate::config::FIELD_MANAGER.into());
+    let annotations = BTreeMap::from([
+        (ANNOTATION_VMI_UID.to_string(), uid.to_string()),
+        (ANNOTATION_VMI_SPEC.to_string(), doc_json),
+    ]);
+
+    // Memory: guest + launcher overhead; the limit equals the request so the pod is not
+    // evicted before others under memory pressure.
+    let pod_memory = guest_memory.saturating_add(cfg.launcher_memory_overhead);
+    let cpu_request = format!(
+        "{}m",
+        u64::from(vcpus) * u64::from(cfg.cpu_request_millis_per_vcpu)
+    );
+    let mut requests = BTreeMap::from([
+        ("memory".to_string(), Quantity(format_bytes(pod_memory))),
+        ("cpu".to_string(), Quantity(cpu_request)),
+    ]);
+    let mut limits = BTreeMap::from([("memory".to_string(), Quantity(format_bytes(pod_memory)))]);
+    if let Some(res) = &vmi.spec.domain.resources {
+        if let Some(cpu) = res.requests.as_ref().and_then(|r| r.get("cpu")) {
+            requests.insert("cpu".into(), cpu.clone());
+        }
+        if let Some(cpu) = res.limits.as_ref().and_then(|l| l.get("cpu")) {
+            limits.insert("cpu".into(), cpu.clone());
+        }
+    }
+
+    let mut volumes = vec![
+        Volume {
+            name: "vmi".into(),
+            downward_api: Some(DownwardAPIVolumeSource {
+                items: Some(vec![DownwardAPIVolumeFile {
+                    path: VMI_FILE.into(),
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: format!("metadata.annotations['{ANNOTATION_VMI_SPEC}']"),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "runtime".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+    ];
+    let mut mounts = vec![
+        VolumeMount {
+            name: "runtime".into(),
+            mount_path: RUNTIME_DIR.into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "vmi".into(),
+            mount_path: VMI_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+    ];
+
+    match cfg.kvm_mode {
+        KvmMode::DevicePlugin => {
+            limits.insert(KVM_RESOURCE.into(), Quantity("1".into()));
+            requests.insert(KVM_RESOURCE.into(), Quantity("1".into()));
+        }
+        KvmMode::HostPath => {
+            for (vol, path) in [("dev-kvm", "/dev/kvm"), ("dev-net-tun", "/dev/net/tun")] {
+                volumes.push(Volume {
+                    name: vol.into(),
+                    host_path: Some(HostPathVolumeSource {
+                        path: path.into(),
+                        type_: Some("CharDevice".into()),
+                    }),
+                    ..Default::default()
+                });
+                mounts.push(VolumeMount {
+                    name: vol.into(),
+                    mount_path: path.into(),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+
+    for (i, v) in vmi.spec.volumes.iter().enumerate() {
+        let vol_name = format!("vol-{i}");
+        if let Some(cd) = &v.container_disk {
+            volumes.push(Volume {
+                name: vol_name.clone(),
+                image: Some(ImageVolumeSource {
+                    reference: Some(cd.image.clone()),
+                    pull_policy: pull_policy(cd.image_pull_policy),
+                }),
+                ..Default::default()
+            });
+            mounts.push(VolumeMount {
+                name: vol_name,
+                mount_path: container_disk_dir(&v.name),
+                read_only: Some(true),
+                ..Default::default()
+            });
+        } else if let Some(pvc) = &v.persistent_volume_claim {
+            volumes.push(Volume {
+                name: vol_name.clone(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: pvc.claim_name.clone(),
+                    read_only: pvc.read_only,
+                }),
+                ..Default::default()
+            });
+            mounts.push(VolumeMount {
+                name: vol_name,
+                mount_path: pvc_dir(&v.name),
+                read_only: pvc.read_only,
+                ..Default::default()
+            });
+        } else if let Some(ed) = &v.empty_disk {
+            volumes.push(Volume {
+                name: vol_name.clone(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    size_limit: Some(ed.capacity.clone()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+            mounts.push(VolumeMount {
+                name: vol_name,
+                mount_path: empty_disk_dir(&v.name),
+                ..Default::default()
+            });
+        }
+        // cloudInitNoCloud: the data is in the VMI document; the launcher builds the seed disk.
+    }
+    if let Some(kc) = vmi
+        .spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
+        .and_then(|k| k.container.as_ref())
+    {
+        volumes.push(Volume {
+            name: "kernel-boot".into(),
+            image: Some(ImageVolumeSource {
+                reference: Some(kc.image.clone()),
+                pull_policy: pull_policy(kc.image_pull_policy),
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: "kernel-boot".into(),
+            mount_path: KERNEL_BOOT_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+
+    let container = Container {
+        name: COMPUTE_CONTAINER.into(),
+        image: Some(cfg.launcher_image.clone()),
+        command: Some(vec!["virt-launcher".into(), "pod".into()]),
+        env: Some(vec![EnvVar {
+            name: "MICROVIRT_VMI_FILE".into(),
+            value: Some(format!("{VMI_DIR}/{VMI_FILE}")),
+            ..Default::default()
+        }]),
+        resources: Some(ResourceRequirements {
+            requests: Some(requests),
+            limits: Some(limits),
+            ..Default::default()
+        }),
+        readiness_probe: Some(Probe {
+            exec: Some(ExecAction {
+                command: Some(vec![
+                    "virt-launcher".into(),
+                    "probe".into(),
+                    "ready".into(),
+                ]),
+            }),
+            period_seconds: Some(1),
+            timeout_seconds: Some(1),
+            failure_threshold: Some(1),
+            success_threshold: Some(1),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            privileged: Some(false),
+            allow_privilege_escalation: Some(false),
+            run_as_user: Some(0),
+            capabilities: Some(Capabilities {
+                add: Some(vec!["NET_ADMIN".into()]),
+                drop: Some(vec!["ALL".into()]),
+            }),
+            ..Default::default()
+        }),
+        termination_message_path: Some(TERMINATION_LOG.into()),
+        termination_message_policy: Some("File".into()),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(pod_name(name)),
+            namespace: Some(namespace.into()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![container],
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            termination_grace_period_seconds: Some(
+                vmi.spec.termination_grace_period_seconds.unwrap_or(30),
+            ),
+            node_selector: vmi.spec.node_selector.clone(),
+            tolerations: vmi.spec.tolerations.clone(),
+            affinity: vmi.spec.affinity.clone(),
+            volumes: Some(volumes),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+/// Whether `pod` belongs to this VMI (same uid in the annotation or owner reference).
+pub fn pod_belongs_to(pod: &Pod, vmi: &VirtualMachineInstance) -> bool {
+    let Some(uid) = vmi.meta().uid.as_deref() else {
+        return false;
+    };
+    pod.annotations().get(ANNOTATION_VMI_UID).map(String::as_str) == Some(uid)
+        || pod.owner_references().iter().any(|o| o.uid == uid)
+}

@@ -1,0 +1,275 @@
+//! VMI status derived from its launcher pod (pure: no API calls).
+//!
+//! | pod                                                   | VMI phase  |
+//! |-------------------------------------------------------|------------|
+//! | none yet                                              | Pending    |
+//! | created, no `spec.nodeName`                           | Scheduling |
+//! | node assigned, compute container not running          | Scheduled  |
+//! | compute container running                             | Running    |
+//! | pod Succeeded, or compute container exited 0          | Succeeded  |
+//! | pod Failed, or compute container exited non-zero      | Failed     |
+//! | pod phase Unknown                                     | Unknown    |
+//! | pod gone after the VMI got past Pending               | Failed     |
+//!
+//! Ready comes from the pod's Ready condition (readiness probe = guest booted). `bootTimeMs` comes
+//! from a `bootTimeMs=<n>` line of the launcher's termination message, or from the pod annotation
+//! `microvirt.io/boot-time-ms` when a node agent sets one.
+
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use microvirt_crds::vmi::{
+    InterfaceStatus, PhaseTransitionTimestamp, VirtualMachineInstance,
+    VirtualMachineInstanceStatus, VmiCondition, VmiPhase,
+};
+
+use crate::pod::{ANNOTATION_BOOT_TIME_MS, COMPUTE_CONTAINER};
+
+/// Reason set when the launcher pod disappeared under a started VMI.
+pub const REASON_POD_GONE: &str = "LauncherPodGone";
+
+/// The terminated state of the compute container, if it has terminated.
+fn compute_terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == COMPUTE_CONTAINER)?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()
+}
+
+fn compute_running(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == COMPUTE_CONTAINER))
+        .and_then(|c| c.state.as_ref())
+        .is_some_and(|s| s.running.is_some())
+}
+
+/// First line of a termination message, trimmed and capped at 256 bytes.
+pub fn termination_reason(message: &str) -> Option<String> {
+    let line = message.lines().next()?.trim();
+    if line.is_empty() {
+        return None;
+    }
+    let mut end = line.len().min(256);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(line[..end].to_string())
+}
+
+/// `bootTimeMs=<n>` from any line of a termination message.
+pub fn termination_boot_time_ms(message: &str) -> Option<u64> {
+    message
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("bootTimeMs="))
+        .find_map(|v| v.trim().parse().ok())
+}
+
+/// Phase, reason and message from the pod.
+pub fn pod_phase(pod: &Pod) -> (VmiPhase, Option<String>, Option<String>) {
+    let pod_phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let term = compute_terminated(pod);
+    let term_msg = term.and_then(|t| t.message.as_deref()).unwrap_or("");
+    let term_reason = termination_reason(term_msg);
+    match (pod_phase, term) {
+        (_, Some(t)) if t.exit_code == 0 => (VmiPhase::Succeeded, None, term_reason),
+        (_, Some(t)) => (
+            VmiPhase::Failed,
+            Some(format!("LauncherExited{}", t.exit_code)),
+            term_reason.or_else(|| t.reason.clone()),
+        ),
+        (Some("Succeeded"), None) => (VmiPhase::Succeeded, None, None),
+        (Some("Failed"), None) => (
+            VmiPhase::Failed,
+            Some(
+                pod.status
+                    .as_ref()
+                    .and_then(|s| s.reason.clone())
+                    .unwrap_or_else(|| "PodFailed".into()),
+            ),
+            pod.status.as_ref().and_then(|s| s.message.clone()),
+        ),
+        (Some("Unknown"), None) => (VmiPhase::Unknown, None, None),
+        _ if compute_running(pod) => (VmiPhase::Running, None, None),
+        _ if pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .is_some_and(|n| !n.is_empty()) =>
+        {
+            (VmiPhase::Scheduled, None, None)
+        }
+        _ => (VmiPhase::Scheduling, None, None),
+    }
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True")
+}
+
+/// Set or update a condition, keeping `lastTransitionTime` when the status did not change.
+fn set_condition(
+    conditions: &mut Vec<VmiCondition>,
+    old: &[VmiCondition],
+    type_: &str,
+    status: bool,
+    reason: &str,
+    now: &Time,
+) {
+    let status_s = if status { "True" } else { "False" };
+    let prev = old.iter().find(|c| c.type_ == type_);
+    let last_transition_time = match prev {
+        Some(p) if p.status == status_s => p.last_transition_time.clone(),
+        _ => Some(now.clone()),
+    };
+    conditions.push(VmiCondition {
+        type_: type_.into(),
+        status: status_s.into(),
+        reason: Some(reason.into()),
+        message: None,
+        last_transition_time,
+    });
+}
+
+/// The status a VMI should have, given its launcher pod (`None` when there is none) and `now`.
+///
+/// Pure and idempotent: called again with the same inputs it returns the same status, so the
+/// reconciler only writes when something changed.
+pub fn desired_status(
+    vmi: &VirtualMachineInstance,
+    pod: Option<&Pod>,
+    now: &Time,
+) -> VirtualMachineInstanceStatus {
+    let old = vmi.status.clone().unwrap_or_default();
+    let old_phase = old.phase;
+
+    // A final phase never changes again.
+    if let Some(p) = old_phase.filter(|p| p.is_final()) {
+        let mut st = old.clone();
+        st.phase = Some(p);
+        let mut conds = Vec::new();
+        set_condition(&mut conds, &old.conditions, "Ready", false, "VMIFinished", now);
+        set_condition(&mut conds, &old.conditions, "Paused", false, "NotPaused", now);
+        st.conditions = conds;
+        if let Some(pod) = pod {
+            if st.boot_time_ms.is_none() {
+                st.boot_time_ms = boot_time_ms(pod);
+            }
+        }
+        return st;
+    }
+
+    let (phase, reason, message, ready, node, interfaces, launcher, boot) = match pod {
+        None => {
+            if old_phase.is_some_and(|p| p != VmiPhase::Pending) {
+                (
+                    VmiPhase::Failed,
+                    Some(REASON_POD_GONE.to_string()),
+                    Some("the launcher pod was deleted".to_string()),
+                    false,
+                    old.node_name.clone(),
+                    old.interfaces.clone(),
+                    old.launcher_pod.clone(),
+                    old.boot_time_ms,
+                )
+            } else {
+                (VmiPhase::Pending, None, None, false, None, vec![], None, None)
+            }
+        }
+        Some(pod) => {
+            let (phase, reason, message) = pod_phase(pod);
+            let ready = phase == VmiPhase::Running && pod_ready(pod);
+            let node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .filter(|n| !n.is_empty());
+            let ps = pod.status.as_ref();
+            let ip = ps.and_then(|s| s.pod_ip.clone()).filter(|ip| !ip.is_empty());
+            let ips: Vec<String> = ps
+                .and_then(|s| s.pod_ips.as_ref())
+                .map(|v| v.iter().map(|p| p.ip.clone()).collect())
+                .unwrap_or_default();
+            let iface_spec = vmi
+                .spec
+                .domain
+                .devices
+                .as_ref()
+                .and_then(|d| d.interfaces.first());
+            let interfaces = if ip.is_some() || iface_spec.is_some() {
+                vec![InterfaceStatus {
+                    name: iface_spec.map(|i| i.name.clone()),
+                    ip_address: ip,
+                    ip_addresses: ips,
+                    mac: iface_spec.and_then(|i| i.mac_address.clone()),
+                }]
+            } else {
+                vec![]
+            };
+            (
+                phase,
+                reason,
+                message,
+                ready,
+                node,
+                interfaces,
+                Some(pod.name_any()),
+                boot_time_ms(pod).or(old.boot_time_ms),
+            )
+        }
+    };
+
+    let mut transitions = old.phase_transition_timestamps.clone();
+    if old_phase != Some(phase) || transitions.is_empty() {
+        transitions.push(PhaseTransitionTimestamp {
+            phase,
+            phase_transition_timestamp: now.clone(),
+        });
+    }
+    let mut conditions = Vec::new();
+    set_condition(
+        &mut conditions,
+        &old.conditions,
+        "Ready",
+        ready,
+        if ready { "GuestBooted" } else { "GuestNotReady" },
+        now,
+    );
+    // Paused is reported as False: microvirt has no pause API yet.
+    set_condition(&mut conditions, &old.conditions, "Paused", false, "NotPaused", now);
+
+    VirtualMachineInstanceStatus {
+        phase: Some(phase),
+        reason,
+        message,
+        conditions,
+        phase_transition_timestamps: transitions,
+        node_name: node,
+        interfaces,
+        launcher_pod: launcher,
+        boot_time_ms: boot,
+    }
+}
+
+/// Boot time from the pod: termination message line `bootTimeMs=<n>`, else the annotation.
+pub fn boot_time_ms(pod: &Pod) -> Option<u64> {
+    compute_terminated(pod)
+        .and_then(|t| t.message.as_deref())
+        .and_then(termination_boot_time_ms)
+        .or_else(|| {
+            pod.annotations()
+                .get(ANNOTATION_BOOT_TIME_MS)
+                .and_then(|v| v.trim().parse().ok())
+        })
+}

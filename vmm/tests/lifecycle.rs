@@ -1,0 +1,89 @@
+//! The lifecycle through the library API on a real VM: build paused, resume,
+//! pause/resume (kicking vCPUs out of KVM_RUN), refused transitions, stop.
+
+mod common;
+use common::guest;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vmm::builder::RunTimings;
+use vmm::devices::legacy::serial::SerialOut;
+use vmm::lifecycle::VmState;
+use vmm::{Action, BuildOptions, ExitReason, SerialConfig, VmConfig, Vmm};
+
+fn wait_for(buf: &Arc<Mutex<Vec<u8>>>, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&buf.lock().unwrap()).contains(text) {
+        assert!(Instant::now() < deadline, "guest never printed {text:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn pause_resume_ctrl_alt_del_and_stop() {
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let mut cfg = VmConfig::new(&guest().pvh);
+    cfg.vcpus = 2;
+    cfg.serial = SerialConfig::None;
+    cfg.cmdline = Some("testguest.scenario=halt-forever".into());
+    let (boot_tx, boot_rx) = std::sync::mpsc::channel();
+    let opts = BuildOptions {
+        serial_out: Some(SerialOut::Buffer(out.clone())),
+        boot_notify: Some(boot_tx),
+        ..Default::default()
+    };
+    let vmm = Vmm::build(&cfg, opts).expect("build");
+    assert!(vmm.cmdline().ends_with("testguest.scenario=halt-forever"));
+    let ctl = vmm.controller();
+    // Nothing runs before run(): the VM is built paused.
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(out.lock().unwrap().is_empty(), "guest ran before resume");
+    let vm_thread = std::thread::spawn(move || vmm.run());
+
+    let booted = boot_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("boot-timer event");
+    assert!(booted.wall_us > 0);
+    wait_for(&out, "halting");
+
+    // Pause while the vCPUs sit halted inside KVM_RUN: they must be kicked out.
+    assert_eq!(ctl.request(Action::Pause), Ok(VmState::Paused));
+    assert!(ctl
+        .request(Action::Pause)
+        .unwrap_err()
+        .contains("cannot go from paused to paused"));
+    assert!(ctl
+        .request(Action::CtrlAltDel)
+        .unwrap_err()
+        .contains("paused"));
+    assert_eq!(ctl.request(Action::Resume), Ok(VmState::Running));
+    assert_eq!(ctl.request(Action::Pause), Ok(VmState::Paused));
+    assert_eq!(ctl.request(Action::Resume), Ok(VmState::Running));
+    // The halted guest ignores Ctrl-Alt-Del; the request itself is accepted.
+    assert_eq!(ctl.request(Action::CtrlAltDel), Ok(VmState::Running));
+    assert_eq!(ctl.request(Action::Stop), Ok(VmState::Stopped));
+
+    let (reason, timings): (ExitReason, RunTimings) = vm_thread.join().unwrap().expect("run");
+    assert_eq!(reason, ExitReason::Stopped);
+    assert_eq!(timings.boot_timer.map(|b| b.wall_us), Some(booted.wall_us));
+    assert!(timings.build_us > 0);
+    // The VMM thread is gone: further requests fail cleanly.
+    assert!(ctl.request(Action::Resume).is_err());
+    let text = String::from_utf8_lossy(&out.lock().unwrap()).to_string();
+    assert!(text.contains("cpus: 2/2"), "{text}");
+}
+
+#[test]
+fn guest_reset_ends_run_with_reset() {
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let mut cfg = VmConfig::new(&guest().linux64);
+    cfg.serial = SerialConfig::None;
+    let opts = BuildOptions {
+        serial_out: Some(SerialOut::Buffer(out.clone())),
+        ..Default::default()
+    };
+    let (reason, _) = Vmm::build(&cfg, opts).unwrap().run().unwrap();
+    assert_eq!(reason, ExitReason::GuestReset);
+    assert!(String::from_utf8_lossy(&out.lock().unwrap()).contains("boot-timer: written"));
+}

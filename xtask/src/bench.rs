@@ -1,0 +1,268 @@
+//! `cargo xtask bench`: the VMM's own benchmarks on this machine's /dev/kvm,
+//! with the test guest (release build of `microvm`).
+//!
+//! - process spawn -> first guest instruction (the guest's POST-code write at
+//!   its entry point) and -> boot-timer write;
+//! - VMM memory overhead: RSS of the process minus the guest-RAM mapping's
+//!   resident pages (Firecracker's method), 1 vCPU, 128 MiB, guest idle;
+//! - boots per second, sequential and with 2 in parallel.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc_timespec::default();
+    // SAFETY: clock_gettime writes into the struct we own; CLOCK_MONOTONIC is valid.
+    unsafe { clock_gettime(1, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct libc_timespec {
+    tv_sec: i64,
+    tv_nsec: i64,
+}
+
+extern "C" {
+    fn clock_gettime(clk: i32, ts: *mut libc_timespec) -> i32;
+}
+
+pub fn build_release_microvm(root: &Path) -> Result<PathBuf> {
+    let st = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "vmm", "--bin", "microvm"])
+        .current_dir(root)
+        .status()
+        .context("cargo build --release")?;
+    if !st.success() {
+        bail!("building microvm (release) failed");
+    }
+    Ok(root.join("target/release/microvm"))
+}
+
+fn field(line: &str, key: &str) -> Option<u64> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
+}
+
+struct Sample {
+    to_main_us: u64,
+    to_first_insn_us: u64,
+    to_boot_timer_us: u64,
+    boot_cpu_us: u64,
+    wall_us: u64,
+}
+
+fn one_boot(microvm: &Path, kernel: &Path) -> Result<Sample> {
+    let t0 = monotonic_ns();
+    let started = Instant::now();
+    let out = Command::new(microvm)
+        .args([
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--serial",
+            "none",
+            "--log-level",
+            "debug",
+        ])
+        .env("MICROVM_T0_MONO_NS", t0.to_string())
+        .stdin(Stdio::null())
+        .output()?;
+    let wall_us = started.elapsed().as_micros() as u64;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!("boot failed ({}): {stderr}", out.status);
+    }
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("timings:"))
+        .context("no timings line")?;
+    let to_main = field(line, "spawn-to-main-us").context("spawn-to-main-us")?;
+    Ok(Sample {
+        to_main_us: to_main,
+        to_first_insn_us: to_main
+            + field(line, "first-guest-io-us")
+                .context("first-guest-io-us (guest without POST marker?)")?,
+        to_boot_timer_us: to_main + field(line, "boot-timer-us").context("boot-timer-us")?,
+        boot_cpu_us: field(line, "boot-timer-cpu-us").unwrap_or(0),
+        wall_us,
+    })
+}
+
+fn stats(mut v: Vec<u64>) -> (f64, f64, f64) {
+    v.sort_unstable();
+    let ms = |x: u64| x as f64 / 1000.0;
+    let p = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (ms(v[0]), ms(p(0.5)), ms(p(0.95)))
+}
+
+/// RSS of `pid` split into (total KiB, guest-RAM KiB) using /proc/PID/smaps.
+fn rss_split(pid: u32, guest_kib: u64) -> Result<(u64, u64)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
+    let (mut total, mut guest) = (0u64, 0u64);
+    let mut in_guest = false;
+    for line in smaps.lines() {
+        if let Some(v) = line.strip_prefix("Size:") {
+            let kib: u64 = v.trim().trim_end_matches(" kB").trim().parse().unwrap_or(0);
+            in_guest = kib == guest_kib;
+        } else if let Some(v) = line.strip_prefix("Rss:") {
+            let kib: u64 = v.trim().trim_end_matches(" kB").trim().parse().unwrap_or(0);
+            total += kib;
+            if in_guest {
+                guest += kib;
+            }
+        }
+    }
+    Ok((total, guest))
+}
+
+fn memory_overhead(microvm: &Path, kernel: &Path) -> Result<(u64, u64)> {
+    let mut child = Command::new(microvm)
+        .args([
+            "--kernel",
+            kernel.to_str().unwrap(),
+            "--mem-mib",
+            "128",
+            "--cmdline",
+            "testguest.scenario=halt-forever",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("halting") => break,
+            Some(Ok(_)) => {}
+            _ => {
+                let _ = child.kill();
+                bail!("guest did not reach its idle loop");
+            }
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("timeout waiting for the guest");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let r = rss_split(child.id(), 128 * 1024);
+    let _ = child.kill();
+    let _ = child.wait();
+    r
+}
+
+fn boots_per_second(microvm: &Path, kernel: &Path, total: usize, parallel: usize) -> Result<f64> {
+    let start = Instant::now();
+    let per = total / parallel;
+    let mut handles = Vec::new();
+    for _ in 0..parallel {
+        let (m, k) = (microvm.to_path_buf(), kernel.to_path_buf());
+        handles.push(std::thread::spawn(move || -> Result<()> {
+            for _ in 0..per {
+                let st = Command::new(&m)
+                    .args([
+                        "--kernel",
+                        k.to_str().unwrap(),
+                        "--serial",
+                        "none",
+                        "--log-level",
+                        "warn",
+                    ])
+                    .stdin(Stdio::null())
+                    .status()?;
+                if !st.success() {
+                    bail!("boot failed: {st}");
+                }
+            }
+            Ok(())
+        }));
+    }
+    for h in handles {
+        h.join()
+            .map_err(|_| anyhow::anyhow!("bench thread panicked"))??;
+    }
+    Ok((per * parallel) as f64 / start.elapsed().as_secs_f64())
+}
+
+pub fn main(args: &[String]) -> Result<()> {
+    let runs: usize = args
+        .first()
+        .map(|s| s.parse())
+        .transpose()
+        .context("RUNS")?
+        .unwrap_or(30);
+    let root = crate::workspace_root();
+    let microvm = build_release_microvm(&root)?;
+    let guest = testguest_build::build()?;
+    println!(
+        "microvm bench: {} runs per figure, test guest, 1 vCPU, 128 MiB, serial off",
+        runs
+    );
+    println!(
+        "{:<44} {:>9} {:>9} {:>9}",
+        "figure (ms)", "min", "median", "p95"
+    );
+    for (name, kernel) in [("pvh", &guest.pvh), ("linux64", &guest.linux64)] {
+        let mut samples = Vec::new();
+        one_boot(&microvm, kernel)?; // warm-up
+        for _ in 0..runs {
+            samples.push(one_boot(&microvm, kernel)?);
+        }
+        let rows: [(&str, Vec<u64>); 5] = [
+            (
+                "spawn -> main()",
+                samples.iter().map(|s| s.to_main_us).collect(),
+            ),
+            (
+                "spawn -> first guest instruction",
+                samples.iter().map(|s| s.to_first_insn_us).collect(),
+            ),
+            (
+                "spawn -> boot-timer write",
+                samples.iter().map(|s| s.to_boot_timer_us).collect(),
+            ),
+            (
+                "VMM CPU time build -> boot timer",
+                samples.iter().map(|s| s.boot_cpu_us).collect(),
+            ),
+            (
+                "spawn -> process exit (whole boot)",
+                samples.iter().map(|s| s.wall_us).collect(),
+            ),
+        ];
+        for (label, v) in rows {
+            let (min, med, p95) = stats(v);
+            println!(
+                "{:<44} {:>9.2} {:>9.2} {:>9.2}",
+                format!("[{name}] {label}"),
+                min,
+                med,
+                p95
+            );
+        }
+    }
+    let mut overheads = Vec::new();
+    for _ in 0..5 {
+        let (total, guest_kib) = memory_overhead(&microvm, &guest.pvh)?;
+        overheads.push((total, guest_kib));
+    }
+    overheads.sort_by_key(|(t, g)| t - g);
+    let (total, guest_kib) = overheads[overheads.len() / 2];
+    println!(
+        "memory: RSS {:.2} MiB, guest RAM resident {:.2} MiB, VMM overhead {:.2} MiB (median of 5)",
+        total as f64 / 1024.0,
+        guest_kib as f64 / 1024.0,
+        (total - guest_kib) as f64 / 1024.0
+    );
+    let total_boots = runs.max(2) * 2;
+    let seq = boots_per_second(&microvm, &guest.pvh, total_boots, 1)?;
+    let par = boots_per_second(&microvm, &guest.pvh, total_boots, 2)?;
+    println!("boots/s: sequential {seq:.1}, 2 in parallel {par:.1} ({total_boots} boots each)");
+    Ok(())
+}
