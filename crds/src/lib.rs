@@ -20,7 +20,9 @@ use kube::CustomResourceExt;
 
 pub use preset::{VirtualMachineInstancePreset, VirtualMachineInstancePresetSpec};
 pub use template::{TemplateMeta, VirtualMachineInstanceTemplateSpec};
-pub use vm::{PrintableStatus, RunStrategy, VirtualMachine, VirtualMachineSpec, VirtualMachineStatus};
+pub use vm::{
+    PrintableStatus, RunStrategy, VirtualMachine, VirtualMachineSpec, VirtualMachineStatus,
+};
 pub use vmi::{
     VirtualMachineInstance, VirtualMachineInstanceSpec, VirtualMachineInstanceStatus, VmiPhase,
 };

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::vmi::DomainSpec;
 
+#[allow(clippy::duplicated_attributes)] // repeated printcolumn(...) arguments of #[kube]
 /// Domain defaults applied once to VMIs whose labels match `selector`, when the operator first sees them.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
@@ -22,7 +23,11 @@ use crate::vmi::DomainSpec;
     derive = "PartialEq",
     derive = "Default",
     doc = "Domain defaults for VMIs matching selector, applied when the operator first sees a VMI.",
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineInstancePresetSpec {

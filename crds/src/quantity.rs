@@ -83,7 +83,7 @@ pub fn format_bytes(bytes: u64) -> String {
     const UNITS: [(&str, u32); 4] = [("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)];
     for (suffix, shift) in UNITS {
         let unit = 1u64 << shift;
-        if bytes >= unit && bytes % unit == 0 {
+        if bytes >= unit && bytes.is_multiple_of(unit) {
             return format!("{}{suffix}", bytes / unit);
         }
     }
@@ -111,9 +111,15 @@ mod tests {
         assert!(matches!(parse_bytes(""), Err(QuantityError::Syntax(_))));
         assert!(matches!(parse_bytes("Mi"), Err(QuantityError::Syntax(_))));
         assert!(matches!(parse_bytes("12XB"), Err(QuantityError::Syntax(_))));
-        assert!(matches!(parse_bytes("1.2.3"), Err(QuantityError::Syntax(_))));
+        assert!(matches!(
+            parse_bytes("1.2.3"),
+            Err(QuantityError::Syntax(_))
+        ));
         assert!(matches!(parse_bytes("-1Mi"), Err(QuantityError::Range(_))));
-        assert!(matches!(parse_bytes("99999999Ei"), Err(QuantityError::Range(_))));
+        assert!(matches!(
+            parse_bytes("99999999Ei"),
+            Err(QuantityError::Range(_))
+        ));
     }
 
     #[test]

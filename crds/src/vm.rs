@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::template::VirtualMachineInstanceTemplateSpec;
 
+#[allow(clippy::duplicated_attributes)] // repeated printcolumn(...) arguments of #[kube]
 /// Desired state of a VirtualMachine.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
@@ -22,8 +23,16 @@ use crate::template::VirtualMachineInstanceTemplateSpec;
     derive = "PartialEq",
     derive = "Default",
     doc = "A virtual machine whose VMI the operator creates and deletes according to runStrategy.",
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    printcolumn(name = "Status", type_ = "string", json_path = ".status.printableStatus"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.printableStatus"
+    ),
     printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready")
 )]
 #[x_kube(

@@ -12,7 +12,6 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-
 /// Label key that the operator puts on launcher pods: the owning VMI's name.
 pub const LABEL_VMI_NAME: &str = "microvirt.io/vmi";
 /// Annotation key on launcher pods carrying the owning VMI's uid.
@@ -20,6 +19,7 @@ pub const ANNOTATION_VMI_UID: &str = "microvirt.io/vmi-uid";
 /// Annotation on a VMI listing the presets (namespace/name, comma separated) applied to it.
 pub const ANNOTATION_PRESETS_APPLIED: &str = "microvirt.io/presets-applied";
 
+#[allow(clippy::duplicated_attributes)] // repeated printcolumn(...) arguments of #[kube]
 /// Desired state of a microVM.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::template::VirtualMachineInstanceTemplateSpec;
 
+#[allow(clippy::duplicated_attributes)] // repeated printcolumn(...) arguments of #[kube]
 /// Desired state of a VMI replica set.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
@@ -31,7 +32,11 @@ use crate::template::VirtualMachineInstanceTemplateSpec;
     printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(name = "Current", type_ = "integer", json_path = ".status.replicas"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(
     validation = Rule::new(

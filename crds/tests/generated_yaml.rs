@@ -37,7 +37,11 @@ fn every_crd_has_its_short_name_and_columns() {
             "vmirs",
             &["Desired", "Current", "Ready", "Age"],
         ),
-        ("virtualmachineinstancepresets.microvirt.io", "vmipreset", &["Age"]),
+        (
+            "virtualmachineinstancepresets.microvirt.io",
+            "vmipreset",
+            &["Age"],
+        ),
     ];
     let crds = microvirt_crds::all_crds();
     assert_eq!(crds.len(), want.len());
@@ -45,7 +49,10 @@ fn every_crd_has_its_short_name_and_columns() {
         assert_eq!(crd.metadata.name.as_deref(), Some(*name));
         assert_eq!(crd.spec.group, "microvirt.io");
         let shorts = crd.spec.names.short_names.clone().unwrap_or_default();
-        assert!(shorts.iter().any(|s| s == short), "{name}: short names {shorts:?}");
+        assert!(
+            shorts.iter().any(|s| s == short),
+            "{name}: short names {shorts:?}"
+        );
         let v = &crd.spec.versions[0];
         assert_eq!(v.name, "v1alpha1");
         let cols: Vec<&str> = v
@@ -64,5 +71,8 @@ fn every_crd_has_its_short_name_and_columns() {
     let scale = sub.scale.as_ref().expect("scale subresource");
     assert_eq!(scale.spec_replicas_path, ".spec.replicas");
     assert_eq!(scale.status_replicas_path, ".status.replicas");
-    assert_eq!(scale.label_selector_path.as_deref(), Some(".status.labelSelector"));
+    assert_eq!(
+        scale.label_selector_path.as_deref(),
+        Some(".status.labelSelector")
+    );
 }

@@ -151,7 +151,11 @@ fn obj_name<K: Resource>(obj: &K) -> String {
 }
 
 /// Time a reconcile and count it.
-pub async fn instrumented<F>(ctx: &Context, controller: &'static str, fut: F) -> Result<Action, Error>
+pub async fn instrumented<F>(
+    ctx: &Context,
+    controller: &'static str,
+    fut: F,
+) -> Result<Action, Error>
 where
     F: std::future::Future<Output = Result<Action, Error>>,
 {

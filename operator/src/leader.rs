@@ -208,9 +208,18 @@ mod tests {
     fn decisions() {
         let now = Timestamp::from_second(1000).unwrap();
         assert_eq!(decide(None, "a", now), Decision::Create);
-        assert_eq!(decide(Some(&lease("a", 990, 15)), "a", now), Decision::Renew);
+        assert_eq!(
+            decide(Some(&lease("a", 990, 15)), "a", now),
+            Decision::Renew
+        );
         assert_eq!(decide(Some(&lease("b", 990, 15)), "a", now), Decision::Wait);
-        assert_eq!(decide(Some(&lease("b", 980, 15)), "a", now), Decision::TakeOver);
-        assert_eq!(decide(Some(&lease("", 999, 15)), "a", now), Decision::TakeOver);
+        assert_eq!(
+            decide(Some(&lease("b", 980, 15)), "a", now),
+            Decision::TakeOver
+        );
+        assert_eq!(
+            decide(Some(&lease("", 999, 15)), "a", now),
+            Decision::TakeOver
+        );
     }
 }

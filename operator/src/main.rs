@@ -26,7 +26,12 @@ struct Args {
     #[arg(long, env = "MICROVIRT_LAUNCHER_OVERHEAD", default_value = "32Mi")]
     launcher_memory_overhead: String,
     /// How launcher pods get /dev/kvm and /dev/net/tun.
-    #[arg(long, env = "MICROVIRT_KVM_MODE", value_enum, default_value = "device-plugin")]
+    #[arg(
+        long,
+        env = "MICROVIRT_KVM_MODE",
+        value_enum,
+        default_value = "device-plugin"
+    )]
     kvm_mode: KvmMode,
     /// Guest memory for VMIs that name none (a quantity).
     #[arg(long, default_value = "128Mi")]
@@ -89,8 +94,8 @@ async fn main() -> Result<()> {
         .context("building the Kubernetes client (in-cluster or KUBECONFIG)")?;
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
-    let (addr, server) = microvirt_operator::http::serve(args.metrics_addr, metrics.clone(), ready.clone())
-        .await?;
+    let (addr, server) =
+        microvirt_operator::http::serve(args.metrics_addr, metrics.clone(), ready.clone()).await?;
     tracing::info!("serving /metrics, /healthz, /readyz on {addr}");
     tokio::spawn(server);
 

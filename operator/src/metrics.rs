@@ -115,8 +115,13 @@ mod tests {
         m.reconciled("vmi", Duration::from_millis(5), true);
         m.phase_entered("Running", Duration::from_millis(250));
         let text = m.encode();
-        assert!(text.contains("microvirt_operator_reconciles_total{controller=\"vmi\"} 2"), "{text}");
+        assert!(
+            text.contains("microvirt_operator_reconciles_total{controller=\"vmi\"} 2"),
+            "{text}"
+        );
         assert!(text.contains("microvirt_operator_reconcile_errors_total{controller=\"vmi\"} 1"));
-        assert!(text.contains("microvirt_operator_vmi_phase_transition_seconds_count{phase=\"Running\"} 1"));
+        assert!(text.contains(
+            "microvirt_operator_vmi_phase_transition_seconds_count{phase=\"Running\"} 1"
+        ));
     }
 }

@@ -13,9 +13,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 use microvirt_crds::quantity::{self, format_bytes, QuantityError};
-use microvirt_crds::vmi::{
-    PullPolicy, VirtualMachineInstance, ANNOTATION_VMI_UID, LABEL_VMI_NAME,
-};
+use microvirt_crds::vmi::{PullPolicy, VirtualMachineInstance, ANNOTATION_VMI_UID, LABEL_VMI_NAME};
 use serde::Serialize;
 
 use crate::config::{Config, KvmMode, KVM_RESOURCE};
@@ -130,13 +128,21 @@ pub const KERNEL_BOOT_DIR: &str = "/var/run/microvirt/kernel-boot";
 
 /// The launcher pod for a VMI.
 pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, PodError> {
-    let name = vmi.metadata.name.as_deref().ok_or(PodError::MissingMeta("name"))?;
+    let name = vmi
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(PodError::MissingMeta("name"))?;
     let namespace = vmi
         .metadata
         .namespace
         .as_deref()
         .ok_or(PodError::MissingMeta("namespace"))?;
-    let uid = vmi.metadata.uid.as_deref().ok_or(PodError::MissingMeta("uid"))?;
+    let uid = vmi
+        .metadata
+        .uid
+        .as_deref()
+        .ok_or(PodError::MissingMeta("uid"))?;
     let owner = vmi
         .controller_owner_ref(&())
         .ok_or(PodError::MissingMeta("uid"))?;
@@ -337,11 +343,7 @@ pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, Po
         }),
         readiness_probe: Some(Probe {
             exec: Some(ExecAction {
-                command: Some(vec![
-                    "virt-launcher".into(),
-                    "probe".into(),
-                    "ready".into(),
-                ]),
+                command: Some(vec!["virt-launcher".into(), "probe".into(), "ready".into()]),
             }),
             period_seconds: Some(1),
             timeout_seconds: Some(1),
@@ -397,6 +399,171 @@ pub fn pod_belongs_to(pod: &Pod, vmi: &VirtualMachineInstance) -> bool {
     let Some(uid) = vmi.meta().uid.as_deref() else {
         return false;
     };
-    pod.annotations().get(ANNOTATION_VMI_UID).map(String::as_str) == Some(uid)
+    pod.annotations()
+        .get(ANNOTATION_VMI_UID)
+        .map(String::as_str)
+        == Some(uid)
         || pod.owner_references().iter().any(|o| o.uid == uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use microvirt_crds::vmi::{
+        ContainerDiskSource, Cpu, DomainSpec, EmptyDiskSource, Memory, Volume as VmiVolume,
+    };
+    use microvirt_crds::VirtualMachineInstanceSpec;
+
+    fn vmi(spec: VirtualMachineInstanceSpec) -> VirtualMachineInstance {
+        let mut v = VirtualMachineInstance::new("vm1", spec);
+        v.metadata.namespace = Some("ns".into());
+        v.metadata.uid = Some("uid-1".into());
+        v.metadata.labels = Some(BTreeMap::from([
+            ("app".to_string(), "web".to_string()),
+            (LABEL_APP.to_string(), "user-value".to_string()),
+        ]));
+        v
+    }
+
+    fn spec(memory: Option<&str>, cores: Option<u32>) -> VirtualMachineInstanceSpec {
+        VirtualMachineInstanceSpec {
+            domain: DomainSpec {
+                cpu: cores.map(|c| Cpu {
+                    cores: Some(c),
+                    sockets: Some(1),
+                    threads: Some(1),
+                }),
+                memory: memory.map(|m| Memory {
+                    guest: Some(Quantity(m.into())),
+                }),
+                ..Default::default()
+            },
+            volumes: vec![
+                VmiVolume {
+                    name: "root".into(),
+                    container_disk: Some(ContainerDiskSource {
+                        image: "example/disk:1".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                VmiVolume {
+                    name: "scratch".into(),
+                    empty_disk: Some(EmptyDiskSource {
+                        capacity: Quantity("1Gi".into()),
+                    }),
+                    ..Default::default()
+                },
+            ],
+            termination_grace_period_seconds: Some(7),
+            ..Default::default()
+        }
+    }
+
+    fn container(pod: &Pod) -> &Container {
+        &pod.spec.as_ref().unwrap().containers[0]
+    }
+
+    #[test]
+    fn pod_follows_the_contract() {
+        let v = vmi(spec(Some("256Mi"), Some(2)));
+        let pod = desired_pod(&v, &Config::default()).unwrap();
+        assert_eq!(pod.metadata.name.as_deref(), Some("virt-launcher-vm1"));
+        let labels = pod.metadata.labels.clone().unwrap();
+        assert_eq!(labels["app"], "web");
+        assert_eq!(labels[LABEL_VMI_NAME], "vm1");
+        // Our label wins over a user label with the same key.
+        assert_eq!(labels[LABEL_APP], APP_NAME);
+        let ann = pod.metadata.annotations.clone().unwrap();
+        assert_eq!(ann[ANNOTATION_VMI_UID], "uid-1");
+        let doc: serde_json::Value = serde_json::from_str(&ann[ANNOTATION_VMI_SPEC]).unwrap();
+        assert_eq!(doc["guestMemoryBytes"], 256u64 << 20);
+        assert_eq!(doc["vcpus"], 2);
+        assert_eq!(doc["metadata"]["uid"], "uid-1");
+        assert_eq!(doc["spec"]["domain"]["memory"]["guest"], "256Mi");
+        let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.uid.as_str(), owner.controller),
+            ("uid-1", Some(true))
+        );
+
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.termination_grace_period_seconds, Some(7));
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let c = container(&pod);
+        let res = c.resources.as_ref().unwrap();
+        let req = res.requests.as_ref().unwrap();
+        let lim = res.limits.as_ref().unwrap();
+        assert_eq!(req["memory"].0, "288Mi");
+        assert_eq!(lim["memory"].0, "288Mi");
+        assert_eq!(req["cpu"].0, "200m");
+        assert_eq!(lim[KVM_RESOURCE].0, "1");
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.privileged, Some(false));
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().add,
+            Some(vec!["NET_ADMIN".to_string()])
+        );
+        let mounts: Vec<&str> = c
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert!(mounts.contains(&"/var/run/microvirt/container-disks/root"));
+        assert!(mounts.contains(&"/var/run/microvirt/empty-disks/scratch"));
+        assert!(mounts.contains(&VMI_DIR));
+        // No hostPath in device-plugin mode.
+        assert!(spec
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|v| v.host_path.is_none()));
+    }
+
+    #[test]
+    fn host_path_mode_and_defaults() {
+        let cfg = Config {
+            kvm_mode: KvmMode::HostPath,
+            launcher_memory_overhead: 64 << 20,
+            ..Config::default()
+        };
+        // No memory given: default 128Mi guest + 64Mi overhead; 1 vCPU.
+        let v = vmi(spec(None, None));
+        let pod = desired_pod(&v, &cfg).unwrap();
+        let c = container(&pod);
+        let res = c.resources.as_ref().unwrap();
+        assert_eq!(res.requests.as_ref().unwrap()["memory"].0, "192Mi");
+        assert_eq!(res.requests.as_ref().unwrap()["cpu"].0, "100m");
+        assert!(!res.limits.as_ref().unwrap().contains_key(KVM_RESOURCE));
+        let host_paths: Vec<String> = pod
+            .spec
+            .as_ref()
+            .unwrap()
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
+            .collect();
+        assert_eq!(host_paths, vec!["/dev/kvm", "/dev/net/tun"]);
+    }
+
+    #[test]
+    fn bad_memory_and_missing_uid_are_errors() {
+        let v = vmi(spec(Some("lots"), None));
+        assert!(matches!(
+            desired_pod(&v, &Config::default()),
+            Err(PodError::Memory(_))
+        ));
+        let mut v = vmi(spec(Some("64Mi"), None));
+        v.metadata.uid = None;
+        assert!(matches!(
+            desired_pod(&v, &Config::default()),
+            Err(PodError::MissingMeta("uid"))
+        ));
+    }
 }

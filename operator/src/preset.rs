@@ -48,7 +48,12 @@ pub fn matching<'a>(
     v
 }
 
-fn merge(dst: &mut Map<String, Value>, src: &Map<String, Value>, path: &str, conflicts: &mut Vec<String>) {
+fn merge(
+    dst: &mut Map<String, Value>,
+    src: &Map<String, Value>,
+    path: &str,
+    conflicts: &mut Vec<String>,
+) {
     for (k, v) in src {
         let p = if path.is_empty() {
             k.clone()
@@ -100,7 +105,11 @@ mod tests {
     use microvirt_crds::vmi::{Cpu, Memory};
     use microvirt_crds::VirtualMachineInstancePresetSpec;
 
-    fn preset(name: &str, sel: &[(&str, &str)], domain: DomainSpec) -> VirtualMachineInstancePreset {
+    fn preset(
+        name: &str,
+        sel: &[(&str, &str)],
+        domain: DomainSpec,
+    ) -> VirtualMachineInstancePreset {
         let mut p = VirtualMachineInstancePreset::new(
             name,
             VirtualMachineInstancePresetSpec {
@@ -168,10 +177,14 @@ mod tests {
 
     #[test]
     fn equal_values_are_not_conflicts_and_no_match_changes_nothing() {
-        let p = preset("p", &[("a", "b")], DomainSpec {
-            memory: mem("128Mi"),
-            ..Default::default()
-        });
+        let p = preset(
+            "p",
+            &[("a", "b")],
+            DomainSpec {
+                memory: mem("128Mi"),
+                ..Default::default()
+            },
+        );
         let d = DomainSpec {
             memory: mem("128Mi"),
             ..Default::default()

@@ -55,7 +55,9 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -83,9 +85,6 @@ mod tests {
             &labels(&[("app", "web"), ("tier", "a"), ("legacy", "1")])
         ));
         assert!(matches(&LabelSelector::default(), &labels(&[])));
-        assert_eq!(
-            to_selector_string(&sel),
-            "app=web,tier in (a,b),!legacy"
-        );
+        assert_eq!(to_selector_string(&sel), "app=web,tier in (a,b),!legacy");
     }
 }

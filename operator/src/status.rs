@@ -159,8 +159,22 @@ pub fn desired_status(
         let mut st = old.clone();
         st.phase = Some(p);
         let mut conds = Vec::new();
-        set_condition(&mut conds, &old.conditions, "Ready", false, "VMIFinished", now);
-        set_condition(&mut conds, &old.conditions, "Paused", false, "NotPaused", now);
+        set_condition(
+            &mut conds,
+            &old.conditions,
+            "Ready",
+            false,
+            "VMIFinished",
+            now,
+        );
+        set_condition(
+            &mut conds,
+            &old.conditions,
+            "Paused",
+            false,
+            "NotPaused",
+            now,
+        );
         st.conditions = conds;
         if let Some(pod) = pod {
             if st.boot_time_ms.is_none() {
@@ -184,7 +198,16 @@ pub fn desired_status(
                     old.boot_time_ms,
                 )
             } else {
-                (VmiPhase::Pending, None, None, false, None, vec![], None, None)
+                (
+                    VmiPhase::Pending,
+                    None,
+                    None,
+                    false,
+                    None,
+                    vec![],
+                    None,
+                    None,
+                )
             }
         }
         Some(pod) => {
@@ -196,7 +219,9 @@ pub fn desired_status(
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty());
             let ps = pod.status.as_ref();
-            let ip = ps.and_then(|s| s.pod_ip.clone()).filter(|ip| !ip.is_empty());
+            let ip = ps
+                .and_then(|s| s.pod_ip.clone())
+                .filter(|ip| !ip.is_empty());
             let ips: Vec<String> = ps
                 .and_then(|s| s.pod_ips.as_ref())
                 .map(|v| v.iter().map(|p| p.ip.clone()).collect())
@@ -230,6 +255,14 @@ pub fn desired_status(
         }
     };
 
+    // Never step back (Running → Scheduled, …): that only happens with a pod read from a cache
+    // older than the one the current status was computed from; keep the status until it catches up.
+    if let (Some(o), Some(n)) = (old_phase.and_then(rank), rank(phase)) {
+        if n < o {
+            return old;
+        }
+    }
+
     let mut transitions = old.phase_transition_timestamps.clone();
     if old_phase != Some(phase) || transitions.is_empty() {
         transitions.push(PhaseTransitionTimestamp {
@@ -243,11 +276,22 @@ pub fn desired_status(
         &old.conditions,
         "Ready",
         ready,
-        if ready { "GuestBooted" } else { "GuestNotReady" },
+        if ready {
+            "GuestBooted"
+        } else {
+            "GuestNotReady"
+        },
         now,
     );
     // Paused is reported as False: microvirt has no pause API yet.
-    set_condition(&mut conditions, &old.conditions, "Paused", false, "NotPaused", now);
+    set_condition(
+        &mut conditions,
+        &old.conditions,
+        "Paused",
+        false,
+        "NotPaused",
+        now,
+    );
 
     VirtualMachineInstanceStatus {
         phase: Some(phase),
@@ -262,6 +306,17 @@ pub fn desired_status(
     }
 }
 
+/// Order of the non-final phases a VMI walks through (None for Unknown and final phases).
+fn rank(p: VmiPhase) -> Option<u8> {
+    match p {
+        VmiPhase::Pending => Some(0),
+        VmiPhase::Scheduling => Some(1),
+        VmiPhase::Scheduled => Some(2),
+        VmiPhase::Running => Some(3),
+        _ => None,
+    }
+}
+
 /// Boot time from the pod: termination message line `bootTimeMs=<n>`, else the annotation.
 pub fn boot_time_ms(pod: &Pod) -> Option<u64> {
     compute_terminated(pod)
@@ -272,4 +327,191 @@ pub fn boot_time_ms(pod: &Pod) -> Option<u64> {
                 .get(ANNOTATION_BOOT_TIME_MS)
                 .and_then(|v| v.trim().parse().ok())
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStatus, PodCondition, PodIP, PodSpec,
+        PodStatus,
+    };
+    use k8s_openapi::jiff::Timestamp;
+
+    fn t(s: i64) -> Time {
+        Time(Timestamp::from_second(s).unwrap())
+    }
+
+    fn vmi() -> VirtualMachineInstance {
+        let mut v = VirtualMachineInstance::new("vm1", Default::default());
+        v.metadata.namespace = Some("ns".into());
+        v.metadata.uid = Some("uid".into());
+        v
+    }
+
+    fn pod(node: Option<&str>, state: Option<ContainerState>, phase: &str, ready: bool) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some("virt-launcher-vm1".into());
+        p.spec = Some(PodSpec {
+            node_name: node.map(String::from),
+            ..Default::default()
+        });
+        p.status = Some(PodStatus {
+            phase: Some(phase.into()),
+            pod_ip: Some("10.0.0.5".into()),
+            pod_ips: Some(vec![PodIP {
+                ip: "10.0.0.5".into(),
+            }]),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..Default::default()
+            }]),
+            container_statuses: state.map(|s| {
+                vec![ContainerStatus {
+                    name: COMPUTE_CONTAINER.into(),
+                    state: Some(s),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        });
+        p
+    }
+
+    fn running() -> Option<ContainerState> {
+        Some(ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        })
+    }
+
+    fn terminated(code: i32, msg: &str) -> Option<ContainerState> {
+        Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                message: Some(msg.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn phases_follow_the_pod() {
+        let v = vmi();
+        let now = t(100);
+        assert_eq!(
+            desired_status(&v, None, &now).phase,
+            Some(VmiPhase::Pending)
+        );
+        let p = pod(None, None, "Pending", false);
+        assert_eq!(
+            desired_status(&v, Some(&p), &now).phase,
+            Some(VmiPhase::Scheduling)
+        );
+        let p = pod(Some("n1"), None, "Pending", false);
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Scheduled));
+        assert_eq!(st.node_name.as_deref(), Some("n1"));
+        let p = pod(Some("n1"), running(), "Running", true);
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Running));
+        assert!(st.is_ready());
+        assert_eq!(st.interfaces[0].ip_address.as_deref(), Some("10.0.0.5"));
+        assert_eq!(st.launcher_pod.as_deref(), Some("virt-launcher-vm1"));
+        let p = pod(Some("n1"), None, "Unknown", false);
+        assert_eq!(
+            desired_status(&v, Some(&p), &now).phase,
+            Some(VmiPhase::Unknown)
+        );
+    }
+
+    #[test]
+    fn exit_codes_and_termination_message() {
+        let v = vmi();
+        let now = t(100);
+        // Terminated state decides even before the pod phase catches up.
+        let p = pod(
+            Some("n1"),
+            terminated(0, "powered off\nbootTimeMs=87\n"),
+            "Running",
+            false,
+        );
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Succeeded));
+        assert_eq!(st.boot_time_ms, Some(87));
+        assert!(!st.is_ready());
+        let p = pod(
+            Some("n1"),
+            terminated(2, "disk missing: root\nmore"),
+            "Failed",
+            false,
+        );
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.reason.as_deref(), Some("LauncherExited2"));
+        assert_eq!(st.message.as_deref(), Some("disk missing: root"));
+        // Pod Failed without container status (e.g. evicted).
+        let mut p = pod(Some("n1"), None, "Failed", false);
+        p.status.as_mut().unwrap().reason = Some("Evicted".into());
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.reason.as_deref(), Some("Evicted"));
+    }
+
+    #[test]
+    fn transitions_are_recorded_once_and_conditions_keep_their_time() {
+        let mut v = vmi();
+        let p = pod(Some("n1"), running(), "Running", false);
+        let st1 = desired_status(&v, Some(&p), &t(100));
+        assert_eq!(st1.phase_transition_timestamps.len(), 1);
+        v.status = Some(st1.clone());
+        // Same inputs later: nothing changes (idempotent, no write needed).
+        let st2 = desired_status(&v, Some(&p), &t(200));
+        assert_eq!(st2, st1);
+        // Ready flips: one new transition time on the condition, phase list unchanged.
+        let p = pod(Some("n1"), running(), "Running", true);
+        let st3 = desired_status(&v, Some(&p), &t(300));
+        assert_eq!(
+            st3.phase_transition_timestamps,
+            st1.phase_transition_timestamps
+        );
+        let ready = st3.condition("Ready").unwrap();
+        assert_eq!(ready.last_transition_time, Some(t(300)));
+    }
+
+    #[test]
+    fn lost_pod_fails_a_started_vmi_and_final_phases_stick() {
+        let mut v = vmi();
+        let p = pod(Some("n1"), running(), "Running", true);
+        v.status = Some(desired_status(&v, Some(&p), &t(100)));
+        let st = desired_status(&v, None, &t(110));
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.reason.as_deref(), Some(REASON_POD_GONE));
+        v.status = Some(st);
+        // Even a running pod cannot revive a Failed VMI.
+        let st = desired_status(&v, Some(&p), &t(120));
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert!(!st.is_ready());
+    }
+
+    #[test]
+    fn a_stale_pod_never_moves_the_phase_back() {
+        let mut v = vmi();
+        let running = pod(Some("n1"), running(), "Running", true);
+        v.status = Some(desired_status(&v, Some(&running), &t(100)));
+        let stale = pod(None, None, "Pending", false);
+        let st = desired_status(&v, Some(&stale), &t(110));
+        assert_eq!(Some(&st), v.status.as_ref());
+    }
+
+    #[test]
+    fn termination_message_parsing() {
+        assert_eq!(termination_reason(""), None);
+        assert_eq!(termination_reason("  ok  \nx"), Some("ok".into()));
+        let long = "é".repeat(200);
+        assert!(termination_reason(&long).unwrap().len() <= 256);
+        assert_eq!(termination_boot_time_ms("a\nbootTimeMs= 12\n"), Some(12));
+        assert_eq!(termination_boot_time_ms("bootTimeMs=x"), None);
+    }
 }

@@ -41,7 +41,10 @@ pub fn owned_by(vmi: &VirtualMachineInstance, vm: &VirtualMachine) -> bool {
 }
 
 /// Decide the action and the status for `vm`, given the VMI with its name (if any).
-pub fn plan(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>) -> (VmAction, VirtualMachineStatus) {
+pub fn plan(
+    vm: &VirtualMachine,
+    vmi: Option<&VirtualMachineInstance>,
+) -> (VmAction, VirtualMachineStatus) {
     let strategy = vm.spec.effective_run_strategy();
     let old = vm.status.clone().unwrap_or_default();
     let vmi = vmi.filter(|v| owned_by(v, vm));

@@ -108,7 +108,10 @@ async fn crds_install_and_bad_specs_are_refused() -> Result<()> {
         // kubectl apply refuses it with the message.
         let (ok, out, err) = env.kubectl(&["apply", "-f", "-"], Some(yaml))?;
         assert!(!ok, "{what}: kubectl apply accepted it: {out}");
-        assert!(err.contains(want), "{what}: kubectl said {err:?}, wanted {want:?}");
+        assert!(
+            err.contains(want),
+            "{what}: kubectl said {err:?}, wanted {want:?}"
+        );
         // The Rust client gets a 422 with the same message.
         let obj: serde_json::Value = serde_saphyr::from_str(yaml)?;
         let obj: VirtualMachineInstance = match serde_json::from_value(obj.clone()) {
@@ -136,7 +139,11 @@ async fn crds_install_and_bad_specs_are_refused() -> Result<()> {
         match &e {
             kube::Error::Api(s) => {
                 assert_eq!(s.code, 422, "{what}: {s:?}");
-                assert!(s.message.contains(want), "{what}: client got {:?}", s.message);
+                assert!(
+                    s.message.contains(want),
+                    "{what}: client got {:?}",
+                    s.message
+                );
             }
             other => panic!("{what}: unexpected error {other}"),
         }
@@ -155,7 +162,9 @@ spec:
     let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(rs))?;
     assert!(!ok);
     assert!(
-        err.contains("spec.template.metadata.labels must contain every label of spec.selector.matchLabels"),
+        err.contains(
+            "spec.template.metadata.labels must contain every label of spec.selector.matchLabels"
+        ),
         "{err}"
     );
     // A VM with both running and runStrategy.
@@ -169,7 +178,10 @@ spec:
 "#;
     let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(vm))?;
     assert!(!ok);
-    assert!(err.contains("set either spec.running or spec.runStrategy, not both"), "{err}");
+    assert!(
+        err.contains("set either spec.running or spec.runStrategy, not both"),
+        "{err}"
+    );
 
     // The spec is immutable once the operator has accepted the VMI (status written).
     wait_for("VMI good has a status", WAIT, || async {
@@ -205,7 +217,10 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
         pod.annotations().get(ANNOTATION_VMI_UID),
         created.metadata.uid.as_ref()
     );
-    assert_eq!(pod.labels().get("microvirt.io/vmi").map(String::as_str), Some("vm-a"));
+    assert_eq!(
+        pod.labels().get("microvirt.io/vmi").map(String::as_str),
+        Some("vm-a")
+    );
     assert_eq!(pod.labels().get("app").map(String::as_str), Some("demo"));
     let owner = &pod.owner_references()[0];
     assert_eq!(owner.kind, "VirtualMachineInstance");
@@ -216,11 +231,17 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
     let c = &spec.containers[0];
     assert_eq!(c.name, "compute");
     assert_eq!(c.image.as_deref(), Some("microvirt/virt-launcher:dev"));
-    assert_eq!(c.command, Some(vec!["virt-launcher".to_string(), "pod".to_string()]));
+    assert_eq!(
+        c.command,
+        Some(vec!["virt-launcher".to_string(), "pod".to_string()])
+    );
     let res = c.resources.clone().context("resources")?;
     let limits = res.limits.unwrap_or_default();
     let requests = res.requests.unwrap_or_default();
-    assert_eq!(limits.get("devices.microvirt.io/kvm").map(|q| q.0.as_str()), Some("1"));
+    assert_eq!(
+        limits.get("devices.microvirt.io/kvm").map(|q| q.0.as_str()),
+        Some("1")
+    );
     assert_eq!(requests.get("memory").map(|q| q.0.as_str()), Some("160Mi"));
     let sc = c.security_context.clone().context("securityContext")?;
     assert_eq!(sc.privileged, Some(false));
@@ -232,9 +253,14 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
         probe.exec.and_then(|e| e.command),
         Some(vec!["virt-launcher".into(), "probe".into(), "ready".into()])
     );
-    assert_eq!(c.termination_message_path.as_deref(), Some("/dev/termination-log"));
+    assert_eq!(
+        c.termination_message_path.as_deref(),
+        Some("/dev/termination-log")
+    );
     let mounts = c.volume_mounts.clone().unwrap_or_default();
-    assert!(mounts.iter().any(|m| m.mount_path == "/var/run/microvirt/vmi"));
+    assert!(mounts
+        .iter()
+        .any(|m| m.mount_path == "/var/run/microvirt/vmi"));
     assert!(mounts
         .iter()
         .any(|m| m.mount_path == "/var/run/microvirt/container-disks/root"));
@@ -245,11 +271,14 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
         .and_then(|v| v.downward_api.clone())
         .context("downward API volume")?;
     assert_eq!(
-        dapi.items.unwrap()[0].field_ref.as_ref().unwrap().field_path,
+        dapi.items.unwrap()[0]
+            .field_ref
+            .as_ref()
+            .unwrap()
+            .field_path,
         "metadata.annotations['microvirt.io/vmi-spec']"
     );
-    let doc: serde_json::Value =
-        serde_json::from_str(&pod.annotations()["microvirt.io/vmi-spec"])?;
+    let doc: serde_json::Value = serde_json::from_str(&pod.annotations()["microvirt.io/vmi-spec"])?;
     assert_eq!(doc["guestMemoryBytes"], json!(134217728));
     assert_eq!(doc["metadata"]["uid"], json!(created.metadata.uid));
     let image_vol = vols
@@ -269,7 +298,10 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
     );
     bind(&pods, "virt-launcher-vm-a", "node-1").await?;
     let v = wait_phase(&env, "vm-a", VmiPhase::Scheduled).await?;
-    assert_eq!(v.status.as_ref().and_then(|s| s.node_name.as_deref()), Some("node-1"));
+    assert_eq!(
+        v.status.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("node-1")
+    );
     mark_running(&pods, "virt-launcher-vm-a", "10.244.0.7", false).await?;
     let v = wait_phase(&env, "vm-a", VmiPhase::Running).await?;
     assert!(!v.is_ready());
@@ -282,7 +314,11 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
     let st = v.status.clone().unwrap();
     assert_eq!(st.interfaces[0].ip_address.as_deref(), Some("10.244.0.7"));
     assert_eq!(st.interfaces[0].name.as_deref(), Some("default"));
-    let phases: Vec<VmiPhase> = st.phase_transition_timestamps.iter().map(|t| t.phase).collect();
+    let phases: Vec<VmiPhase> = st
+        .phase_transition_timestamps
+        .iter()
+        .map(|t| t.phase)
+        .collect();
     assert_eq!(
         phases,
         vec![VmiPhase::Scheduling, VmiPhase::Scheduled, VmiPhase::Running]
@@ -293,28 +329,50 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
     assert!(ok, "{err}");
     let mut lines = out.lines();
     let header: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
-    assert_eq!(header, vec!["NAME", "PHASE", "IP", "NODENAME", "READY", "AGE"]);
+    assert_eq!(
+        header,
+        vec!["NAME", "PHASE", "IP", "NODENAME", "READY", "AGE"]
+    );
     let row: Vec<&str> = lines.next().unwrap_or("").split_whitespace().collect();
-    assert_eq!(&row[..5], &["vm-a", "Running", "10.244.0.7", "node-1", "True"]);
+    assert_eq!(
+        &row[..5],
+        &["vm-a", "Running", "10.244.0.7", "node-1", "True"]
+    );
 
     // Guest powers off: exit 0 → Succeeded, boot time from the termination message.
-    mark_terminated(&pods, "virt-launcher-vm-a", 0, "guest powered off\nbootTimeMs=142").await?;
+    mark_terminated(
+        &pods,
+        "virt-launcher-vm-a",
+        0,
+        "guest powered off\nbootTimeMs=142",
+    )
+    .await?;
     let v = wait_phase(&env, "vm-a", VmiPhase::Succeeded).await?;
     let st = v.status.unwrap();
     assert_eq!(st.boot_time_ms, Some(142));
     assert!(!st.is_ready());
 
     // A failing launcher: non-zero exit → Failed with the reason line.
-    vmis.create(&PostParams::default(), &vmi("vm-b", &[])).await?;
+    vmis.create(&PostParams::default(), &vmi("vm-b", &[]))
+        .await?;
     wait_pod(&env, "vm-b").await?;
     bind(&pods, "virt-launcher-vm-b", "node-1").await?;
     mark_running(&pods, "virt-launcher-vm-b", "10.244.0.8", true).await?;
     wait_phase(&env, "vm-b", VmiPhase::Running).await?;
-    mark_terminated(&pods, "virt-launcher-vm-b", 3, "kernel not found: /boot/vmlinux\n").await?;
+    mark_terminated(
+        &pods,
+        "virt-launcher-vm-b",
+        3,
+        "kernel not found: /boot/vmlinux\n",
+    )
+    .await?;
     let v = wait_phase(&env, "vm-b", VmiPhase::Failed).await?;
     let st = v.status.unwrap();
     assert_eq!(st.reason.as_deref(), Some("LauncherExited3"));
-    assert_eq!(st.message.as_deref(), Some("kernel not found: /boot/vmlinux"));
+    assert_eq!(
+        st.message.as_deref(),
+        Some("kernel not found: /boot/vmlinux")
+    );
 
     // Metrics recorded the phase transitions.
     let text = env.metrics.encode();
@@ -331,13 +389,17 @@ async fn deleting_a_vmi_stops_and_removes_its_pod() -> Result<()> {
     let env = Env::start(cluster.kubeconfig_path(), "t-delete").await?;
     let vmis = env.api::<VirtualMachineInstance>();
     let pods = env.api::<Pod>();
-    vmis.create(&PostParams::default(), &vmi("vm-d", &[])).await?;
+    vmis.create(&PostParams::default(), &vmi("vm-d", &[]))
+        .await?;
     wait_pod(&env, "vm-d").await?;
     bind(&pods, "virt-launcher-vm-d", "node-1").await?;
     mark_running(&pods, "virt-launcher-vm-d", "10.244.0.9", true).await?;
     wait_phase(&env, "vm-d", VmiPhase::Running).await?;
     let v = vmis.get("vm-d").await?;
-    assert!(v.finalizers().iter().any(|f| f == "microvirt.io/launcher-pod"));
+    assert!(v
+        .finalizers()
+        .iter()
+        .any(|f| f == "microvirt.io/launcher-pod"));
 
     vmis.delete("vm-d", &DeleteParams::default()).await?;
     // The VMI waits for its pod; the simulated kubelet finishes the pod's graceful deletion.
@@ -385,7 +447,11 @@ spec:
         let v = rs_vmis(&env).await?;
         let mut names = BTreeSet::new();
         for x in &v {
-            if pods.get_opt(&format!("virt-launcher-{}", x.name_any())).await?.is_some() {
+            if pods
+                .get_opt(&format!("virt-launcher-{}", x.name_any()))
+                .await?
+                .is_some()
+            {
                 names.insert(x.name_any());
             }
         }
@@ -394,7 +460,11 @@ spec:
     .await?;
     assert_eq!(
         names,
-        BTreeSet::from(["web-0".to_string(), "web-1".to_string(), "web-2".to_string()])
+        BTreeSet::from([
+            "web-0".to_string(),
+            "web-1".to_string(),
+            "web-2".to_string()
+        ])
     );
     // Two of them become ready.
     for (n, ip) in [("web-0", "10.0.0.10"), ("web-2", "10.0.0.12")] {
@@ -409,7 +479,10 @@ spec:
     })
     .await?;
     let rs = rss.get("web").await?;
-    assert_eq!(rs.status.unwrap().label_selector.as_deref(), Some("app=web"));
+    assert_eq!(
+        rs.status.unwrap().label_selector.as_deref(),
+        Some("app=web")
+    );
 
     // kubectl scale through the scale subresource: the not-ready one (web-1) goes first,
     // then the newest ready one.
@@ -424,7 +497,12 @@ spec:
     assert!(survivor == "web-0" || survivor == "web-2", "{survivor}");
     let (ok, out, _) = env.kubectl(&["get", "vmirs", "web"], None)?;
     assert!(ok);
-    let header: Vec<&str> = out.lines().next().unwrap_or("").split_whitespace().collect();
+    let header: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
     assert_eq!(header, vec!["NAME", "DESIRED", "CURRENT", "READY", "AGE"]);
 
     // Scale up through the Rust client's scale subresource.
@@ -526,20 +604,30 @@ spec:
     wait_for("VM Running and ready", WAIT, || async {
         let vm = vms.get("always").await?;
         let st = vm.status.unwrap_or_default();
-        Ok((st.printable_status == Some(PrintableStatus::Running) && st.ready && st.created)
-            .then_some(()))
+        Ok(
+            (st.printable_status == Some(PrintableStatus::Running) && st.ready && st.created)
+                .then_some(()),
+        )
     })
     .await?;
     let (ok, out, _) = env.kubectl(&["get", "vm", "always"], None)?;
     assert!(ok);
-    let header: Vec<&str> = out.lines().next().unwrap_or("").split_whitespace().collect();
+    let header: Vec<&str> = out
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
     assert_eq!(header, vec!["NAME", "AGE", "STATUS", "READY"]);
     mark_terminated(&pods, "virt-launcher-always", 0, "guest powered off").await?;
     let uid2 = wait_vmi_uid(&env, "always", Some(&uid1)).await?;
     assert_ne!(uid1, uid2);
     let vmi2 = vmis.get("always").await?;
     assert_eq!(vmi2.labels().get("kind").map(String::as_str), Some("vm"));
-    assert_eq!(vmi2.labels().get("microvirt.io/vm").map(String::as_str), Some("always"));
+    assert_eq!(
+        vmi2.labels().get("microvirt.io/vm").map(String::as_str),
+        Some("always")
+    );
 
     // Halted: the VMI goes away and the VM shows Stopped.
     vms.patch(
@@ -550,12 +638,18 @@ spec:
     .await?;
     wait_for("VM stopped", WAIT, || async {
         let gone = vmis.get_opt("always").await?.is_none();
-        Ok((gone && vm_status(&env, "always").await? == Some(PrintableStatus::Stopped)).then_some(()))
+        Ok(
+            (gone && vm_status(&env, "always").await? == Some(PrintableStatus::Stopped))
+                .then_some(()),
+        )
     })
     .await?;
 
     // RerunOnFailure: Failed → new VMI; Succeeded → kept.
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&manifest("rerun", "RerunOnFailure")))?;
+    let (ok, _, err) = env.kubectl(
+        &["apply", "-f", "-"],
+        Some(&manifest("rerun", "RerunOnFailure")),
+    )?;
     assert!(ok, "{err}");
     let uid1 = wait_vmi_uid(&env, "rerun", None).await?;
     wait_pod(&env, "rerun").await?;
@@ -573,7 +667,10 @@ spec:
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let v = vmis.get("rerun").await?;
     assert_eq!(v.metadata.uid.as_deref(), Some(uid2.as_str()));
-    assert_eq!(vm_status(&env, "rerun").await?, Some(PrintableStatus::Succeeded));
+    assert_eq!(
+        vm_status(&env, "rerun").await?,
+        Some(PrintableStatus::Succeeded)
+    );
 
     // Once: runs one VMI; after it failed and is deleted, nothing new is started.
     let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&manifest("once", "Once")))?;
@@ -599,7 +696,7 @@ spec:
     let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&manifest("manual", "Manual")))?;
     assert!(ok, "{err}");
     wait_for("manual VM status", WAIT, || async {
-        Ok(vm_status(&env, "manual").await?)
+        vm_status(&env, "manual").await
     })
     .await?;
     assert!(vmis.get_opt("manual").await?.is_none());
@@ -637,13 +734,20 @@ spec:
     let vmis = env.api::<VirtualMachineInstance>();
     let v = wait_for("presets applied", WAIT, || async {
         let v = vmis.get("sized").await?;
-        Ok(v.annotations().contains_key(ANNOTATION_PRESETS_APPLIED).then_some(v))
+        Ok(v.annotations()
+            .contains_key(ANNOTATION_PRESETS_APPLIED)
+            .then_some(v))
     })
     .await?;
     assert_eq!(v.annotations()[ANNOTATION_PRESETS_APPLIED], "small");
     assert_eq!(v.spec.domain.cpu.as_ref().and_then(|c| c.cores), Some(2));
     assert_eq!(
-        v.spec.domain.memory.as_ref().and_then(|m| m.guest.as_ref()).map(|q| q.0.as_str()),
+        v.spec
+            .domain
+            .memory
+            .as_ref()
+            .and_then(|m| m.guest.as_ref())
+            .map(|q| q.0.as_str()),
         Some("128Mi")
     );
     // The conflict is an Event on the VMI.

@@ -168,45 +168,33 @@ fn unknown_port_and_mmio_read_all_ones() {
 
 #[test]
 fn sigterm_sends_ctrl_alt_del_and_the_guest_resets() {
-    let mut child = spawn(&[
+    let mut vm = Live::start(&[
         "--kernel",
         guest().pvh.to_str().unwrap(),
         "--cmdline",
         "testguest.scenario=ctrlaltdel",
     ]);
-    let _stdin = child.stdin.take();
-    // Give the guest time to reach its wait loop, then ask it to shut down.
-    std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: sending SIGTERM to our own child process.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let r = finish(child, Duration::from_secs(20));
+    vm.wait_for("waiting for ctrl-alt-del");
+    vm.signal(libc::SIGTERM);
+    let r = vm.finish(Duration::from_secs(20));
     r.assert_ok();
-    assert!(
-        r.stdout.contains("waiting for ctrl-alt-del"),
-        "{}",
-        r.stdout
-    );
     assert!(r.stdout.contains("ctrl-alt-del received"), "{}", r.stdout);
 }
 
 #[test]
 fn second_signal_stops_a_guest_that_ignores_the_first() {
-    let mut child = spawn(&[
+    let mut vm = Live::start(&[
         "--kernel",
         guest().linux64.to_str().unwrap(),
         "--cmdline",
         "testguest.scenario=halt-forever",
     ]);
-    let _stdin = child.stdin.take();
-    std::thread::sleep(Duration::from_millis(300));
-    for _ in 0..2 {
-        // SAFETY: sending SIGINT to our own child process.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let r = finish(child, Duration::from_secs(20));
+    vm.wait_for("halting");
+    vm.signal(libc::SIGINT);
+    std::thread::sleep(Duration::from_millis(100));
+    vm.signal(libc::SIGINT);
+    let r = vm.finish(Duration::from_secs(20));
     assert_eq!(r.status.code(), Some(2), "{}", r.stderr);
-    assert!(r.stdout.contains("halting"));
     assert!(
         r.stderr.contains("VM stopped before the guest shut down"),
         "{}",

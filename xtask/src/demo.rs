@@ -15,7 +15,11 @@ pub fn main(args: &[String]) -> Result<()> {
         cmd.args(["--vcpus", "2"]);
     }
     cmd.args(args);
-    println!("xtask: {} --kernel {} ...", microvm.display(), guest.pvh.display());
+    println!(
+        "xtask: {} --kernel {} ...",
+        microvm.display(),
+        guest.pvh.display()
+    );
     let st = cmd.status().context("running microvm")?;
     if !st.success() {
         bail!("microvm exited with {st}");

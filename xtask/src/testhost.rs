@@ -1,5 +1,5 @@
 //! `cargo xtask testhost [SCENARIO...]`: run end-to-end scenarios by hand in the QEMU-TCG test host
-//! (directly on hardware KVM when the host has it), and `cargo xtask bench-testhost [RUNS]`: the
+//! (directly on hardware KVM when the host has it), and `cargo xtask bench-testhost [RUNS] [--disk|--initrd]`: the
 //! microvm vs QEMU `-M microvm` comparison in the test host.
 
 use anyhow::{bail, Result};
@@ -51,15 +51,29 @@ pub fn main(args: &[String]) -> Result<()> {
 }
 
 pub fn bench_main(args: &[String]) -> Result<()> {
-    let runs: usize = match args.first() {
-        Some(n) => n.parse()?,
-        None => 5,
-    };
+    let mut runs = 5;
+    let mut root = bench::RootMode::Disk;
+    for a in args {
+        match a.as_str() {
+            "--initrd" => root = bench::RootMode::Initrd,
+            "--disk" => root = bench::RootMode::Disk,
+            n => runs = n.parse()?,
+        }
+    }
     let prep = scenarios::prepare()?;
-    let (samples, log) = bench::run(&prep, runs, std::env::var_os("MICROVIRT_VERBOSE").is_some())?;
+    let (samples, log) = bench::run(
+        &prep,
+        runs,
+        root,
+        std::env::var_os("MICROVIRT_VERBOSE").is_some(),
+    )?;
     for s in &samples {
         eprintln!("{s:?}");
     }
+    println!(
+        "root: {root:?}, guest {} MiB, 1 vCPU, medians over the successful runs:",
+        bench::GUEST_MIB
+    );
     println!("{}", bench::table(&bench::summarize(&samples)));
     eprintln!("[bench] test-host console log: {}", log.display());
     Ok(())

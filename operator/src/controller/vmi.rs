@@ -26,7 +26,10 @@ use crate::{preset, status};
 pub const FINALIZER: &str = "microvirt.io/launcher-pod";
 
 /// Reconcile one VMI.
-pub async fn reconcile(vmi: Arc<VirtualMachineInstance>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(
+    vmi: Arc<VirtualMachineInstance>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
     let (_, ns) = name_ns(&*vmi)?;
     let api: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
     finalizer(&api, FINALIZER, vmi, |event| async {
@@ -63,7 +66,9 @@ async fn apply(
                     EventType::Warning,
                     "PresetConflict",
                     "ApplyPreset",
-                    format!("preset {p}: {field} not applied, the VMI already sets a different value"),
+                    format!(
+                        "preset {p}: {field} not applied, the VMI already sets a different value"
+                    ),
                 );
             }
             let applied = outcome.applied.join(",");
@@ -117,6 +122,13 @@ async fn apply(
         }
     }
     let phase = vmi.phase();
+    if pod.is_none() && phase.is_some_and(|p| p != microvirt_crds::VmiPhase::Pending) {
+        // The cache may lag behind our own create: only the API server can say the pod is gone.
+        pod = pods
+            .get_opt(&pod_name(&name))
+            .await?
+            .filter(|p| pod_belongs_to(p, &vmi));
+    }
     if pod.is_none() && phase.is_none_or(|p| p == microvirt_crds::VmiPhase::Pending) {
         let desired = desired_pod(&vmi, &ctx.config)?;
         let created = pods

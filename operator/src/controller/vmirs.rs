@@ -100,12 +100,18 @@ async fn apply(
     Ok(Action::requeue(Duration::from_secs(300)))
 }
 
-async fn cleanup(rs: Arc<VirtualMachineInstanceReplicaSet>, ctx: &Context) -> Result<Action, Error> {
+async fn cleanup(
+    rs: Arc<VirtualMachineInstanceReplicaSet>,
+    ctx: &Context,
+) -> Result<Action, Error> {
     let (_, ns) = name_ns(&*rs)?;
     let vmi_api: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
     for v in vmis_in(ctx, &ns) {
         if owned_by(&v, &rs) && v.metadata.deletion_timestamp.is_none() {
-            match vmi_api.delete(&v.name_any(), &DeleteParams::default()).await {
+            match vmi_api
+                .delete(&v.name_any(), &DeleteParams::default())
+                .await
+            {
                 Ok(_) => {}
                 Err(e) if is_not_found(&e) => {}
                 Err(e) => return Err(e.into()),

@@ -36,7 +36,7 @@ pub fn cluster_options() -> ClusterOptions {
 /// Appending the matching public key (PKIX) block makes the file valid for both flags. The file
 /// is written before etcd starts, and kube-apiserver starts only after etcd is ready, so a
 /// watcher appends the block in time.
-fn start_cluster_with_sa_key_fix() -> Cluster {
+pub fn start_cluster_with_sa_key_fix() -> Cluster {
     let dir = std::env::temp_dir().join(format!(
         "microvirt-operator-tests-{}-{:x}",
         std::process::id(),
@@ -84,7 +84,11 @@ pub fn crd_dir() -> PathBuf {
 }
 
 /// Run kubectl against `kubeconfig`; returns (success, stdout, stderr).
-pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<(bool, String, String)> {
+pub fn kubectl(
+    kubeconfig: &Path,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<(bool, String, String)> {
     use std::io::Write;
     let mut cmd = Command::new("kubectl");
     cmd.arg("--kubeconfig").arg(kubeconfig).args(args);

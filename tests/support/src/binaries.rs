@@ -326,7 +326,8 @@ pub fn ensure_binaries() -> Result<Binaries, BinariesError> {
         dir: dir.clone(),
     };
     let complete = dir.join(".complete");
-    if complete.exists() {
+    let cached = || complete.exists() && bins.etcd.is_file() && bins.kube_apiserver.is_file();
+    if cached() {
         return Ok(bins);
     }
 
@@ -346,9 +347,18 @@ pub fn ensure_binaries() -> Result<Binaries, BinariesError> {
         lock.lock()
             .map_err(io_err(format!("locking {}", lock_path.display())))?;
     }
-    if complete.exists() {
+    if cached() {
         return Ok(bins);
     }
+    // Holding the lock, no other build runs: leftovers of interrupted builds can go.
+    if let Ok(entries) = fs::read_dir(&root) {
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().contains(".tmp-") {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let _ = fs::remove_file(&complete);
 
     let work = root.join(format!("{key}.tmp-{}", std::process::id()));
     if work.exists() {

@@ -79,7 +79,9 @@ fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> ClusterError 
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
     /// Where certificates, etcd data, the kubeconfig and logs go. `None` (default): a fresh
-    /// directory under the system temp dir, removed when the cluster is dropped.
+    /// directory under the system temp dir, removed when the cluster is dropped. A given
+    /// directory is created if needed and kept on drop; every start re-initialises it (new
+    /// certificates, and any etcd data a previous cluster left there is discarded).
     pub data_dir: Option<PathBuf>,
     /// Leave both processes running and the data dir in place when the [`Cluster`] is dropped
     /// (for `cargo xtask cluster up`; stop it with [`crate::detached::stop`]). Default false:
@@ -186,6 +188,11 @@ impl Cluster {
             }
             None => (fresh_temp_dir()?, true),
         };
+        let old_etcd = dir.join("etcd");
+        if old_etcd.exists() {
+            fs::remove_dir_all(&old_etcd)
+                .map_err(io_err(format!("removing {}", old_etcd.display())))?;
+        }
         let mut c = Cluster {
             dir: dir.clone(),
             remove_dir,
@@ -540,3 +547,9 @@ impl Drop for Cluster {
         }
     }
 }
+
+// Tests share one cluster through a `static` (`OnceLock<Cluster>`), so it must stay Send + Sync.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Cluster>();
+};

@@ -120,6 +120,11 @@ mod tests {
     fn stop_child_terminates_and_reaps() {
         let mut c = Command::new("sleep").arg("30").spawn().unwrap();
         let pid = c.id();
+        // Right after fork the child may not have exec'd `sleep` yet.
+        let t = Instant::now();
+        while !pid_runs(pid, "sleep") && t.elapsed() < Duration::from_secs(10) {
+            thread::sleep(Duration::from_millis(5));
+        }
         assert!(pid_runs(pid, "sleep"));
         stop_child(&mut c, Duration::from_secs(5));
         assert!(!pid_runs(pid, "sleep"));

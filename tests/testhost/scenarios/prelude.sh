@@ -1,4 +1,4 @@
-# Shared by every scenario script (busybox sh). Environment: MICROVM VMLINUX BZIMAGE ROOTFS WORK.
+# Shared by every scenario script (busybox sh). Environment: MICROVM VMLINUX BZIMAGE ROOTFS INITRD WORK.
 # Lines the Rust tests parse start with "check " (from here) or "microvirt: " (from the guest).
 
 # vm NAME [microvm args...]: runs microvm under a timeout, streams its console prefixed with

@@ -131,16 +131,37 @@ pub fn table(summaries: &[Summary]) -> String {
     s
 }
 
-/// The microvm and QEMU command lines (busybox sh), booting a copy of the rootfs at $WORK/root.ext4.
-fn commands(kernel_cmdline: &str) -> (String, String) {
+/// How the guest gets its root filesystem in the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RootMode {
+    /// ext4 image on virtio-blk (`root=/dev/vda`).
+    Disk,
+    /// The same tree as an initramfs (no devices at all).
+    Initrd,
+}
+
+/// The microvm and QEMU command lines (busybox sh), same kernel, memory and root for both.
+fn commands(root: RootMode) -> (String, String) {
+    let (mvm_root, qemu_root, cmdline) = match root {
+        RootMode::Disk => (
+            "--disk path=$WORK/root.ext4",
+            "-drive id=root,file=$WORK/root.ext4,format=raw,if=none -device virtio-blk-device,drive=root",
+            "root=/dev/vda rw quiet microvirt.scenario=quick",
+        ),
+        RootMode::Initrd => (
+            "--initrd /guest/rootfs.cpio",
+            "-initrd /guest/rootfs.cpio",
+            "quiet microvirt.scenario=quick",
+        ),
+    };
     let microvm = format!(
-        "/bin/microvm --kernel /guest/vmlinux --mem-mib {GUEST_MIB} --disk path=$WORK/root.ext4 --cmdline '{kernel_cmdline}'"
+        "/bin/microvm --kernel /guest/vmlinux --mem-mib {GUEST_MIB} {mvm_root} --cmdline '{cmdline}'"
     );
     let qemu = format!(
         "/bin/qemu-system-x86_64 -M microvm,x-option-roms=off,rtc=off -accel kvm -cpu host -m {GUEST_MIB} -smp 1 \
          -nodefaults -no-user-config -nographic -serial stdio -monitor none -no-reboot \
-         -kernel /guest/vmlinux -append 'console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd {kernel_cmdline}' \
-         -drive id=root,file=$WORK/root.ext4,format=raw,if=none -device virtio-blk-device,drive=root"
+         -kernel /guest/vmlinux -append 'console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd {cmdline}' \
+         {qemu_root}"
     );
     (microvm, qemu)
 }
@@ -149,11 +170,11 @@ fn commands(kernel_cmdline: &str) -> (String, String) {
 pub fn run(
     prep: &Prepared,
     runs: usize,
+    root: RootMode,
     echo: bool,
 ) -> Result<(Vec<Sample>, PathBuf), ScenarioError> {
     let bootwatch = scenarios::cargo_build_release("microvirt-testhost", "bootwatch")?;
-    let guest_cmdline = "root=/dev/vda rw quiet microvirt.scenario=quick";
-    let (microvm, qemu_cmd) = commands(guest_cmdline);
+    let (microvm, qemu_cmd) = commands(root);
     let mut body = String::from(
         "export WORK=/tmp/bench\nmkdir -p $WORK\ncp /guest/rootfs.ext4 $WORK/root.ext4\n",
     );

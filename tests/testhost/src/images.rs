@@ -17,7 +17,7 @@ pub const INIT_SCRIPT: &[u8] = include_bytes!("../../../guest-images/rootfs/init
 /// udhcpc's event script in the guest (`/bin/dhcp-script`).
 pub const DHCP_SCRIPT: &[u8] = include_bytes!("../../../guest-images/rootfs/dhcp-script");
 /// Bump when the recipe in this file changes in a way that changes the artifacts.
-const RECIPE_VERSION: &[u8] = b"microvirt-images-v1";
+const RECIPE_VERSION: &[u8] = b"microvirt-images-v2";
 /// Size of the root filesystem image.
 pub const ROOTFS_MIB: u64 = 32;
 
@@ -32,6 +32,7 @@ pub const BUILD_PACKAGES: &[&str] = &[
     "busybox-static",
     "e2fsprogs",
     "xz-utils",
+    "cpio",
     "make",
     "gcc",
 ];
@@ -57,6 +58,8 @@ pub struct GuestImages {
     pub bzimage: PathBuf,
     /// ext4 root filesystem image (busybox, `/init`).
     pub rootfs: PathBuf,
+    /// The same root filesystem as an uncompressed initramfs (newc cpio), for disk-less boots.
+    pub initrd: PathBuf,
     /// The kernel's final .config.
     pub config: PathBuf,
 }
@@ -91,6 +94,16 @@ pub fn input_hash() -> Result<String, ImagesError> {
     ])?)
 }
 
+/// Hash of the kernel's inputs only (fragment, source version, recipe).
+pub fn kernel_hash() -> Result<String, ImagesError> {
+    let linux = cmd::dpkg_version("linux-source-6.1")?;
+    Ok(cmd::sha256_hex(&[
+        RECIPE_VERSION,
+        KERNEL_FRAGMENT,
+        linux.as_bytes(),
+    ])?)
+}
+
 impl GuestImages {
     fn at(dir: &Path) -> Self {
         GuestImages {
@@ -98,6 +111,7 @@ impl GuestImages {
             vmlinux: dir.join("vmlinux"),
             bzimage: dir.join("bzImage"),
             rootfs: dir.join("rootfs.ext4"),
+            initrd: dir.join("rootfs.cpio"),
             config: dir.join("kernel.config"),
         }
     }
@@ -117,9 +131,28 @@ pub fn build() -> Result<(GuestImages, BuildTimes), ImagesError> {
     }
     cmd::mkdirs(&dir)?;
     let t = Instant::now();
-    build_kernel(&dir, &images, &mut times)?;
+    // The kernel is the slow part: it is cached on its own inputs, so editing the init only
+    // rebuilds the rootfs.
+    let kdir = cmd::cache_root()
+        .join("kernels")
+        .join(&kernel_hash()?[..16]);
+    let kernel = GuestImages::at(&kdir);
+    if !kdir.join("done").exists() {
+        cmd::mkdirs(&kdir)?;
+        build_kernel(&kdir, &kernel, &mut times)?;
+        cmd::write(&kdir.join("done"), b"")?;
+    } else {
+        progress(&format!("kernel cached: {}", kdir.display()));
+    }
+    for (from, to) in [
+        (&kernel.vmlinux, &images.vmlinux),
+        (&kernel.bzimage, &images.bzimage),
+        (&kernel.config, &images.config),
+    ] {
+        cmd::copy(from, to)?;
+    }
     let r = Instant::now();
-    build_rootfs(&dir, &images.rootfs)?;
+    build_rootfs(&dir, &images.rootfs, &images.initrd)?;
     times
         .steps
         .push(("rootfs".into(), r.elapsed().as_secs_f64()));
@@ -222,8 +255,8 @@ fn build_kernel(
     Ok(())
 }
 
-/// Builds the ext4 root filesystem with `mkfs.ext4 -d` (no loop mounts).
-pub fn build_rootfs(dir: &Path, image: &Path) -> Result<(), ImagesError> {
+/// Builds the ext4 root filesystem with `mkfs.ext4 -d` (no loop mounts), and the same tree as a cpio.
+pub fn build_rootfs(dir: &Path, image: &Path, initrd: &Path) -> Result<(), ImagesError> {
     progress("building rootfs (busybox-static, mkfs.ext4 -d)");
     let stage = dir.join("rootfs-stage");
     cmd::remove_dir(&stage)?;
@@ -253,6 +286,18 @@ pub fn build_rootfs(dir: &Path, image: &Path) -> Result<(), ImagesError> {
         dhcp = cmd::quote(&stage.join("bin/dhcp-script")),
         sbin_init = cmd::quote(&stage.join("bin/init")),
         bin_init = cmd::quote(&stage.join("bin/init")),
+    ))?;
+    // An initramfs needs /dev/console before devtmpfs is mounted (harmless on the ext4 image).
+    if let Err(e) = cmd::sh(&format!(
+        "mknod -m 600 {} c 5 1",
+        cmd::quote(&stage.join("dev/console"))
+    )) {
+        progress(&format!("warning: no /dev/console node in the rootfs: {e}"));
+    }
+    cmd::sh(&format!(
+        "cd {} && find . | cpio -o -H newc --quiet > {}",
+        cmd::quote(&stage),
+        cmd::quote(initrd)
     ))?;
     let _ = std::fs::remove_file(image);
     cmd::run(

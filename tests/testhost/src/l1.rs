@@ -59,8 +59,13 @@ pub fn kernel() -> Result<L1Kernel, L1Error> {
                 .current_dir(&dir)
                 .args(["download", "-q", &pkg]),
         )?;
+        // Only the kernel and the few modules are needed: unpack those, not all 400 MB.
+        let wanted: String = MODULES
+            .iter()
+            .map(|(_, rel)| format!(" '*/{rel}*'"))
+            .collect();
         cmd::sh(&format!(
-            "cd {d} && dpkg-deb -x {pkg}_*.deb root && rm -f {pkg}_*.deb",
+            "cd {d} && dpkg-deb --fsys-tarfile {pkg}_*.deb | tar -C root -x --wildcards './boot/vmlinuz-*'{wanted} && rm -f {pkg}_*.deb",
             d = cmd::quote(&dir),
         ))?;
         let moddir = module_dir(&root)?;
@@ -147,6 +152,7 @@ pub fn build_initramfs(spec: &InitramfsSpec<'_>, out: &Path) -> Result<(), L1Err
         (&spec.images.vmlinux, "vmlinux"),
         (&spec.images.bzimage, "bzImage"),
         (&spec.images.rootfs, "rootfs.ext4"),
+        (&spec.images.initrd, "rootfs.cpio"),
     ] {
         cmd::copy(from, &stage.join("guest").join(name))?;
     }
@@ -189,6 +195,11 @@ pub fn build_initramfs(spec: &InitramfsSpec<'_>, out: &Path) -> Result<(), L1Err
         cmd::write(&dest, data)?;
     }
     cmd::write(&stage.join("init"), spec.init.as_bytes())?;
+    // The kernel opens /dev/console for init before anything is mounted.
+    cmd::sh(&format!(
+        "mknod -m 600 {} c 5 1",
+        cmd::quote(&stage.join("dev/console"))
+    ))?;
     cmd::sh(&format!(
         "chmod 0755 {stage}/init && cd {stage} && find . | cpio -o -H newc --quiet > {out}",
         stage = cmd::quote(&stage),

@@ -33,6 +33,7 @@ macro_rules! scenario {
 
 /// Every scenario, in the order one test-host boot runs them.
 pub const ALL: &[Scenario] = &[
+    scenario!("boot-initrd"),
     scenario!("boot"),
     scenario!("boot-bzimage"),
     scenario!("persist"),
@@ -268,7 +269,7 @@ grep -q svm /proc/cpuinfo || echo "=== l1: no svm flag"
 for m in{mods}; do insmod /mods/$m.ko || echo "=== l1: insmod $m failed"; done
 [ -c /dev/kvm ] || echo "=== l1: no /dev/kvm"
 ip link set lo up
-export MICROVM=/bin/microvm VMLINUX=/guest/vmlinux BZIMAGE=/guest/bzImage ROOTFS=/guest/rootfs.ext4
+export MICROVM=/bin/microvm VMLINUX=/guest/vmlinux BZIMAGE=/guest/bzImage ROOTFS=/guest/rootfs.ext4 INITRD=/guest/rootfs.cpio
 echo "=== l1 ready $(cut -d' ' -f1 /proc/uptime)"
 {body}
 echo "{DONE_MARKER} $(cut -d' ' -f1 /proc/uptime)"
@@ -391,11 +392,12 @@ fn run_direct(
     let body = scenarios_body(scenarios, &dir.to_string_lossy())
         .replace("/tmp/work-", &format!("{}/work-", dir.display()));
     let script = format!(
-        "export MICROVM={m} VMLINUX={v} BZIMAGE={b} ROOTFS={r}\n{body}\necho \"{DONE_MARKER}\"\n",
+        "export MICROVM={m} VMLINUX={v} BZIMAGE={b} ROOTFS={r} INITRD={i}\n{body}\necho \"{DONE_MARKER}\"\n",
         m = cmd::quote(&prep.microvm),
         v = cmd::quote(&prep.images.vmlinux),
         b = cmd::quote(&prep.images.bzimage),
         r = cmd::quote(&prep.images.rootfs),
+        i = cmd::quote(&prep.images.initrd),
     );
     // The scripts use busybox applets (tunctl, nc, ...): put them first on PATH.
     let bin = dir.join("bin");

@@ -66,6 +66,30 @@ fn guest(sec: &Section, vm: &str, key: &str) -> Option<String> {
 }
 
 #[test]
+fn boot_initramfs_reaches_init_and_reboot_exits_0() {
+    let sec = section("boot-initrd");
+    let root = guest(sec, "initrd", "root").unwrap_or_default();
+    assert!(
+        root.ends_with(" rootfs"),
+        "init did not run from the initramfs (root {root:?}):\n{}",
+        sec.tail(60)
+    );
+    assert!(
+        guest(sec, "initrd", "reboot").is_some(),
+        "init never reached its reboot:\n{}",
+        sec.tail(60)
+    );
+    assert!(
+        sec.vm_lines("initrd")
+            .iter()
+            .any(|l| l.contains("boot-time-ms=")),
+        "no boot-timer line from an initramfs boot:\n{}",
+        sec.tail(60)
+    );
+    assert_exit0(sec, "initrd");
+}
+
+#[test]
 fn boot_vmlinux_root_on_virtio_blk_and_reboot_exits_0() {
     let sec = section("boot");
     assert_eq!(

@@ -96,6 +96,96 @@ pub fn finish(mut child: Child, timeout: Duration) -> Run {
     }
 }
 
+/// A running `microvm` whose console is read line by line.
+pub struct Live {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: String,
+}
+
+impl Live {
+    pub fn start(args: &[&str]) -> Live {
+        let mut child = spawn(args);
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(l) = line else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Live {
+            child,
+            lines: rx,
+            seen: String::new(),
+        }
+    }
+
+    /// Waits until the guest printed a line containing `text`.
+    pub fn wait_for(&mut self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.seen.contains(text) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push_str(&l);
+                    self.seen.push('\n');
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    panic!(
+                        "guest never printed {text:?}; console so far:\n{}",
+                        self.seen
+                    );
+                }
+            }
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: sending a signal to our own child process.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Waits for exit (killing it after `timeout`); stdout holds the whole console.
+    pub fn finish(mut self, timeout: Duration) -> Run {
+        let mut err = self.child.stderr.take().unwrap();
+        let e = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let st = self.child.wait().unwrap();
+                panic!(
+                    "microvm timed out ({st})\nstdout:\n{}\nstderr:\n{}",
+                    self.seen,
+                    e.join().unwrap()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_secs(2)) {
+            self.seen.push_str(&l);
+            self.seen.push('\n');
+        }
+        Run {
+            status,
+            stdout: self.seen,
+            stderr: e.join().unwrap(),
+        }
+    }
+}
+
 pub fn run(args: &[&str], stdin: &[u8]) -> Run {
     let mut child = spawn(args);
     let mut input = child.stdin.take().unwrap();

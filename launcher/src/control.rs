@@ -1,0 +1,334 @@
+//! The control socket: a unix stream socket speaking JSON lines.
+//!
+//! Each request is one line, `{"cmd": "<name>"}`; each answer is one line with `"ok": true` and
+//! the result, or `"ok": false` and `"error"`. Several requests may share a connection.
+//!
+//! | cmd | effect | answer fields |
+//! |---|---|---|
+//! | `status` | none | `name`, `state` (starting, running, paused, shutting-down, stopped), `booted`, `bootTimeMs`, `vcpus`, `memMiB`, `disks`, `network`, `vmmSeccomp` (seccomp mode of the VMM thread: 2 = filter), `capEff` (the VMM thread's effective capabilities, hex) |
+//! | `pause` | pause the vCPUs | `state` |
+//! | `unpause` (or `resume`) | resume the vCPUs | `state` |
+//! | `shutdown` | graceful: Ctrl-Alt-Del, hard stop after the grace period | `state` |
+//! | `stop` | hard stop now | `state` |
+//! | `console` | after the `{"ok":true}` line the connection carries raw console bytes both ways | — |
+//!
+//! `console` needs the VMM's serial on a unix socket (pod mode; `run --console socket`).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::Shutdown;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Sender;
+
+use serde_json::{json, Value};
+use vmm::{Action, VmmController};
+
+use crate::runner::{set_state, Event, SharedStatus};
+
+/// What the server acts on.
+#[derive(Clone)]
+pub struct Context {
+    pub controller: VmmController,
+    pub status: SharedStatus,
+    pub events: Sender<Event>,
+    pub console: Option<PathBuf>,
+}
+
+/// The listening socket; the file is removed when this is dropped.
+pub struct ControlServer {
+    path: PathBuf,
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Binds `path` (mode 0600) and serves it from a thread, one thread per connection.
+pub fn serve(path: &Path, ctx: Context) -> std::io::Result<ControlServer> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { continue };
+                let ctx = ctx.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("control-conn".into())
+                    .spawn(move || {
+                        if let Err(e) = handle(conn, &ctx) {
+                            log::debug!("control connection: {e}");
+                        }
+                    });
+                if let Err(e) = spawned {
+                    log::warn!("control: cannot spawn a connection thread: {e}");
+                }
+            }
+        })?;
+    Ok(ControlServer {
+        path: path.to_path_buf(),
+    })
+}
+
+/// `Seccomp:` and `CapEff:` of a thread of this process.
+fn thread_security(tid: i32) -> (Option<u64>, Option<String>) {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+    };
+    (
+        field("Seccomp:").and_then(|v| v.parse().ok()),
+        field("CapEff:"),
+    )
+}
+
+fn status_json(ctx: &Context) -> Value {
+    let s = match ctx.status.lock() {
+        Ok(s) => s.clone(),
+        Err(_) => return json!({"ok": false, "error": "status unavailable"}),
+    };
+    let (seccomp, cap) = s.vmm_tid.map_or((None, None), thread_security);
+    json!({
+        "ok": true,
+        "name": s.name,
+        "state": s.state,
+        "booted": s.boot_time_ms.is_some(),
+        "bootTimeMs": s.boot_time_ms,
+        "vcpus": s.vcpus,
+        "memMiB": s.mem_mib,
+        "disks": s.disks,
+        "network": s.network,
+        "vmmSeccomp": seccomp,
+        "capEff": cap,
+    })
+}
+
+fn reply(w: &mut UnixStream, v: &Value) -> std::io::Result<()> {
+    let mut line = v.to_string();
+    line.push('\n');
+    w.write_all(line.as_bytes())
+}
+
+fn action(ctx: &Context, a: Action, state: &str) -> Value {
+    match ctx.controller.request(a) {
+        Ok(_) => {
+            set_state(&ctx.status, state);
+            json!({"ok": true, "state": state})
+        }
+        Err(e) => json!({"ok": false, "error": e}),
+    }
+}
+
+fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
+    let mut writer = conn.try_clone()?;
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        // Bounded line length: a client cannot make the launcher buffer without limit.
+        let n = (&mut reader).take(4096).read_line(&mut line)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let req: Value = match serde_json::from_str(line.trim()) {
+            Ok(v) => v,
+            Err(e) => {
+                reply(
+                    &mut writer,
+                    &json!({"ok": false, "error": format!("bad request: {e}")}),
+                )?;
+                continue;
+            }
+        };
+        let cmd = req.get("cmd").and_then(Value::as_str).unwrap_or("");
+        let answer = match cmd {
+            "status" => status_json(ctx),
+            "pause" => action(ctx, Action::Pause, "paused"),
+            "unpause" | "resume" => action(ctx, Action::Resume, "running"),
+            "shutdown" => match ctx.events.send(Event::ShutdownRequested) {
+                Ok(()) => json!({"ok": true, "state": "shutting-down"}),
+                Err(_) => json!({"ok": false, "error": "the launcher is exiting"}),
+            },
+            "stop" => match ctx.events.send(Event::StopRequested) {
+                Ok(()) => json!({"ok": true, "state": "stopping"}),
+                Err(_) => json!({"ok": false, "error": "the launcher is exiting"}),
+            },
+            "console" => {
+                let Some(path) = &ctx.console else {
+                    reply(
+                        &mut writer,
+                        &json!({"ok": false, "error": "the console is on the launcher's terminal"}),
+                    )?;
+                    continue;
+                };
+                let serial = match UnixStream::connect(path) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        reply(
+                            &mut writer,
+                            &json!({"ok": false, "error": format!("console: {e}")}),
+                        )?;
+                        continue;
+                    }
+                };
+                reply(&mut writer, &json!({"ok": true}))?;
+                // Bytes the client sent after the request line are console input.
+                let pending = reader.buffer().to_vec();
+                return bridge(reader.into_inner(), serial, &pending);
+            }
+            other => json!({"ok": false, "error": format!("unknown command {other:?}")}),
+        };
+        reply(&mut writer, &answer)?;
+    }
+}
+
+/// Copies bytes both ways until either side closes.
+fn bridge(client: UnixStream, serial: UnixStream, pending: &[u8]) -> std::io::Result<()> {
+    let mut serial_w = serial.try_clone()?;
+    serial_w.write_all(pending)?;
+    let mut client_r = client.try_clone()?;
+    let serial_for_input = serial.try_clone()?;
+    let input = std::thread::Builder::new()
+        .name("console-in".into())
+        .spawn(move || {
+            let _ = std::io::copy(&mut client_r, &mut serial_w);
+            let _ = serial_for_input.shutdown(Shutdown::Both);
+        })?;
+    let mut serial_r = serial;
+    let mut client_w = client;
+    let _ = std::io::copy(&mut serial_r, &mut client_w);
+    let _ = client_w.shutdown(Shutdown::Both);
+    let _ = input.join();
+    Ok(())
+}
+
+/// Client side: sends one request and returns the answer.
+pub fn request(socket: &Path, cmd: &str) -> std::io::Result<Value> {
+    let mut s = UnixStream::connect(socket)?;
+    reply(&mut s, &json!({ "cmd": cmd }))?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    serde_json::from_str(line.trim()).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("bad answer {line:?}: {e}"),
+        )
+    })
+}
+
+/// Puts a terminal in raw mode until dropped.
+struct RawTerminal {
+    fd: i32,
+    saved: libc::termios,
+}
+
+impl RawTerminal {
+    fn enter(fd: i32) -> Option<Self> {
+        // SAFETY: isatty only inspects the descriptor.
+        if unsafe { libc::isatty(fd) } != 1 {
+            return None;
+        }
+        // SAFETY: termios is plain data that tcgetattr fills in.
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is a terminal; `saved` is a valid termios we own.
+        if unsafe { libc::tcgetattr(fd, &mut saved) } != 0 {
+            return None;
+        }
+        let mut raw = saved;
+        // SAFETY: cfmakeraw edits the termios we own.
+        unsafe { libc::cfmakeraw(&mut raw) };
+        // SAFETY: sets attributes of our terminal from a valid termios.
+        if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &raw) } != 0 {
+            return None;
+        }
+        Some(Self { fd, saved })
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        // SAFETY: restores the attributes saved from the same terminal.
+        unsafe { libc::tcsetattr(self.fd, libc::TCSANOW, &self.saved) };
+    }
+}
+
+/// The detach key in a terminal: Ctrl-].
+const DETACH: u8 = 0x1d;
+
+/// Client side of `console`: stdin → guest, guest → stdout, until the launcher closes the
+/// console (the VM ended) or, on a terminal, Ctrl-] is typed.
+pub fn attach_console(socket: &Path) -> std::io::Result<()> {
+    let mut s = UnixStream::connect(socket)?;
+    reply(&mut s, &json!({"cmd": "console"}))?;
+    // Read the answer byte by byte so no console output is swallowed by a buffer.
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while s.read(&mut b)? == 1 && b[0] != b'\n' {
+        line.push(b[0]);
+    }
+    let answer: Value = serde_json::from_slice(&line).map_err(|e| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad answer: {e}"))
+    })?;
+    if answer.get("ok") != Some(&Value::Bool(true)) {
+        let msg = answer
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("refused")
+            .to_string();
+        return Err(std::io::Error::other(msg));
+    }
+    let raw = RawTerminal::enter(libc::STDIN_FILENO);
+    if raw.is_some() {
+        eprint!("[console attached; Ctrl-] detaches]\r\n");
+    }
+    let interactive = raw.is_some();
+    let mut to_guest = s.try_clone()?;
+    let closer = s.try_clone()?;
+    std::thread::Builder::new()
+        .name("console-stdin".into())
+        .spawn(move || {
+            let mut stdin = std::io::stdin().lock();
+            let mut buf = [0u8; 1024];
+            loop {
+                let n = match stdin.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if interactive {
+                    if let Some(i) = buf[..n].iter().position(|&c| c == DETACH) {
+                        let _ = to_guest.write_all(&buf[..i]);
+                        let _ = closer.shutdown(Shutdown::Both);
+                        return;
+                    }
+                }
+                if to_guest.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+        })?;
+    let mut stdout = std::io::stdout().lock();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        stdout.write_all(&buf[..n])?;
+        stdout.flush()?;
+    }
+    drop(raw);
+    Ok(())
+}

@@ -1,0 +1,19 @@
+//! `virt-launcher`: runs one VirtualMachineInstance in this process, with microvirt's VMM
+//! embedded as a library (the VMM and its vCPUs on their own threads, driven through the
+//! VMM's action channel).
+//!
+//! - [`vmi`]: the VMI document (manifest or the operator's `vmi.json`).
+//! - [`launch`]: VMI → VM configuration; [`disks`]: volumes → virtio-blk disks;
+//!   [`cloudinit`]: the NoCloud seed image (VFAT writer); [`demo`]: the embedded demo guest.
+//! - [`runner`]: boot, signals, grace period, outcome; [`control`]: the control socket.
+//! - [`seccomp`], [`caps`]: least privilege.
+
+pub mod caps;
+pub mod cloudinit;
+pub mod control;
+pub mod demo;
+pub mod disks;
+pub mod launch;
+pub mod runner;
+pub mod seccomp;
+pub mod vmi;

@@ -1,0 +1,424 @@
+//! Runs one VM: the VMM on its own thread (plus its vCPU threads), driven from the launcher's
+//! main thread through the VMM's action channel; signals, boot notification, the control
+//! socket and the grace-period timer all arrive as [`Event`]s on one channel.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vmm::builder::RunTimings;
+use vmm::devices::legacy::boot_timer::BootTime;
+use vmm::timing::Clock;
+use vmm::{Action, BuildOptions, ExitReason, VmConfig, Vmm, VmmController};
+
+use crate::control::{self, ControlServer};
+use crate::seccomp;
+
+/// Process exit codes (documented in README and `virt-launcher --help`).
+pub mod exit_code {
+    /// The guest shut down (reset or power-off).
+    pub const CLEAN: u8 = 0;
+    /// The guest crashed or the VMM failed while running.
+    pub const CRASH: u8 = 1;
+    /// Bad usage or an invalid VMI.
+    pub const USAGE: u8 = 2;
+    /// Preparing the VM failed (disks, kernel, KVM).
+    pub const SETUP: u8 = 3;
+    /// The guest ignored the shutdown request; stopped after the grace period.
+    pub const GRACE_EXPIRED: u8 = 4;
+    /// Stopped on request (control `stop`, or a second SIGTERM/SIGINT).
+    pub const STOPPED: u8 = 5;
+}
+
+/// What the main loop reacts to.
+pub enum Event {
+    /// SIGTERM, SIGINT or SIGHUP.
+    Signal(i32),
+    Booted(BootTime),
+    /// Graceful shutdown asked through the control socket.
+    ShutdownRequested,
+    /// Hard stop asked through the control socket.
+    StopRequested,
+    Exited(Result<(ExitReason, RunTimings), String>),
+}
+
+/// State shown by the control socket's `status`.
+#[derive(Clone, Debug, Default)]
+pub struct Status {
+    pub name: String,
+    pub state: String,
+    pub boot_time_ms: Option<u64>,
+    pub vcpus: u64,
+    pub mem_mib: u64,
+    pub disks: Vec<String>,
+    pub network: String,
+    /// Seccomp mode of the VMM thread (from /proc), 2 = filter.
+    pub vmm_tid: Option<i32>,
+}
+
+pub type SharedStatus = Arc<Mutex<Status>>;
+
+pub fn set_state(status: &SharedStatus, state: &str) {
+    if let Ok(mut s) = status.lock() {
+        s.state = state.to_string();
+    }
+}
+
+/// How a launch is run.
+pub struct LaunchConfig {
+    pub vm: VmConfig,
+    pub name: String,
+    pub grace: Duration,
+    /// Created (with the boot time in ms) when the guest has booted.
+    pub booted_marker: Option<PathBuf>,
+    /// Serve the control socket here.
+    pub control_socket: Option<PathBuf>,
+    /// The VMM's serial socket, which the control socket's `console` bridges to.
+    pub console_socket: Option<PathBuf>,
+    /// Install the seccomp filter on the VMM thread (and so its vCPU threads).
+    pub seccomp: bool,
+    /// Print "guest booted in N ms" on stderr.
+    pub announce_boot: bool,
+    pub status: Status,
+    /// When VM preparation began (boot time is measured from here).
+    pub start: Clock,
+}
+
+/// Why the launcher ended and what it reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub exit_code: u8,
+    /// One line for humans (the termination message's first line).
+    pub message: String,
+    /// Machine-readable reason: GuestShutdown, GuestCrashed, GracePeriodExpired, Stopped,
+    /// SetupFailed, VmmFailed.
+    pub reason: &'static str,
+    pub boot_time_ms: Option<u64>,
+}
+
+impl Outcome {
+    pub fn setup_failed(msg: impl Into<String>) -> Self {
+        Self {
+            exit_code: exit_code::SETUP,
+            message: format!("setup failed: {}", msg.into()),
+            reason: "SetupFailed",
+            boot_time_ms: None,
+        }
+    }
+
+    /// The termination message: first line the reason (at most 256 bytes), then key=value lines.
+    pub fn termination_message(&self) -> String {
+        let mut first: String = self
+            .message
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        if first.len() > 256 {
+            let mut cut = 256;
+            while !first.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            first.truncate(cut);
+        }
+        let mut s = format!(
+            "{first}\nreason={}\nexitCode={}\n",
+            self.reason, self.exit_code
+        );
+        if let Some(ms) = self.boot_time_ms {
+            s.push_str(&format!("bootTimeMs={ms}\n"));
+        }
+        s
+    }
+}
+
+fn launcher_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t we own; the signal numbers are valid.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+    }
+    set
+}
+
+/// Blocks SIGTERM, SIGINT and SIGHUP in this thread and every thread it spawns later; they
+/// stay pending until [`forward_signals`] takes them. Call before spawning any thread.
+pub fn block_signals() -> std::io::Result<()> {
+    let set = launcher_signals();
+    // SAFETY: changes this thread's signal mask with a valid set.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Forwards the signals blocked by [`block_signals`] to `events` from a dedicated thread.
+pub fn forward_signals(events: Sender<Event>) -> std::io::Result<()> {
+    let set = launcher_signals();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: waits for one of the blocked signals in `set`, writing its number to `sig`.
+            let rc = unsafe { libc::sigwait(&set, &mut sig) };
+            if rc != 0 {
+                continue;
+            }
+            if events.send(Event::Signal(sig)).is_err() {
+                return;
+            }
+        })?;
+    Ok(())
+}
+
+fn spawn_vmm(cfg: &LaunchConfig, events: Sender<Event>) -> Result<(VmmController, i32), String> {
+    let (ready_tx, ready_rx) = channel::<Result<(VmmController, i32), String>>();
+    let (boot_tx, boot_rx) = channel::<BootTime>();
+    let vm = cfg.vm.clone();
+    let start = cfg.start;
+    let use_seccomp = cfg.seccomp;
+    let exit_events = events.clone();
+    std::thread::Builder::new()
+        .name("vmm".into())
+        .spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            if use_seccomp {
+                if let Err(e) = seccomp::apply_vmm_filter(seccomp::Mismatch::KillProcess) {
+                    let _ = ready_tx.send(Err(format!("seccomp: {e}")));
+                    return;
+                }
+            }
+            let opts = BuildOptions {
+                start: Some(start),
+                serial_out: None,
+                boot_notify: Some(boot_tx),
+            };
+            let vmm = match Vmm::build(&vm, opts) {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e.to_string()));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok((vmm.controller(), tid)));
+            let r = vmm.run().map_err(|e| e.to_string());
+            let _ = exit_events.send(Event::Exited(r));
+        })
+        .map_err(|e| format!("spawning the VMM thread: {e}"))?;
+    std::thread::Builder::new()
+        .name("boot-notify".into())
+        .spawn(move || {
+            for t in boot_rx {
+                if events.send(Event::Booted(t)).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| format!("spawning the boot thread: {e}"))?;
+    ready_rx
+        .recv()
+        .map_err(|_| "the VMM thread ended during build".to_string())?
+}
+
+/// Why the VM was stopped by the launcher.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StopCause {
+    GraceExpired,
+    Requested,
+}
+
+/// Boots the VM and runs it to the end. `events`/`rx` is the main loop's channel (signals may
+/// already be forwarded into it).
+pub fn run(
+    cfg: LaunchConfig,
+    events: Sender<Event>,
+    rx: std::sync::mpsc::Receiver<Event>,
+) -> Outcome {
+    let status: SharedStatus = Arc::new(Mutex::new(cfg.status.clone()));
+    set_state(&status, "starting");
+    if let Some(m) = &cfg.booted_marker {
+        let _ = std::fs::remove_file(m);
+    }
+    let (controller, tid) = match spawn_vmm(&cfg, events.clone()) {
+        Ok(c) => c,
+        Err(e) => return Outcome::setup_failed(e),
+    };
+    if let Ok(mut s) = status.lock() {
+        s.state = "running".into();
+        s.vmm_tid = Some(tid);
+    }
+    let _server: Option<ControlServer> = match &cfg.control_socket {
+        Some(path) => match control::serve(
+            path,
+            control::Context {
+                controller: controller.clone(),
+                status: status.clone(),
+                events: events.clone(),
+                console: cfg.console_socket.clone(),
+            },
+        ) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                let _ = controller.request(Action::Stop);
+                return Outcome::setup_failed(format!("control socket {}: {e}", path.display()));
+            }
+        },
+        None => None,
+    };
+
+    let mut deadline: Option<Instant> = None;
+    let mut shutdown_requested = false;
+    let mut stop_cause: Option<StopCause> = None;
+    let mut boot_ms: Option<u64> = None;
+    let result = loop {
+        let ev = match deadline {
+            Some(d) => match rx.recv_timeout(d.saturating_duration_since(Instant::now())) {
+                Ok(ev) => ev,
+                Err(RecvTimeoutError::Timeout) => {
+                    log::warn!(
+                        "the guest did not shut down within {} s; stopping the VM",
+                        cfg.grace.as_secs_f64()
+                    );
+                    stop_cause.get_or_insert(StopCause::GraceExpired);
+                    deadline = None;
+                    let _ = controller.send(Action::Stop);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break Err("event channel closed".into()),
+            },
+            None => match rx.recv() {
+                Ok(ev) => ev,
+                Err(_) => break Err("event channel closed".into()),
+            },
+        };
+        match ev {
+            Event::Booted(t) => {
+                let ms = t.wall_us / 1000;
+                boot_ms = Some(ms);
+                if let Ok(mut s) = status.lock() {
+                    s.boot_time_ms = Some(ms);
+                }
+                if cfg.announce_boot {
+                    eprintln!(
+                        "virt-launcher: guest booted in {}.{:03} ms (cpu {} ms)",
+                        t.wall_us / 1000,
+                        t.wall_us % 1000,
+                        t.cpu_us / 1000
+                    );
+                }
+                if let Some(m) = &cfg.booted_marker {
+                    if let Err(e) = std::fs::write(m, format!("{ms}\n")) {
+                        log::error!("cannot write the booted marker {}: {e}", m.display());
+                    }
+                }
+            }
+            Event::Signal(_) | Event::ShutdownRequested if !shutdown_requested => {
+                shutdown_requested = true;
+                log::info!(
+                    "asking the guest to shut down (grace period {} s)",
+                    cfg.grace.as_secs_f64()
+                );
+                let was_paused = status.lock().map(|s| s.state == "paused").unwrap_or(false);
+                set_state(&status, "shutting-down");
+                if was_paused {
+                    // A paused guest cannot react; resume it first.
+                    let _ = controller.request(Action::Resume);
+                }
+                if let Err(e) = controller.request(Action::CtrlAltDel) {
+                    log::warn!("Ctrl-Alt-Del: {e}");
+                }
+                deadline = Some(Instant::now() + cfg.grace);
+            }
+            Event::Signal(_) | Event::StopRequested => {
+                log::warn!("stopping the VM now");
+                stop_cause.get_or_insert(StopCause::Requested);
+                deadline = None;
+                let _ = controller.send(Action::Stop);
+            }
+            Event::ShutdownRequested => {}
+            Event::Exited(r) => break r,
+        }
+    };
+    set_state(&status, "stopped");
+    if let Some(p) = &cfg.control_socket {
+        let _ = std::fs::remove_file(p);
+    }
+    let (exit_code, reason, message) = match result {
+        Ok((ExitReason::GuestReset, _)) => (
+            exit_code::CLEAN,
+            "GuestShutdown",
+            if shutdown_requested {
+                "guest reset after the shutdown request".to_string()
+            } else {
+                "guest reset".to_string()
+            },
+        ),
+        Ok((ExitReason::GuestPowerOff, _)) => (
+            exit_code::CLEAN,
+            "GuestShutdown",
+            "guest powered off".to_string(),
+        ),
+        Ok((ExitReason::Stopped, _)) => match stop_cause {
+            Some(StopCause::GraceExpired) => (
+                exit_code::GRACE_EXPIRED,
+                "GracePeriodExpired",
+                format!(
+                    "guest did not shut down within the {} s grace period; VM stopped",
+                    cfg.grace.as_secs()
+                ),
+            ),
+            _ => (
+                exit_code::STOPPED,
+                "Stopped",
+                "VM stopped on request".to_string(),
+            ),
+        },
+        Ok((ExitReason::Fault(msg), _)) => (
+            exit_code::CRASH,
+            "GuestCrashed",
+            format!("guest crashed: {msg}"),
+        ),
+        Err(e) => (exit_code::CRASH, "VmmFailed", format!("VMM failed: {e}")),
+    };
+    Outcome {
+        exit_code,
+        message,
+        reason,
+        boot_time_ms: boot_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn termination_message_format() {
+        let o = Outcome {
+            exit_code: 1,
+            message: format!("guest crashed: {}\nsecond line", "x".repeat(300)),
+            reason: "GuestCrashed",
+            boot_time_ms: Some(12),
+        };
+        let m = o.termination_message();
+        let lines: Vec<&str> = m.lines().collect();
+        assert_eq!(lines[0].len(), 256);
+        assert!(lines[0].starts_with("guest crashed: xxx"));
+        assert_eq!(
+            &lines[1..],
+            ["reason=GuestCrashed", "exitCode=1", "bootTimeMs=12"]
+        );
+        let s = Outcome::setup_failed("no kernel");
+        assert_eq!(s.exit_code, exit_code::SETUP);
+        assert_eq!(
+            s.termination_message(),
+            "setup failed: no kernel\nreason=SetupFailed\nexitCode=3\n"
+        );
+    }
+}

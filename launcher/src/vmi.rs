@@ -1,0 +1,450 @@
+//! The launcher's view of a VirtualMachineInstance: the fields it acts on, parsed from a VMI
+//! manifest (YAML or JSON, `virt-launcher run`) or from the operator's VMI document
+//! (`vmi.json`, `virt-launcher pod`, see docs/launcher-pod.md).
+//!
+//! Field names are the CRD's (`crds/src/vmi.rs`, KubeVirt's names). The launcher keeps its own
+//! small serde view instead of depending on `microvirt-crds` so that the per-VM process carries
+//! no Kubernetes client code (kube, k8s-openapi, tokio): it never talks to the API server.
+//! Unknown fields are ignored, as the operator may add fields the launcher does not act on.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// Default guest memory when the VMI names none (the operator's default too).
+pub const DEFAULT_GUEST_MEMORY: u64 = 128 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmiError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("parsing {path} as YAML: {detail}")]
+    Yaml { path: String, detail: String },
+    #[error("parsing {path} as JSON: {detail}")]
+    Json { path: String, detail: String },
+    #[error("{path}: kind is {kind:?}, expected VirtualMachineInstance")]
+    Kind { path: String, kind: String },
+    #[error("bad quantity {field}={value:?}: {reason}")]
+    Quantity {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+}
+
+/// A VMI manifest or the operator's VMI document.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VmiDocument {
+    #[serde(default)]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub metadata: Metadata,
+    #[serde(default)]
+    pub spec: Spec,
+    /// Set by the operator (pod mode): guest memory after defaulting.
+    #[serde(default)]
+    pub guest_memory_bytes: Option<u64>,
+    /// Set by the operator (pod mode): vCPU count after defaulting.
+    #[serde(default)]
+    pub vcpus: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Metadata {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    #[serde(default)]
+    pub uid: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    #[serde(default)]
+    pub domain: Domain,
+    #[serde(default)]
+    pub volumes: Vec<Volume>,
+    #[serde(default)]
+    pub networks: Vec<Network>,
+    #[serde(default)]
+    pub termination_grace_period_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Domain {
+    #[serde(default)]
+    pub cpu: Option<Cpu>,
+    #[serde(default)]
+    pub memory: Option<Memory>,
+    #[serde(default)]
+    pub resources: Option<Resources>,
+    #[serde(default)]
+    pub firmware: Option<Firmware>,
+    #[serde(default)]
+    pub devices: Devices,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Cpu {
+    #[serde(default)]
+    pub cores: Option<u32>,
+    #[serde(default)]
+    pub sockets: Option<u32>,
+    #[serde(default)]
+    pub threads: Option<u32>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Memory {
+    #[serde(default)]
+    pub guest: Option<Quantity>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Resources {
+    #[serde(default)]
+    pub requests: Option<std::collections::BTreeMap<String, Quantity>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Firmware {
+    #[serde(default)]
+    pub kernel_boot: Option<KernelBoot>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KernelBoot {
+    #[serde(default)]
+    pub kernel_args: Option<String>,
+    #[serde(default)]
+    pub container: Option<KernelBootContainer>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KernelBootContainer {
+    #[serde(default)]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub kernel_path: Option<String>,
+    #[serde(default)]
+    pub initrd_path: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Devices {
+    #[serde(default)]
+    pub disks: Vec<Disk>,
+    #[serde(default)]
+    pub interfaces: Vec<Interface>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Disk {
+    pub name: String,
+    #[serde(default)]
+    pub disk: Option<DiskTarget>,
+    #[serde(default)]
+    pub serial: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct DiskTarget {
+    #[serde(default)]
+    pub bus: Option<String>,
+    #[serde(default)]
+    pub readonly: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Interface {
+    pub name: String,
+    #[serde(default)]
+    pub masquerade: Option<serde_json::Value>,
+    #[serde(default)]
+    pub bridge: Option<serde_json::Value>,
+    #[serde(default)]
+    pub mac_address: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Network {
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    pub name: String,
+    #[serde(default)]
+    pub container_disk: Option<ContainerDisk>,
+    #[serde(default)]
+    pub persistent_volume_claim: Option<PersistentVolumeClaim>,
+    #[serde(default)]
+    pub cloud_init_no_cloud: Option<CloudInitNoCloud>,
+    #[serde(default)]
+    pub empty_disk: Option<EmptyDisk>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ContainerDisk {
+    #[serde(default)]
+    pub image: Option<String>,
+    #[serde(default)]
+    pub path: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistentVolumeClaim {
+    pub claim_name: String,
+    #[serde(default)]
+    pub read_only: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudInitNoCloud {
+    #[serde(default)]
+    pub user_data: Option<String>,
+    #[serde(default)]
+    pub user_data_base64: Option<String>,
+    #[serde(default)]
+    pub network_data: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct EmptyDisk {
+    pub capacity: Quantity,
+}
+
+/// A Kubernetes quantity as written (`128Mi`, `1G`, `1048576`); YAML may give a bare number.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Quantity(pub String);
+
+impl<'de> Deserialize<'de> for Quantity {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            S(String),
+            U(u64),
+        }
+        Ok(match Raw::deserialize(d)? {
+            Raw::S(s) => Quantity(s),
+            Raw::U(n) => Quantity(n.to_string()),
+        })
+    }
+}
+
+impl Quantity {
+    /// The quantity in bytes (binary and decimal suffixes, integers only).
+    pub fn bytes(&self, field: &'static str) -> Result<u64, VmiError> {
+        parse_bytes(&self.0).map_err(|reason| VmiError::Quantity {
+            field,
+            value: self.0.clone(),
+            reason,
+        })
+    }
+}
+
+/// Parses a byte quantity: digits followed by one of Ki Mi Gi Ti Pi Ei k K M G T P E or nothing.
+pub fn parse_bytes(s: &str) -> Result<u64, &'static str> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, suffix) = s.split_at(split);
+    if digits.is_empty() {
+        return Err("expected digits followed by an optional unit such as Mi or Gi");
+    }
+    let n: u64 = digits.parse().map_err(|_| "number too large")?;
+    let mult: u64 = match suffix {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        "Ei" => 1 << 60,
+        "k" | "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "E" => 1_000_000_000_000_000_000,
+        _ => return Err("unknown unit (use Ki, Mi, Gi, Ti, k, M, G, T)"),
+    };
+    n.checked_mul(mult).ok_or("quantity too large")
+}
+
+impl VmiDocument {
+    /// Parses a VMI manifest; JSON when it starts with `{`, else YAML.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, VmiError> {
+        let doc: VmiDocument = if text.trim_start().starts_with('{') {
+            serde_json::from_str(text).map_err(|e| VmiError::Json {
+                path: origin.to_string(),
+                detail: e.to_string(),
+            })?
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| VmiError::Yaml {
+                path: origin.to_string(),
+                detail: e.to_string(),
+            })?
+        };
+        match doc.kind.as_deref() {
+            None | Some("VirtualMachineInstance") => Ok(doc),
+            Some(k) => Err(VmiError::Kind {
+                path: origin.to_string(),
+                kind: k.to_string(),
+            }),
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<Self, VmiError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| VmiError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::parse(&text, &shown)
+    }
+
+    /// The VMI's name (`vmi` when it has none).
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or("vmi")
+    }
+
+    /// Guest memory in bytes: the operator's `guestMemoryBytes`, else `domain.memory.guest`,
+    /// else `domain.resources.requests.memory`, else 128 MiB.
+    pub fn guest_memory_bytes(&self) -> Result<u64, VmiError> {
+        if let Some(b) = self.guest_memory_bytes {
+            return Ok(b);
+        }
+        let d = &self.spec.domain;
+        if let Some(q) = d.memory.as_ref().and_then(|m| m.guest.as_ref()) {
+            return q.bytes("domain.memory.guest");
+        }
+        if let Some(q) = d
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("memory"))
+        {
+            return q.bytes("domain.resources.requests.memory");
+        }
+        Ok(DEFAULT_GUEST_MEMORY)
+    }
+
+    /// vCPUs: the operator's `vcpus`, else cores × sockets × threads (each default 1).
+    pub fn vcpus(&self) -> u64 {
+        if let Some(v) = self.vcpus {
+            return v;
+        }
+        match &self.spec.domain.cpu {
+            Some(c) => [c.cores, c.sockets, c.threads]
+                .into_iter()
+                .map(|v| u64::from(v.unwrap_or(1)))
+                .product(),
+            None => 1,
+        }
+    }
+
+    /// Seconds the guest gets to shut down after SIGTERM (default 30, as in Kubernetes).
+    pub fn grace_period_seconds(&self) -> u64 {
+        self.spec
+            .termination_grace_period_seconds
+            .map_or(30, |s| s.max(0) as u64)
+    }
+
+    pub fn kernel_boot(&self) -> Option<&KernelBoot> {
+        self.spec
+            .domain
+            .firmware
+            .as_ref()
+            .and_then(|f| f.kernel_boot.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities() {
+        assert_eq!(parse_bytes("128Mi"), Ok(128 << 20));
+        assert_eq!(parse_bytes("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert_eq!(parse_bytes("2Ki"), Ok(2048));
+        assert!(parse_bytes("Mi").is_err());
+        assert!(parse_bytes("1.5Gi").is_err());
+        assert!(parse_bytes("12Qi").is_err());
+        assert!(parse_bytes("99999999999Ei").is_err());
+    }
+
+    #[test]
+    fn yaml_manifest() {
+        let doc = VmiDocument::parse(
+            r#"
+apiVersion: microvirt.io/v1alpha1
+kind: VirtualMachineInstance
+metadata:
+  name: demo
+spec:
+  terminationGracePeriodSeconds: 5
+  domain:
+    cpu: {cores: 2}
+    memory: {guest: 64Mi}
+    devices:
+      disks:
+        - name: root
+          disk: {bus: virtio, readonly: true}
+          serial: abc
+  volumes:
+    - name: root
+      containerDisk: {image: x, path: /tmp/img}
+    - name: scratch
+      emptyDisk: {capacity: 1048576}
+"#,
+            "t",
+        )
+        .unwrap();
+        assert_eq!(doc.name(), "demo");
+        assert_eq!(doc.vcpus(), 2);
+        assert_eq!(doc.guest_memory_bytes().unwrap(), 64 << 20);
+        assert_eq!(doc.grace_period_seconds(), 5);
+        assert_eq!(doc.spec.volumes.len(), 2);
+        let cap = &doc.spec.volumes[1].empty_disk.as_ref().unwrap().capacity;
+        assert_eq!(cap.bytes("c").unwrap(), 1 << 20);
+        assert_eq!(
+            doc.spec.domain.devices.disks[0].serial.as_deref(),
+            Some("abc")
+        );
+    }
+
+    #[test]
+    fn operator_document_wins_over_spec() {
+        let doc = VmiDocument::parse(
+            r#"{"apiVersion":"microvirt.io/v1alpha1","kind":"VirtualMachineInstance",
+                "metadata":{"name":"a","namespace":"ns","uid":"u-1"},
+                "spec":{"domain":{"cpu":{"cores":4},"memory":{"guest":"1Gi"}},"extra":1},
+                "guestMemoryBytes":134217728,"vcpus":1}"#,
+            "vmi.json",
+        )
+        .unwrap();
+        assert_eq!(doc.guest_memory_bytes().unwrap(), 128 << 20);
+        assert_eq!(doc.vcpus(), 1);
+        assert_eq!(doc.metadata.uid.as_deref(), Some("u-1"));
+        assert_eq!(doc.grace_period_seconds(), 30);
+        assert!(VmiDocument::parse("{\"kind\":\"Pod\"}", "x").is_err());
+        assert!(VmiDocument::parse("spec: [", "x").is_err());
+    }
+}

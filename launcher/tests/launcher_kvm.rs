@@ -1,0 +1,599 @@
+//! `virt-launcher` end to end on this machine's /dev/kvm with the built-in demo guest (the test
+//! guest embedded in the binary): run mode, signals and the grace period, crashes, pod mode
+//! with a fake pod filesystem, the control socket, and disks from volumes.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("launcher-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running launcher whose stdout and stderr are collected as they arrive.
+struct Launcher {
+    child: Child,
+    out: Arc<Mutex<String>>,
+    err: Arc<Mutex<String>>,
+}
+
+fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let buf = Arc::new(Mutex::new(String::new()));
+    let b = buf.clone();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(r);
+        let mut line = Vec::new();
+        while r
+            .read_until(b'\n', &mut line)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
+            b.lock().unwrap().push_str(&String::from_utf8_lossy(&line));
+            line.clear();
+        }
+    });
+    buf
+}
+
+impl Launcher {
+    fn spawn(cmd: &mut Command) -> Self {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = collect(child.stdout.take().unwrap());
+        let err = collect(child.stderr.take().unwrap());
+        Launcher { child, out, err }
+    }
+
+    fn stdout(&self) -> String {
+        self.out.lock().unwrap().clone()
+    }
+    fn stderr(&self) -> String {
+        self.err.lock().unwrap().clone()
+    }
+
+    fn wait_for_output(&self, needle: &str, timeout: Duration) {
+        let end = Instant::now() + timeout;
+        while !self.stdout().contains(needle) {
+            assert!(
+                Instant::now() < end,
+                "no {needle:?} within {timeout:?}; stdout:\n{}\nstderr:\n{}",
+                self.stdout(),
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill with the pid of our own child process.
+        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
+    }
+
+    /// Waits for the exit (killing the launcher after `timeout`); returns status and time taken.
+    fn wait(&mut self, timeout: Duration) -> (ExitStatus, Duration) {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                // Let the reader threads drain the pipes.
+                std::thread::sleep(Duration::from_millis(50));
+                return (st, t0.elapsed());
+            }
+            if t0.elapsed() > timeout {
+                let _ = self.child.kill();
+                panic!(
+                    "launcher still running after {timeout:?}; stdout:\n{}\nstderr:\n{}",
+                    self.stdout(),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn demo_vmi(dir: &Path, name: &str, kernel_args: &str, extra_spec: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &p,
+        format!(
+            "apiVersion: microvirt.io/v1alpha1\nkind: VirtualMachineInstance\n\
+             metadata: {{name: {name}}}\nspec:\n  terminationGracePeriodSeconds: 10\n  domain:\n    \
+             memory: {{guest: 32Mi}}\n    firmware: {{kernelBoot: {{kernelArgs: \"{kernel_args}\"}}}}\n{extra_spec}"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+fn run_cmd(vmi: &Path, extra: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("run").arg(vmi).args(extra);
+    c
+}
+
+#[test]
+fn run_example_demo_vmi_with_two_vcpus() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/demo-vmi.yaml");
+    let t = TempDir::new("example");
+    let log = t.path().join("termination-log");
+    let mut l = Launcher::spawn(
+        Command::new(BIN)
+            .arg("run")
+            .arg(&example)
+            .arg("--termination-log")
+            .arg(&log),
+    );
+    let (st, _) = l.wait(Duration::from_secs(30));
+    let out = l.stdout();
+    assert_eq!(
+        st.code(),
+        Some(0),
+        "stdout:\n{out}\nstderr:\n{}",
+        l.stderr()
+    );
+    for line in [
+        "microvirt-testguest: entry=pvh",
+        "cpus: 2/2",
+        "boot-timer: written",
+        "reset",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in:\n{out}");
+    }
+    assert!(l.stderr().contains("guest booted in"), "{}", l.stderr());
+    let msg = std::fs::read_to_string(&log).unwrap();
+    let mut lines = msg.lines();
+    assert_eq!(lines.next(), Some("guest reset"));
+    assert!(msg.contains("reason=GuestShutdown\n"), "{msg}");
+    assert!(msg.contains("exitCode=0\n"), "{msg}");
+    let boot_ms: u64 = msg
+        .lines()
+        .find_map(|l| l.strip_prefix("bootTimeMs="))
+        .expect("bootTimeMs line")
+        .parse()
+        .unwrap();
+    assert!(boot_ms < 10_000, "{boot_ms}");
+}
+
+#[test]
+fn sigterm_shuts_the_guest_down_within_the_grace_period() {
+    let t = TempDir::new("sigterm");
+    let vmi = demo_vmi(t.path(), "cad", "testguest.scenario=ctrlaltdel", "");
+    let log = t.path().join("log");
+    let mut l = Launcher::spawn(&mut run_cmd(
+        &vmi,
+        &["--termination-log", log.to_str().unwrap()],
+    ));
+    l.wait_for_output("waiting for ctrl-alt-del", Duration::from_secs(20));
+    l.signal(libc::SIGTERM);
+    let (st, took) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
+    assert!(took < Duration::from_secs(10), "took {took:?} (grace 10 s)");
+    assert!(
+        l.stdout().contains("ctrl-alt-del received"),
+        "{}",
+        l.stdout()
+    );
+    let msg = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        msg.starts_with("guest reset after the shutdown request\n"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_guest_that_ignores_sigterm_is_stopped_after_the_grace_period() {
+    let t = TempDir::new("halt");
+    let vmi = demo_vmi(t.path(), "halt", "testguest.scenario=halt-forever", "");
+    let log = t.path().join("log");
+    let mut l = Launcher::spawn(&mut run_cmd(
+        &vmi,
+        &[
+            "--grace-period",
+            "1",
+            "--termination-log",
+            log.to_str().unwrap(),
+        ],
+    ));
+    l.wait_for_output("halting", Duration::from_secs(20));
+    l.signal(libc::SIGTERM);
+    let (st, took) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(4), "stderr:\n{}", l.stderr());
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(5),
+        "took {took:?} with a 1 s grace period"
+    );
+    let msg = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        msg.starts_with("guest did not shut down within the 1 s grace period; VM stopped\n"),
+        "{msg}"
+    );
+    assert!(msg.contains("reason=GracePeriodExpired\n"), "{msg}");
+    assert!(msg.contains("bootTimeMs="), "{msg}");
+}
+
+#[test]
+fn a_second_signal_stops_at_once() {
+    let t = TempDir::new("twice");
+    let vmi = demo_vmi(t.path(), "twice", "testguest.scenario=halt-forever", "");
+    let mut l = Launcher::spawn(&mut run_cmd(&vmi, &["--grace-period", "60"]));
+    l.wait_for_output("halting", Duration::from_secs(20));
+    l.signal(libc::SIGINT);
+    std::thread::sleep(Duration::from_millis(100));
+    l.signal(libc::SIGINT);
+    let (st, took) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(5), "stderr:\n{}", l.stderr());
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
+
+#[test]
+fn a_guest_crash_gives_a_non_zero_exit_and_the_reason() {
+    let t = TempDir::new("crash");
+    let vmi = demo_vmi(
+        t.path(),
+        "crash",
+        "testguest.scenario=triple-fault testguest.fault=ud2",
+        "",
+    );
+    let log = t.path().join("log");
+    let mut l = Launcher::spawn(&mut run_cmd(
+        &vmi,
+        &["--termination-log", log.to_str().unwrap()],
+    ));
+    let (st, _) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(1), "stderr:\n{}", l.stderr());
+    assert!(l.stdout().contains("triple-fault: now"), "{}", l.stdout());
+    let msg = std::fs::read_to_string(&log).unwrap();
+    let first = msg.lines().next().unwrap();
+    assert!(first.starts_with("guest crashed: "), "{msg}");
+    assert!(first.len() <= 256);
+    assert!(msg.contains("reason=GuestCrashed\n"), "{msg}");
+}
+
+#[test]
+fn invalid_input_is_refused_with_exit_codes_2_and_3() {
+    let t = TempDir::new("bad");
+    let p = t.path().join("bad.yaml");
+    std::fs::write(&p, "kind: Pod\n").unwrap();
+    let out = Command::new(BIN).arg("run").arg(&p).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected VirtualMachineInstance"));
+    let vmi = demo_vmi(
+        t.path(),
+        "nodisk",
+        "",
+        "    devices: {disks: [{name: d}]}\n  volumes: [{name: d, containerDisk: {image: x, path: missing.img}}]\n",
+    );
+    let out = Command::new(BIN).arg("run").arg(&vmi).output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("missing.img") && err.contains("not a file"),
+        "{err}"
+    );
+}
+
+/// The test guest's blk pattern: 64-bit word `w` of sector `s`.
+fn pattern(s: u64, w: u64) -> u64 {
+    0x6d76_0000_0000_0000 ^ (s << 32) ^ (w << 8) ^ s.wrapping_mul(0x9e37_79b9)
+}
+
+fn word(img: &[u8], sector: u64, w: u64) -> u64 {
+    let off = (sector * 512 + w * 8) as usize;
+    u64::from_le_bytes(img[off..off + 8].try_into().unwrap())
+}
+
+fn blk_vmi(dir: &Path, name: &str) -> PathBuf {
+    demo_vmi(
+        dir,
+        name,
+        "testguest.scenario=blk",
+        "    devices:\n      disks:\n        - {name: root, serial: root-disk}\n        - {name: data}\n        - {name: scratch}\n        - {name: seed}\n  volumes:\n    - {name: root, containerDisk: {image: local, path: base.img}}\n    - {name: data, persistentVolumeClaim: {claimName: pvc}}\n    - {name: scratch, emptyDisk: {capacity: 3Mi}}\n    - {name: seed, cloudInitNoCloud: {userData: \"#cloud-config\"}}\n",
+    )
+}
+
+#[test]
+fn disks_from_volumes_overlay_isolation_pvc_persistence_empty_disk() {
+    let t = TempDir::new("disks");
+    let base = t.path().join("base.img");
+    let base_bytes: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+    std::fs::write(&base, &base_bytes).unwrap();
+    std::fs::create_dir_all(t.path().join("pvc")).unwrap();
+    let pvc = t.path().join("pvc/disk.img");
+    std::fs::write(&pvc, vec![0u8; 2 << 20]).unwrap();
+    let vmi = blk_vmi(t.path(), "disks");
+
+    // Two launchers at once on one containerDisk image, each with its own runtime directory.
+    // The PVC is used by the first only (a second writer would be refused by the lock), so
+    // the second VMI names a PVC of its own.
+    std::fs::create_dir_all(t.path().join("pvc2")).unwrap();
+    std::fs::write(t.path().join("pvc2/disk.img"), vec![0u8; 1 << 20]).unwrap();
+    let vmi2 = t.path().join("disks2.yaml");
+    std::fs::write(
+        &vmi2,
+        std::fs::read_to_string(&vmi)
+            .unwrap()
+            .replace("claimName: pvc}", "claimName: pvc2}")
+            .replace("name: disks}", "name: disks2}"),
+    )
+    .unwrap();
+    let rt1 = t.path().join("rt1");
+    let rt2 = t.path().join("rt2");
+    let mut a = Launcher::spawn(&mut run_cmd(
+        &vmi,
+        &["--runtime-dir", rt1.to_str().unwrap()],
+    ));
+    let mut b = Launcher::spawn(&mut run_cmd(
+        &vmi2,
+        &["--runtime-dir", rt2.to_str().unwrap()],
+    ));
+    for l in [&mut a, &mut b] {
+        let (st, _) = l.wait(Duration::from_secs(30));
+        assert_eq!(
+            st.code(),
+            Some(0),
+            "stdout:\n{}\nstderr:\n{}",
+            l.stdout(),
+            l.stderr()
+        );
+        let out = l.stdout();
+        // Order = spec order: vda root (serial), vdb data, vdc scratch (3 MiB), vdd seed (ro).
+        for line in [
+            "blk0: capacity=2048 ro=0 id=root-disk",
+            "blk0: write-flush-read ok",
+            "blk1: write-flush-read ok",
+            "blk2: capacity=6144 ro=0 id=",
+            "blk2: write-flush-read ok",
+            "blk3: ro-write status=1",
+        ] {
+            assert!(out.contains(line), "missing {line:?}:\n{out}");
+        }
+        assert!(
+            out.contains("blk3: capacity=") && out.contains(" ro=1 "),
+            "{out}"
+        );
+    }
+    // The image is untouched; each VMI's writes are in its own overlay.
+    assert_eq!(std::fs::read(&base).unwrap(), base_bytes);
+    for rt in [&rt1, &rt2] {
+        let ov = std::fs::read(rt.join("root.overlay")).unwrap();
+        assert_eq!(&ov[..8], b"MVOVRLY1");
+    }
+    // The PVC kept the guest's writes (sectors 1..=8 hold the pattern).
+    let img = std::fs::read(&pvc).unwrap();
+    for s in 1..=8 {
+        assert_eq!(word(&img, s, 0), pattern(s, 0), "sector {s}");
+        assert_eq!(word(&img, s, 63), pattern(s, 63), "sector {s}");
+    }
+    // A second run of the same VMI starts from a fresh overlay (stateless containerDisk)
+    // while the PVC still holds the data of the first run.
+    std::fs::write(rt1.join("root.overlay"), b"stale, must be replaced").unwrap();
+    let mut c = Launcher::spawn(&mut run_cmd(
+        &vmi,
+        &["--runtime-dir", rt1.to_str().unwrap()],
+    ));
+    let (st, _) = c.wait(Duration::from_secs(30));
+    assert_eq!(st.code(), Some(0), "{}", c.stderr());
+    assert_eq!(
+        &std::fs::read(rt1.join("root.overlay")).unwrap()[..8],
+        b"MVOVRLY1"
+    );
+    assert_eq!(std::fs::read(&pvc).unwrap(), img);
+}
+
+/// A fake pod filesystem: MICROVIRT_ROOT with vmi/vmi.json, a termination log path.
+struct Pod {
+    dir: TempDir,
+}
+
+impl Pod {
+    fn new(tag: &str, vmi_json: &str) -> Self {
+        let dir = TempDir::new(tag);
+        std::fs::create_dir_all(dir.path().join("root/vmi")).unwrap();
+        std::fs::write(dir.path().join("root/vmi/vmi.json"), vmi_json).unwrap();
+        Pod { dir }
+    }
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+    fn term_log(&self) -> PathBuf {
+        self.dir.path().join("termination-log")
+    }
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(args)
+            .env("MICROVIRT_ROOT", self.root())
+            .env("MICROVIRT_TERMINATION_LOG", self.term_log());
+        c
+    }
+    fn control(&self, cmd: &str) -> serde_json::Value {
+        let out = self.cmd(&[cmd]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let v: serde_json::Value = serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("{cmd}: {e}: {text:?} {:?}", out.stderr));
+        assert_eq!(out.status.success(), v["ok"] == true, "{v}");
+        v
+    }
+    fn probe_ready(&self) -> bool {
+        self.cmd(&["probe", "ready"]).status().unwrap().success()
+    }
+}
+
+fn pod_document(name: &str, kernel_args: &str, grace: u32) -> String {
+    serde_json::json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": "default", "uid": "0000-1111"},
+        "spec": {
+            "terminationGracePeriodSeconds": grace,
+            "domain": {
+                "cpu": {"cores": 4},
+                "memory": {"guest": "1Gi"},
+                "firmware": {"kernelBoot": {"kernelArgs": kernel_args}},
+                "devices": {"disks": [{"name": "seed", "disk": {"bus": "virtio"}}]}
+            },
+            "volumes": [{"name": "seed", "cloudInitNoCloud": {"userData": "#cloud-config\n"}}]
+        },
+        "guestMemoryBytes": 33554432u64,
+        "vcpus": 2
+    })
+    .to_string()
+}
+
+#[test]
+fn pod_mode_readiness_control_socket_console_and_termination_message() {
+    let pod = Pod::new(
+        "pod",
+        &pod_document("echo-vmi", "testguest.scenario=echo", 6),
+    );
+    assert!(!pod.probe_ready(), "not ready before the launcher runs");
+    let mut l = Launcher::spawn(&mut pod.cmd(&["pod"]));
+    let end = Instant::now() + Duration::from_secs(20);
+    while !pod.probe_ready() {
+        assert!(Instant::now() < end, "never ready; stderr:\n{}", l.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let marker = std::fs::read_to_string(pod.root().join("booted")).unwrap();
+    assert!(marker.trim().parse::<u64>().is_ok(), "{marker:?}");
+
+    let st = pod.control("status");
+    assert_eq!(st["name"], "echo-vmi");
+    assert_eq!(st["state"], "running");
+    assert_eq!(st["booted"], true);
+    assert_eq!(st["vcpus"], 2, "the operator's vcpus win");
+    assert_eq!(st["memMiB"], 32, "the operator's guestMemoryBytes win");
+    assert_eq!(
+        st["vmmSeccomp"], 2,
+        "the VMM thread runs under a seccomp filter"
+    );
+    assert_eq!(st["capEff"], "0000000000000000", "capabilities dropped");
+    assert_eq!(pod.control("pause")["state"], "paused");
+    assert_eq!(pod.control("status")["state"], "paused");
+    let again = pod.cmd(&["pause"]).output().unwrap();
+    assert!(!again.status.success(), "pausing a paused VM is refused");
+    assert_eq!(pod.control("unpause")["state"], "running");
+
+    // Console round trip: the echo guest answers each line; `quit` makes it reset.
+    let mut console = pod
+        .cmd(&["console"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = collect(console.stdout.take().unwrap());
+    let mut stdin = console.stdin.take().unwrap();
+    use std::io::Write;
+    stdin.write_all(b"hello launcher\n").unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while !out.lock().unwrap().contains("echo: hello launcher") {
+        assert!(Instant::now() < end, "no echo: {:?}", out.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The console replays recent output: the guest's banner is there too.
+    assert!(out.lock().unwrap().contains("echo: ready"));
+    stdin.write_all(b"quit\n").unwrap();
+    let (st, _) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
+    let cst = console.wait().unwrap();
+    assert!(
+        cst.success(),
+        "console client ends when the VM does: {cst:?}"
+    );
+    assert!(out.lock().unwrap().contains("echo: bye"));
+
+    let msg = std::fs::read_to_string(pod.term_log()).unwrap();
+    assert!(msg.starts_with("guest reset\n"), "{msg}");
+    assert!(msg.contains("bootTimeMs="), "{msg}");
+    assert!(!pod.root().join("control.sock").exists(), "socket removed");
+    // The cloud-init seed was built in the runtime directory.
+    let seed = std::fs::read(pod.root().join("run/seed.cidata.img")).unwrap();
+    assert_eq!(&seed[43..54], b"CIDATA     ");
+}
+
+#[test]
+fn pod_mode_sigterm_and_grace_period_from_the_vmi() {
+    // terminationGracePeriodSeconds 3: the launcher keeps back min(2 s, half) to report
+    // before the kubelet's SIGKILL, so it stops the guest after 1.5 s.
+    let pod = Pod::new(
+        "podterm",
+        &pod_document("halt", "testguest.scenario=halt-forever", 3),
+    );
+    let mut l = Launcher::spawn(&mut pod.cmd(&["pod"]));
+    let end = Instant::now() + Duration::from_secs(20);
+    while !pod.probe_ready() {
+        assert!(Instant::now() < end, "never ready; stderr:\n{}", l.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(pod.control("shutdown")["state"], "shutting-down");
+    let (st, took) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(4), "stderr:\n{}", l.stderr());
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    let msg = std::fs::read_to_string(pod.term_log()).unwrap();
+    assert!(
+        msg.contains("reason=GracePeriodExpired\nexitCode=4\n"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn pod_mode_bad_document_writes_the_reason() {
+    let pod = Pod::new("podbad", "{not json");
+    let out = pod.cmd(&["pod"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.status.signal().is_none());
+    let msg = std::fs::read_to_string(pod.term_log()).unwrap();
+    assert!(msg.starts_with("invalid VMI document: "), "{msg}");
+}
+
+#[test]
+fn pod_mode_sigterm_resumes_a_paused_guest_and_shuts_it_down() {
+    let pod = Pod::new(
+        "podpaused",
+        &pod_document("cad", "testguest.scenario=ctrlaltdel", 10),
+    );
+    let mut l = Launcher::spawn(&mut pod.cmd(&["pod"]));
+    let end = Instant::now() + Duration::from_secs(20);
+    while !pod.probe_ready() {
+        assert!(Instant::now() < end, "never ready; stderr:\n{}", l.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(pod.control("pause")["state"], "paused");
+    l.signal(libc::SIGTERM);
+    let (st, took) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
+    assert!(took < Duration::from_secs(8), "{took:?}");
+    let msg = std::fs::read_to_string(pod.term_log()).unwrap();
+    assert!(
+        msg.starts_with("guest reset after the shutdown request\n"),
+        "{msg}"
+    );
+}

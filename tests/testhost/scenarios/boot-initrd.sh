@@ -1,0 +1,3 @@
+# The same rootfs as an initramfs (no disk): kernel + serial + boot timer + reboot -> exit 0.
+vm initrd --kernel "$VMLINUX" --initrd "$INITRD" --mem-mib 256 \
+	--cmdline "microvirt.scenario=boot"
