@@ -10,7 +10,6 @@
 //! runs), which forwards them to the same eventfd KVM would signal.
 
 use std::fs;
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +21,9 @@ use vmm::device_manager::mmio::MmioDeviceManager;
 use vmm::devices::bus::Bus;
 use vmm::devices::virtio::{self, mmio as regs, status, BlockConfig, NetConfig, VmmEventManager};
 use vmm::vstate::memory::GuestMemoryMmap;
+
+mod virtio_common;
+use virtio_common::{responder, Netns, ETH_P};
 
 const MEM: usize = 64 << 20;
 
@@ -493,7 +495,6 @@ fn blk_overlay_keeps_base_identical_and_vms_isolated() {
             "vm2 sector {sec}"
         );
     }
-    drop((d1, d2));
     drop(vm1);
     drop(vm2);
     assert_eq!(fs::read(&base).unwrap(), base_before, "base image modified");
@@ -503,139 +504,6 @@ fn blk_overlay_keeps_base_identical_and_vms_isolated() {
 }
 
 // ---------------------------------------------------------------- net
-
-const ETH_P: u16 = 0x88b5;
-
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(name: &str) -> Self {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", name])
-            .stderr(std::process::Stdio::null())
-            .status();
-        assert!(std::process::Command::new("ip")
-            .args(["netns", "add", name])
-            .status()
-            .unwrap()
-            .success());
-        Netns { name: name.into() }
-    }
-    fn ip(&self, args: &[&str]) {
-        let st = std::process::Command::new("ip")
-            .arg("-n")
-            .arg(&self.name)
-            .args(args)
-            .status()
-            .unwrap();
-        assert!(st.success(), "ip -n {} {args:?}", self.name);
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-/// In a thread inside the namespace: answer every `microvirt ping N` frame
-/// on `ifname` with `microvirt pong N` back to the sender.
-fn responder(ns: &str, ifname: &str, stop: Arc<AtomicBool>) -> thread::JoinHandle<u32> {
-    let (ns, ifname) = (ns.to_string(), ifname.to_string());
-    let (tx, rx) = std::sync::mpsc::channel();
-    let h = thread::spawn(move || {
-        let nsf = fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
-        // SAFETY: setns on this thread only, with an fd we own.
-        assert_eq!(
-            unsafe { libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) },
-            0
-        );
-        // SAFETY: plain socket syscall.
-        let s = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(ETH_P.to_be())) };
-        assert!(s >= 0);
-        let cname = std::ffi::CString::new(ifname).unwrap();
-        // SAFETY: NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) } as i32;
-        assert!(ifindex > 0);
-        // SAFETY: zeroed sockaddr_ll is valid; we fill the fields we need.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = ETH_P.to_be();
-        sll.sll_ifindex = ifindex;
-        // SAFETY: sll is a valid sockaddr_ll of the given size.
-        let r = unsafe {
-            libc::bind(
-                s,
-                &sll as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_ll>() as u32,
-            )
-        };
-        assert_eq!(r, 0);
-        let tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: 50_000,
-        };
-        // SAFETY: valid timeval pointer and size.
-        unsafe {
-            libc::setsockopt(
-                s,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const _ as *const libc::c_void,
-                16,
-            );
-        }
-        tx.send(()).unwrap();
-        let mut answered = 0;
-        let mut buf = [0u8; 2048];
-        while !stop.load(Ordering::SeqCst) {
-            // SAFETY: buf is valid for its length.
-            let n = unsafe { libc::recv(s, buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 14 {
-                continue;
-            }
-            let f = &buf[..n as usize];
-            let Some(num) = f[14..].strip_prefix(b"microvirt ping ") else {
-                continue;
-            };
-            let num: Vec<u8> = num
-                .iter()
-                .take_while(|b| b.is_ascii_digit())
-                .copied()
-                .collect();
-            let mut reply = Vec::new();
-            reply.extend_from_slice(&f[6..12]); // to the sender
-            reply.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x99]);
-            reply.extend_from_slice(&ETH_P.to_be_bytes());
-            reply.extend_from_slice(b"microvirt pong ");
-            reply.extend_from_slice(&num);
-            reply.resize(60, 0);
-            // SAFETY: reply is valid for its length; socket bound to the interface.
-            let w = unsafe {
-                libc::sendto(
-                    s,
-                    reply.as_ptr().cast(),
-                    reply.len(),
-                    0,
-                    &sll as *const _ as *const libc::sockaddr,
-                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
-                )
-            };
-            assert_eq!(w as usize, reply.len());
-            answered += 1;
-        }
-        // SAFETY: closing our socket.
-        unsafe { libc::close(s) };
-        answered
-    });
-    rx.recv_timeout(Duration::from_secs(10))
-        .expect("responder ready");
-    h
-}
 
 struct Net<'a> {
     d: Driver<'a>,

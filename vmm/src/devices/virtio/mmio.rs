@@ -397,7 +397,7 @@ impl BusDevice for MmioTransport {
             self.device().read_config(offset - REG_CONFIG, data);
             return;
         }
-        if data.len() != 4 || offset % 4 != 0 {
+        if data.len() != 4 || !offset.is_multiple_of(4) {
             log::warn!(
                 "virtio-mmio: {}-byte read at {offset:#x} ignored",
                 data.len()
@@ -414,7 +414,7 @@ impl BusDevice for MmioTransport {
             self.device().write_config(offset - REG_CONFIG, data);
             return;
         }
-        if data.len() != 4 || offset % 4 != 0 {
+        if data.len() != 4 || !offset.is_multiple_of(4) {
             log::warn!(
                 "virtio-mmio: {}-byte write at {offset:#x} ignored",
                 data.len()

@@ -19,6 +19,7 @@
 pub mod block;
 pub mod mmio;
 pub mod net;
+pub mod testing;
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -89,8 +90,6 @@ pub enum VirtioError {
     Bus(#[from] BusError),
     #[error("cannot add the device to the event loop: {0}")]
     EventLoop(event_manager::Error),
-    #[error("invalid queue size {0}")]
-    QueueSize(u16),
 }
 
 /// Interrupt state shared by the transport (vCPU threads) and the device
@@ -320,6 +319,7 @@ fn attach_device<D: VirtioSubscriberDevice + 'static>(
     mmio_bus.insert(Arc::new(Mutex::new(transport)), slot.addr, slot.len)?;
     let sub: Arc<Mutex<dyn MutEventSubscriber + Send>> = dev;
     evmgr.add_subscriber(sub);
+    // Cannot fail: `slot` came from `peek_next` and nothing was allocated since.
     mgr.commit(slot, name)?;
     Ok(slot)
 }

@@ -209,3 +209,54 @@ impl BlockDevice {
         self.active_queue().map(|q| q.next_used())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::block::disk::MemDisk;
+
+    fn cfg_u32(d: &BlockDevice, off: u64) -> u32 {
+        let mut b = [0u8; 4];
+        d.read_config(off, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    #[test]
+    fn features_and_config_space() {
+        let d = BlockDevice::new(
+            Box::new(MemDisk::new(1 << 20, false)),
+            [0; 20],
+            IrqLine::new(5).unwrap(),
+        )
+        .unwrap();
+        let f = d.avail_features();
+        for b in [
+            VIRTIO_F_VERSION_1,
+            VIRTIO_BLK_F_FLUSH,
+            VIRTIO_BLK_F_DISCARD,
+            VIRTIO_BLK_F_WRITE_ZEROES,
+            VIRTIO_BLK_F_SEG_MAX,
+        ] {
+            assert_ne!(f & (1 << b), 0, "bit {b}");
+        }
+        assert_eq!(f & (1 << VIRTIO_BLK_F_RO), 0);
+        let mut cap = [0u8; 8];
+        d.read_config(0, &mut cap);
+        assert_eq!(u64::from_le_bytes(cap), 2048);
+        assert_eq!(cfg_u32(&d, 12), 254); // seg_max
+        assert_eq!(cfg_u32(&d, 40), MAX_DISCARD_SEG);
+        // Reads past the config space are zero, never a panic.
+        assert_eq!(cfg_u32(&d, 0xf00), 0);
+        assert_eq!(cfg_u32(&d, u64::MAX - 1), 0);
+        let ro = BlockDevice::new(
+            Box::new(MemDisk::new(4096, true)),
+            [0; 20],
+            IrqLine::new(5).unwrap(),
+        )
+        .unwrap();
+        let f = ro.avail_features();
+        assert_ne!(f & (1 << VIRTIO_BLK_F_RO), 0);
+        assert_eq!(f & (1 << VIRTIO_BLK_F_DISCARD), 0);
+        assert_eq!(f & (1 << VIRTIO_BLK_F_WRITE_ZEROES), 0);
+    }
+}

@@ -239,7 +239,7 @@ impl Request {
 
     fn check_disk_range(&self, disk: &dyn DiskBackend) -> Result<u64, RequestError> {
         let len = self.data_len();
-        if len % SECTOR_SIZE != 0 {
+        if !len.is_multiple_of(SECTOR_SIZE) {
             return Err(RequestError::UnalignedLength(len));
         }
         let cap = disk.capacity();
@@ -331,7 +331,7 @@ impl Request {
     ) -> Result<Vec<(u64, u32, u32)>, RequestError> {
         let len = self.data_len();
         let bad = |s: String| RequestError::BadSegments(s);
-        if len == 0 || len % SEGMENT_SIZE as u64 != 0 {
+        if len == 0 || !len.is_multiple_of(SEGMENT_SIZE as u64) {
             return Err(bad(format!("payload of {len} bytes")));
         }
         let n = len / SEGMENT_SIZE as u64;
@@ -360,7 +360,7 @@ impl Request {
             let end = sector
                 .checked_add(u64::from(num))
                 .and_then(|e| e.checked_mul(SECTOR_SIZE));
-            if !end.is_some_and(|e| e <= capacity) {
+            if end.is_none_or(|e| e > capacity) {
                 return Err(RequestError::OutOfDisk {
                     sector,
                     len: u64::from(num) * SECTOR_SIZE,

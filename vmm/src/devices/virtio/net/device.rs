@@ -287,3 +287,58 @@ impl VirtioDevice for NetDevice {
         &self.interrupt
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::net::tap::TUN_F_CSUM;
+
+    #[test]
+    fn offered_features_follow_tap_support_and_mac() {
+        let bit = |b: u32| 1u64 << b;
+        let none = features_for(0, false);
+        assert_eq!(none & bit(VIRTIO_NET_F_MAC), 0);
+        assert_eq!(none & bit(VIRTIO_NET_F_GUEST_CSUM), 0);
+        assert_ne!(none & bit(VIRTIO_F_VERSION_1), 0);
+        let all = features_for(TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6, true);
+        for b in [
+            VIRTIO_NET_F_MAC,
+            VIRTIO_NET_F_GUEST_CSUM,
+            VIRTIO_NET_F_GUEST_TSO4,
+            VIRTIO_NET_F_GUEST_TSO6,
+        ] {
+            assert_ne!(all & bit(b), 0, "bit {b}");
+        }
+        // TSO without checksum offload is never offered.
+        assert_eq!(
+            features_for(TUN_F_TSO4, false) & bit(VIRTIO_NET_F_GUEST_TSO4),
+            0
+        );
+        // Acked guest offloads map onto TUN_F_*; TSO only with CSUM.
+        assert_eq!(tun_offloads_for(all), TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6);
+        assert_eq!(tun_offloads_for(bit(VIRTIO_NET_F_GUEST_TSO4)), 0);
+        assert_eq!(tun_offloads_for(bit(VIRTIO_NET_F_GUEST_CSUM)), TUN_F_CSUM);
+    }
+
+    /// Needs root and /dev/net/tun.
+    #[test]
+    fn device_over_a_real_tap_negotiates_offloads() {
+        let name = format!("mvd{}", std::process::id() % 100_000);
+        let tap = Tap::open(&name).unwrap();
+        let mac = Some(MacAddr([0x52, 0x54, 0, 1, 2, 3]));
+        let mut d = NetDevice::new(Box::new(tap), mac, IrqLine::new(5).unwrap()).unwrap();
+        let f = d.avail_features();
+        assert_ne!(
+            f & (1 << VIRTIO_NET_F_GUEST_TSO4),
+            0,
+            "Linux TAPs support TSO4"
+        );
+        d.set_acked_features(f);
+        assert_eq!(d.state().acked_features, f);
+        let mut m = [0u8; 6];
+        d.read_config(0, &mut m);
+        assert_eq!(m, [0x52, 0x54, 0, 1, 2, 3]);
+        d.reset();
+        assert_eq!(d.state().acked_features, 0);
+    }
+}
