@@ -31,13 +31,13 @@ impl log::Log for Logger {
     }
     fn log(&self, r: &log::Record) {
         if self.enabled(r.metadata()) {
-            let mut e = std::io::stderr().lock();
-            let _ = writeln!(
-                e,
-                "microvm: {}: {}",
+            // One write per line, so lines from different threads never interleave.
+            let line = format!(
+                "microvm: {}: {}\n",
                 r.level().as_str().to_lowercase(),
                 r.args()
             );
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
         }
     }
     fn flush(&self) {}
