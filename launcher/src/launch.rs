@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use vmm::devices::virtio::net::MacAddr;
+use vmm::devices::virtio::NetConfig;
 use vmm::timing::Clock;
 use vmm::{SerialConfig, VmConfig};
 
@@ -22,6 +24,8 @@ pub enum LaunchError {
     Kernel(String),
     #[error("the built-in demo guest: {0}")]
     Demo(std::io::Error),
+    #[error("pod network: {0}")]
+    Network(String),
     #[error("runtime directory {path}: {source}")]
     RuntimeDir {
         path: String,
@@ -55,12 +59,101 @@ pub struct Options {
     pub grace_reserve: Duration,
     pub seccomp: bool,
     pub announce_boot: bool,
+    /// Set up the pod network (netsetup) for the VMI's interface in this network namespace.
+    /// Pod mode only by default: on a host it would bridge or NAT the host's own interface.
+    pub pod_network: bool,
+    /// Keep the network configuration when the launcher exits (pod mode: the namespace goes
+    /// away with the pod).
+    pub keep_network: bool,
 }
 
 /// A prepared launch; keep it alive until the VM has ended (it owns the demo kernel file).
 pub struct Prepared {
     pub config: LaunchConfig,
     pub demo: Option<DemoKernel>,
+    /// The pod network; dropping it stops the DHCP server (and, in run mode, removes it).
+    pub network: Option<netsetup::NetSetup>,
+}
+
+/// Sets up the pod network for the VMI's interface (at most one) and returns the VMM's NIC.
+fn setup_network(
+    doc: &VmiDocument,
+    opts: &Options,
+) -> Result<(Option<netsetup::NetSetup>, Vec<NetConfig>, String), LaunchError> {
+    let ifaces = &doc.spec.domain.devices.interfaces;
+    if ifaces.is_empty() {
+        return Ok((None, Vec::new(), "none".into()));
+    }
+    if !opts.pod_network {
+        log::warn!(
+            "the VMI has interfaces, but pod networking is only set up in pod mode (or with \
+             --pod-network): the guest boots without a network interface"
+        );
+        return Ok((
+            None,
+            Vec::new(),
+            "none (interfaces ignored outside pod mode)".into(),
+        ));
+    }
+    let [iface] = ifaces.as_slice() else {
+        return Err(LaunchError::Network(format!(
+            "{} interfaces: only one is supported",
+            ifaces.len()
+        )));
+    };
+    let binding = if iface.bridge.is_some() {
+        netsetup::Binding::Bridge
+    } else {
+        netsetup::Binding::Masquerade
+    };
+    let mac = match &iface.mac_address {
+        Some(m) => Some(
+            m.parse::<netsetup::MacAddr>()
+                .map_err(|e| LaunchError::Network(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let mut ports = Vec::new();
+    for p in &iface.ports {
+        let protocol = match p.protocol.as_deref().unwrap_or("TCP") {
+            "TCP" => netsetup::Protocol::Tcp,
+            "UDP" => netsetup::Protocol::Udp,
+            o => return Err(LaunchError::Network(format!("port protocol {o:?}"))),
+        };
+        let port = u16::try_from(p.port)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| LaunchError::Network(format!("port {} out of range", p.port)))?;
+        ports.push(netsetup::PortForward { protocol, port });
+    }
+    let env_or = |k: &str, d: &str| std::env::var(k).unwrap_or_else(|_| d.to_string());
+    let spec = netsetup::InterfaceSpec {
+        pod_interface: env_or("MICROVIRT_POD_INTERFACE", "eth0"),
+        tap_name: "tap0".into(),
+        mac,
+        ports,
+        hostname: Some(doc.name().to_string()),
+        resolv_conf: PathBuf::from(env_or("MICROVIRT_RESOLV_CONF", "/etc/resolv.conf")),
+    };
+    let mut setup = netsetup::setup_pod_network(binding, &spec)
+        .map_err(|e| LaunchError::Network(e.to_string()))?;
+    if opts.keep_network {
+        setup.keep_on_drop();
+    }
+    let lease = setup.lease();
+    let summary = format!(
+        "{binding:?} tap {} mac {} guest {}/{} pod-ip {}",
+        setup.tap_name(),
+        setup.guest_mac(),
+        lease.ip,
+        lease.prefix_len,
+        setup.pod_ip()
+    );
+    let nic = NetConfig {
+        tap: setup.tap_name().to_string(),
+        mac: Some(MacAddr(setup.guest_mac().0)),
+    };
+    Ok((Some(setup), vec![nic], summary))
 }
 
 fn kernel_path(layout: &Layout, p: &str) -> Result<PathBuf, LaunchError> {
@@ -118,15 +211,8 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
     let prepared = disks::prepare(doc, &opts.layout, &opts.runtime_dir)?;
     vm.disks = prepared.iter().map(|d| d.config.clone()).collect();
 
-    let network = if doc.spec.domain.devices.interfaces.is_empty() && doc.spec.networks.is_empty() {
-        "none".to_string()
-    } else {
-        log::warn!(
-            "the VMI has interfaces/networks, but this launcher has no pod networking yet: \
-             the guest boots without a network interface"
-        );
-        "none (interfaces ignored: pod networking is not implemented yet)".to_string()
-    };
+    let (net_setup, nics, network) = setup_network(doc, opts)?;
+    vm.nets = nics;
     let grace = opts
         .grace
         .unwrap_or_else(|| Duration::from_secs(doc.grace_period_seconds()));
@@ -158,6 +244,7 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
             start,
         },
         demo,
+        network: net_setup,
     })
 }
 

@@ -17,7 +17,8 @@ const USAGE: &str = "\
 usage:
   virt-launcher run VMI.yaml [--grace-period SECS] [--console stdio|socket|none]
                 [--control-socket PATH] [--runtime-dir DIR] [--pvc-root DIR]
-                [--termination-log PATH] [--no-seccomp] [--keep-caps] [--log-level LEVEL]
+                [--termination-log PATH] [--pod-network] [--no-seccomp] [--keep-caps]
+                [--log-level LEVEL]
   virt-launcher pod
   virt-launcher probe ready
   virt-launcher status|pause|unpause|shutdown|stop [--socket PATH]
@@ -32,10 +33,14 @@ run: boots the VMI (YAML or JSON) on this machine. The console is the terminal; 
   (absolute, or relative to the VMI file's directory; images are not pulled); a
   persistentVolumeClaim's claimName is a path when it contains '/', else a name under
   --pvc-root (default: the VMI file's directory); a directory means its disk.img.
+  Interfaces are ignored (no NIC) unless --pod-network: then the VMI's interface is set up
+  as in a pod (masquerade/bridge on MICROVIRT_POD_INTERFACE, default eth0) in this network
+  namespace and removed at exit; use it inside a dedicated namespace only.
 pod: the launcher pod's entry point (docs/launcher-pod.md). Environment:
   MICROVIRT_VMI_FILE (default /var/run/microvirt/vmi/vmi.json), MICROVIRT_ROOT (default
   /var/run/microvirt: mounts, sockets, booted marker), MICROVIRT_TERMINATION_LOG (default
-  /dev/termination-log).
+  /dev/termination-log), MICROVIRT_POD_INTERFACE (default eth0), MICROVIRT_RESOLV_CONF
+  (default /etc/resolv.conf).
 probe ready: exit 0 once the guest has booted ($MICROVIRT_ROOT/booted exists).
 status|pause|unpause|shutdown|stop|console: talk to a launcher's control socket (default
   $MICROVIRT_ROOT/control.sock). console: Ctrl-] detaches.
@@ -82,6 +87,7 @@ struct RunArgs {
     termination_log: Option<PathBuf>,
     seccomp: bool,
     keep_caps: bool,
+    pod_network: bool,
 }
 
 enum Cmd {
@@ -109,6 +115,7 @@ fn parse(args: &[String]) -> Result<(Cmd, log::LevelFilter), String> {
         termination_log: None,
         seccomp: true,
         keep_caps: false,
+        pod_network: false,
     };
     let mut socket = root_dir().join("control.sock");
     let mut it = args.iter();
@@ -143,6 +150,7 @@ fn parse(args: &[String]) -> Result<(Cmd, log::LevelFilter), String> {
             "--termination-log" => run.termination_log = Some(value()?.into()),
             "--no-seccomp" => run.seccomp = false,
             "--keep-caps" => run.keep_caps = true,
+            "--pod-network" => run.pod_network = true,
             "--socket" => socket = value()?.into(),
             "--log-level" => {
                 let v = value()?;
@@ -201,7 +209,7 @@ fn launch(doc: &VmiDocument, opts: &Options, keep_caps: bool, start: Clock) -> O
         Ok(p) => p,
         Err(e) => return Outcome::setup_failed(e.to_string()),
     };
-    // Network setup would happen here, while the launcher still has CAP_NET_ADMIN.
+    // The pod network was set up in prepare(), while the launcher still had CAP_NET_ADMIN.
     if !keep_caps {
         if let Err(e) = caps::drop_all() {
             return Outcome::setup_failed(format!("dropping capabilities: {e}"));
@@ -224,6 +232,7 @@ fn launch(doc: &VmiDocument, opts: &Options, keep_caps: bool, start: Clock) -> O
     );
     let outcome = runner::run(prepared.config, tx, rx);
     drop(prepared.demo);
+    drop(prepared.network);
     outcome
 }
 
@@ -260,6 +269,8 @@ fn cmd_run(a: RunArgs, start: Clock) -> ExitCode {
         grace_reserve: Duration::ZERO,
         seccomp: a.seccomp,
         announce_boot: true,
+        pod_network: a.pod_network,
+        keep_network: false,
     };
     let outcome = launch(&doc, &opts, a.keep_caps, start);
     if ours {
@@ -309,6 +320,8 @@ fn cmd_pod(start: Clock) -> ExitCode {
         grace_reserve: Duration::from_secs(2),
         seccomp: true,
         announce_boot: true,
+        pod_network: true,
+        keep_network: true,
     };
     let outcome = launch(&doc, &opts, false, start);
     finish(outcome, Some(&term_log))

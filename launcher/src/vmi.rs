@@ -175,6 +175,16 @@ pub struct Interface {
     pub bridge: Option<serde_json::Value>,
     #[serde(default)]
     pub mac_address: Option<String>,
+    #[serde(default)]
+    pub ports: Vec<Port>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Port {
+    /// `TCP` (default) or `UDP`.
+    #[serde(default)]
+    pub protocol: Option<String>,
+    pub port: i32,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -597,3 +597,73 @@ fn pod_mode_sigterm_resumes_a_paused_guest_and_shuts_it_down() {
         "{msg}"
     );
 }
+
+#[test]
+fn pod_mode_sets_up_masquerade_networking_in_the_pod_namespace() {
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&pod_document("net-vmi", "testguest.scenario=echo", 5)).unwrap();
+    doc["spec"]["domain"]["devices"]["interfaces"] = serde_json::json!([
+        {"name": "default", "masquerade": {}, "macAddress": "02:00:00:aa:bb:cc", "ports": [{"port": 80}]}
+    ]);
+    doc["spec"]["networks"] = serde_json::json!([{"name": "default", "pod": {}}]);
+    let pod = Pod::new("podnet", &doc.to_string());
+    let resolv = pod.dir.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        "nameserver 10.96.0.10\nsearch default.svc.cluster.local\n",
+    )
+    .unwrap();
+    // A fresh network namespace standing in for the pod's, with an `eth0` holding the pod IP.
+    let script = format!(
+        "ip link set lo up && ip link add eth0 type veth peer name peer0 && ip link set peer0 up && ip addr add 10.244.1.7/24 dev eth0 \
+         && ip link set eth0 up && exec {BIN} pod"
+    );
+    let mut l = Launcher::spawn(
+        Command::new("unshare")
+            .args(["--net", "sh", "-c", &script])
+            .env("MICROVIRT_ROOT", pod.root())
+            .env("MICROVIRT_TERMINATION_LOG", pod.term_log())
+            .env("MICROVIRT_RESOLV_CONF", &resolv),
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    while !pod.probe_ready() {
+        assert!(Instant::now() < end, "never ready; stderr:\n{}", l.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = pod.control("status");
+    assert_eq!(
+        st["network"],
+        "Masquerade tap tap0 mac 02:00:00:aa:bb:cc guest 10.0.2.2/24 pod-ip 10.244.1.7",
+        "{st}"
+    );
+    assert_eq!(
+        st["capEff"], "0000000000000000",
+        "dropped after network setup"
+    );
+    // The guest got a virtio-net device (its command line names the MMIO slot).
+    let mut console = pod
+        .cmd(&["console"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = collect(console.stdout.take().unwrap());
+    let mut stdin = console.stdin.take().unwrap();
+    use std::io::Write;
+    let end = Instant::now() + Duration::from_secs(10);
+    while !out.lock().unwrap().contains("echo: ready") {
+        assert!(Instant::now() < end, "{:?}", out.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        out.lock()
+            .unwrap()
+            .contains("virtio_mmio.device=4K@0xc0001000:5"),
+        "{:?}",
+        out.lock().unwrap()
+    );
+    stdin.write_all(b"quit\n").unwrap();
+    let (st, _) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
+    let _ = console.wait();
+}
