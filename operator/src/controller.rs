@@ -300,12 +300,19 @@ pub fn name_ns<K: Resource>(obj: &K) -> Result<(String, String), Error> {
     Ok((name, ns))
 }
 
-/// Convert a finalizer helper error.
-pub fn finalizer_err(e: kube::runtime::finalizer::Error<Error>) -> Error {
+/// The finalizer helper's result as ours. Adding or removing the finalizer of an object that is
+/// already gone (another reconcile finished the deletion first) is not an error.
+pub fn finalizer_result(
+    r: Result<Action, kube::runtime::finalizer::Error<Error>>,
+) -> Result<Action, Error> {
     use kube::runtime::finalizer::Error as F;
-    match e {
-        F::ApplyFailed(e) | F::CleanupFailed(e) => e,
-        other => Error::Finalizer(other.to_string()),
+    match r {
+        Ok(a) => Ok(a),
+        Err(F::ApplyFailed(e) | F::CleanupFailed(e)) => Err(e),
+        Err(F::AddFinalizer(e) | F::RemoveFinalizer(e)) if is_not_found(&e) => {
+            Ok(Action::await_change())
+        }
+        Err(other) => Err(Error::Finalizer(other.to_string())),
     }
 }
 

@@ -12,7 +12,7 @@ use kube::Api;
 use microvirt_crds::{VirtualMachine, VirtualMachineInstance};
 use serde_json::json;
 
-use super::{finalizer_err, is_conflict, is_not_found, name_ns, Context, Error};
+use super::{finalizer_result, is_conflict, is_not_found, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
 use crate::virtualmachine::{new_vmi, owned_by, plan, VmAction};
 
@@ -23,14 +23,15 @@ pub const FINALIZER: &str = "microvirt.io/vmi";
 pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
     let (_, ns) = name_ns(&*vm)?;
     let api: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, vm, |event| async {
-        match event {
-            FinalizerEvent::Apply(vm) => apply(vm, &ctx, &api).await,
-            FinalizerEvent::Cleanup(vm) => cleanup(vm, &ctx).await,
-        }
-    })
-    .await
-    .map_err(finalizer_err)
+    finalizer_result(
+        finalizer(&api, FINALIZER, vm, |event| async {
+            match event {
+                FinalizerEvent::Apply(vm) => apply(vm, &ctx, &api).await,
+                FinalizerEvent::Cleanup(vm) => cleanup(vm, &ctx).await,
+            }
+        })
+        .await,
+    )
 }
 
 async fn apply(

@@ -17,7 +17,7 @@ use microvirt_crds::vmi::ANNOTATION_PRESETS_APPLIED;
 use microvirt_crds::VirtualMachineInstance;
 use serde_json::json;
 
-use super::{finalizer_err, is_not_found, name_ns, Context, Error};
+use super::{finalizer_result, is_not_found, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
 use crate::pod::{desired_pod, pod_belongs_to, pod_name};
 use crate::{preset, status};
@@ -32,14 +32,15 @@ pub async fn reconcile(
 ) -> Result<Action, Error> {
     let (_, ns) = name_ns(&*vmi)?;
     let api: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, vmi, |event| async {
-        match event {
-            FinalizerEvent::Apply(vmi) => apply(vmi, &ctx, &api).await,
-            FinalizerEvent::Cleanup(vmi) => cleanup(vmi, &ctx).await,
-        }
-    })
-    .await
-    .map_err(finalizer_err)
+    finalizer_result(
+        finalizer(&api, FINALIZER, vmi, |event| async {
+            match event {
+                FinalizerEvent::Apply(vmi) => apply(vmi, &ctx, &api).await,
+                FinalizerEvent::Cleanup(vmi) => cleanup(vmi, &ctx).await,
+            }
+        })
+        .await,
+    )
 }
 
 async fn apply(

@@ -11,7 +11,7 @@ use kube::{Api, ResourceExt};
 use microvirt_crds::{VirtualMachineInstance, VirtualMachineInstanceReplicaSet};
 use serde_json::json;
 
-use super::{finalizer_err, is_conflict, is_not_found, name_ns, Context, Error};
+use super::{finalizer_result, is_conflict, is_not_found, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
 use crate::replicaset::{new_replica, owned_by, plan};
 
@@ -25,14 +25,15 @@ pub async fn reconcile(
 ) -> Result<Action, Error> {
     let (_, ns) = name_ns(&*rs)?;
     let api: Api<VirtualMachineInstanceReplicaSet> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(&api, FINALIZER, rs, |event| async {
-        match event {
-            FinalizerEvent::Apply(rs) => apply(rs, &ctx, &api).await,
-            FinalizerEvent::Cleanup(rs) => cleanup(rs, &ctx).await,
-        }
-    })
-    .await
-    .map_err(finalizer_err)
+    finalizer_result(
+        finalizer(&api, FINALIZER, rs, |event| async {
+            match event {
+                FinalizerEvent::Apply(rs) => apply(rs, &ctx, &api).await,
+                FinalizerEvent::Cleanup(rs) => cleanup(rs, &ctx).await,
+            }
+        })
+        .await,
+    )
 }
 
 fn vmis_in(ctx: &Context, ns: &str) -> Vec<Arc<VirtualMachineInstance>> {

@@ -158,9 +158,19 @@ pub async fn client_for(kubeconfig: &Path) -> Result<Client> {
     Ok(Client::try_from(cfg)?)
 }
 
+/// A client for `kubeconfig` that impersonates `user` (e.g. a ServiceAccount).
+pub async fn impersonating_client(kubeconfig: &Path, user: &str) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    cfg.auth_info.impersonate = Some(user.to_string());
+    Ok(Client::try_from(cfg)?)
+}
+
 /// One test's world: a namespace, a client, and the operator running against that namespace.
 pub struct Env {
     pub client: Client,
+    /// The client the operator uses (the admin client unless impersonating).
+    pub operator_client: Client,
     pub ns: String,
     pub kubeconfig: PathBuf,
     pub metrics: Arc<Metrics>,
@@ -172,6 +182,22 @@ impl Env {
     /// Create namespace `ns` and start the operator (scoped to it) and the pod finalizer of the
     /// simulated kubelet.
     pub async fn start(kubeconfig: &Path, ns: &str) -> Result<Env> {
+        Self::start_with(kubeconfig, ns, None).await
+    }
+
+    /// Like [`Env::start`], the operator using `operator_client` (e.g. an impersonated one).
+    pub async fn start_with(
+        kubeconfig: &Path,
+        ns: &str,
+        operator_client: Option<Client>,
+    ) -> Result<Env> {
+        let _ = tracing_subscriber::fmt()
+            .with_test_writer()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .try_init();
         let client = client_for(kubeconfig).await?;
         let nss: Api<Namespace> = Api::all(client.clone());
         let nsobj: Namespace = serde_json::from_value(json!({
@@ -183,6 +209,7 @@ impl Env {
             Err(e) => return Err(e.into()),
         }
         let mut env = Env {
+            operator_client: operator_client.unwrap_or_else(|| client.clone()),
             client,
             ns: ns.to_string(),
             kubeconfig: kubeconfig.to_path_buf(),
@@ -206,7 +233,7 @@ impl Env {
             instance: Some(format!("test-{}", self.ns)),
         };
         self.operator = Some(tokio::spawn(run(
-            self.client.clone(),
+            self.operator_client.clone(),
             Config::default(),
             self.metrics.clone(),
             opts,

@@ -1,0 +1,144 @@
+//! `deploy/` manifests against a real kube-apiserver: they apply, the RBAC in `deploy/rbac.yaml`
+//! is enough for the controllers (the operator runs impersonating its ServiceAccount), the
+//! examples are valid, and leader election hands the Lease over.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Result;
+use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::Api;
+use microvirt_crds::{VirtualMachineInstance, VirtualMachineInstanceReplicaSet};
+use microvirt_operator::leader::{LeaderConfig, LeaderElector};
+use serde_json::json;
+
+const SA: &str = "system:serviceaccount:microvirt:virt-operator";
+
+fn deploy_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deploy_manifests_rbac_is_sufficient_and_leader_election_hands_over() -> Result<()> {
+    let cluster = tokio::task::block_in_place(start_cluster_with_sa_key_fix);
+    let kc = cluster.kubeconfig_path();
+    install_crds(kc)?;
+    let d = deploy_dir();
+    for f in ["namespace.yaml", "rbac.yaml", "operator.yaml"] {
+        let path = d.join(f).display().to_string();
+        let (ok, out, err) = kubectl(kc, &["apply", "-f", &path], None)?;
+        assert!(ok, "kubectl apply -f deploy/{f}: {out}{err}");
+    }
+    // The examples are valid manifests.
+    let (ok, _, err) = kubectl(kc, &["create", "namespace", "examples"], None)?;
+    assert!(ok, "{err}");
+    let ex = d.join("examples").display().to_string();
+    let (ok, out, err) = kubectl(kc, &["-n", "examples", "apply", "-f", &ex], None)?;
+    assert!(ok, "kubectl apply -f deploy/examples: {out}{err}");
+
+    // The operator with exactly the ServiceAccount's permissions.
+    let op = impersonating_client(kc, SA).await?;
+    let env = Env::start_with(kc, "t-rbac", Some(op.clone())).await?;
+    let manifest = r#"apiVersion: microvirt.io/v1alpha1
+kind: VirtualMachineInstanceReplicaSet
+metadata: {name: r}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: r}}
+  template:
+    metadata: {labels: {app: r}}
+    spec: {domain: {memory: {guest: 32Mi}}}
+"#;
+    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(manifest))?;
+    assert!(ok, "{err}");
+    let pods = env.api::<Pod>();
+    wait_for("2 pods created by the ServiceAccount", WAIT, || async {
+        let p = pods.list(&ListParams::default()).await?;
+        Ok((p.items.len() == 2).then_some(()))
+    })
+    .await?;
+    bind(&pods, "virt-launcher-r-0", "node-1").await?;
+    mark_running(&pods, "virt-launcher-r-0", "10.3.0.1", true).await?;
+    let rss = env.api::<VirtualMachineInstanceReplicaSet>();
+    wait_for("readyReplicas 1", WAIT, || async {
+        let st = rss.get("r").await?.status.unwrap_or_default();
+        Ok((st.ready_replicas == 1 && st.replicas == 2).then_some(()))
+    })
+    .await?;
+    rss.patch(
+        "r",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"replicas": 0}})),
+    )
+    .await?;
+    let vmis = env.api::<VirtualMachineInstance>();
+    wait_for(
+        "VMIs and pods deleted by the ServiceAccount",
+        WAIT,
+        || async {
+            let v = vmis.list(&ListParams::default()).await?;
+            let p = pods.list(&ListParams::default()).await?;
+            Ok((v.items.is_empty() && p.items.is_empty()).then_some(()))
+        },
+    )
+    .await?;
+    assert_eq!(
+        env.metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("microvirt_operator_reconcile_errors_total"))
+            .count(),
+        0,
+        "reconcile errors under the ServiceAccount:\n{}",
+        env.metrics.encode()
+    );
+    // Events were published under the ServiceAccount too.
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    wait_for("events", WAIT, || async {
+        let l = events.list(&ListParams::default()).await?;
+        Ok(l.items
+            .iter()
+            .any(|e| e.reporting_controller.as_deref() == Some("microvirt-operator"))
+            .then_some(()))
+    })
+    .await?;
+
+    // Leader election with the ServiceAccount's permissions: a holds, b waits, b takes over
+    // once a stops renewing.
+    let cfg = |id: &str| LeaderConfig {
+        name: "microvirt-operator".into(),
+        namespace: "microvirt".into(),
+        identity: id.into(),
+        lease_duration: Duration::from_secs(2),
+        renew_every: Duration::from_millis(500),
+    };
+    let a = LeaderElector::new(op.clone(), cfg("a"));
+    let b = LeaderElector::new(op.clone(), cfg("b"));
+    assert!(a.try_acquire_or_renew().await?);
+    assert!(!b.try_acquire_or_renew().await?);
+    assert!(a.try_acquire_or_renew().await?, "holder renews");
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), b.acquire()).await?;
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "took over too early"
+    );
+    let lease: Api<Lease> = Api::namespaced(env.client.clone(), "microvirt");
+    let spec = lease
+        .get("microvirt-operator")
+        .await?
+        .spec
+        .unwrap_or_default();
+    assert_eq!(spec.holder_identity.as_deref(), Some("b"));
+    assert_eq!(spec.lease_transitions, Some(1));
+    assert!(
+        !a.try_acquire_or_renew().await?,
+        "old holder must not win it back"
+    );
+    Ok(())
+}
