@@ -117,4 +117,34 @@ mod tests {
         assert_eq!(s, "200 OK");
         assert!(body.ends_with("# EOF\n"), "{body}");
     }
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn serves_over_tcp() {
+        let metrics = Arc::new(Metrics::new());
+        metrics.reconciled("vm", std::time::Duration::from_millis(1), false);
+        let ready = Arc::new(AtomicBool::new(false));
+        let (addr, fut) = serve("127.0.0.1:0".parse().unwrap(), metrics, ready.clone())
+            .await
+            .unwrap();
+        let server = tokio::spawn(fut);
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"));
+        ready.store(true, Ordering::SeqCst);
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        let m = get(addr, "/metrics").await;
+        assert!(
+            m.contains("microvirt_operator_reconciles_total{controller=\"vm\"} 1"),
+            "{m}"
+        );
+        server.abort();
+    }
 }

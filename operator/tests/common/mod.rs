@@ -44,9 +44,10 @@ pub fn start_cluster_with_sa_key_fix() -> Cluster {
     ));
     let key = dir.join("pki").join("service-account.key");
     let watcher_key = key.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_fixer = stop.clone();
     let fixer = std::thread::spawn(move || {
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(600) {
+        while !stop_fixer.load(Ordering::SeqCst) {
             if let Ok(text) = std::fs::read_to_string(&watcher_key) {
                 if text.contains("END PUBLIC KEY") {
                     return;
@@ -74,6 +75,7 @@ pub fn start_cluster_with_sa_key_fix() -> Cluster {
         ..cluster_options()
     };
     let c = Cluster::start(opts).expect("starting etcd + kube-apiserver");
+    stop.store(true, Ordering::SeqCst);
     let _ = fixer.join();
     c
 }
