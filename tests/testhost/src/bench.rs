@@ -141,6 +141,10 @@ pub enum RootMode {
 }
 
 /// The microvm and QEMU command lines (busybox sh), same kernel, memory and root for both.
+///
+/// QEMU's microvm machine: `acpi=off` so that QEMU puts the virtio-mmio devices on the kernel command
+/// line (our kernel has no ACPI), and `reboot=t` because it has no i8042 (with `reboot=k` the guest
+/// falls back to a BIOS jump and qboot boots it again, forever).
 fn commands(root: RootMode) -> (String, String) {
     let (mvm_root, qemu_root, cmdline) = match root {
         RootMode::Disk => (
@@ -158,9 +162,9 @@ fn commands(root: RootMode) -> (String, String) {
         "/bin/microvm --kernel /guest/vmlinux --mem-mib {GUEST_MIB} {mvm_root} --cmdline '{cmdline}'"
     );
     let qemu = format!(
-        "/bin/qemu-system-x86_64 -M microvm,x-option-roms=off,rtc=off -accel kvm -cpu host -m {GUEST_MIB} -smp 1 \
+        "/bin/qemu-system-x86_64 -L /usr/share/qemu -M microvm,acpi=off,x-option-roms=off,rtc=off -accel kvm -cpu host -m {GUEST_MIB} -smp 1 \
          -nodefaults -no-user-config -nographic -serial stdio -monitor none -no-reboot \
-         -kernel /guest/vmlinux -append 'console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd {cmdline}' \
+         -kernel /guest/vmlinux -append 'console=ttyS0 reboot=t panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd {cmdline}' \
          {qemu_root}"
     );
     (microvm, qemu)

@@ -160,11 +160,14 @@ pub fn build_initramfs(spec: &InitramfsSpec<'_>, out: &Path) -> Result<(), L1Err
     if spec.with_qemu {
         crate::cmd::ensure_packages(&["qemu-system-x86"])?;
         bins.push(PathBuf::from("/usr/bin/qemu-system-x86_64"));
+        // QEMU looks for its data relative to its binary (/bin/../share/qemu) unless given -L.
+        symlink("usr/share", &stage.join("share"))?;
         // -M microvm boots qboot; -nodefaults still looks up a few data files.
         for f in [
             "bios-microvm.bin",
             "qboot.rom",
             "linuxboot_dma.bin",
+            "pvh.bin",
             "kvmvapic.bin",
         ] {
             let p = Path::new("/usr/share/qemu").join(f);
