@@ -230,13 +230,24 @@ pub fn request(socket: &Path, cmd: &str) -> std::io::Result<Value> {
 }
 
 /// Puts a terminal in raw mode until dropped.
-struct RawTerminal {
+pub struct RawTerminal {
     fd: i32,
     saved: libc::termios,
 }
 
 impl RawTerminal {
-    fn enter(fd: i32) -> Option<Self> {
+    /// Raw mode on `fd` when it is a terminal (None otherwise).
+    pub fn enter(fd: i32) -> Option<Self> {
+        Self::enter_with(fd, false)
+    }
+
+    /// Raw mode, but Ctrl-C / Ctrl-\ still raise SIGINT / SIGQUIT (the `run` console: Ctrl-C
+    /// is the graceful shutdown, every other key goes to the guest as typed).
+    pub fn enter_keep_signals(fd: i32) -> Option<Self> {
+        Self::enter_with(fd, true)
+    }
+
+    fn enter_with(fd: i32, keep_signals: bool) -> Option<Self> {
         // SAFETY: isatty only inspects the descriptor.
         if unsafe { libc::isatty(fd) } != 1 {
             return None;
@@ -250,6 +261,11 @@ impl RawTerminal {
         let mut raw = saved;
         // SAFETY: cfmakeraw edits the termios we own.
         unsafe { libc::cfmakeraw(&mut raw) };
+        if keep_signals {
+            // Also keep output processing so the launcher's own log lines end in CR LF.
+            raw.c_lflag |= libc::ISIG;
+            raw.c_oflag |= libc::OPOST;
+        }
         // SAFETY: sets attributes of our terminal from a valid termios.
         if unsafe { libc::tcsetattr(fd, libc::TCSANOW, &raw) } != 0 {
             return None;

@@ -272,7 +272,12 @@ fn cmd_run(a: RunArgs, start: Clock) -> ExitCode {
         pod_network: a.pod_network,
         keep_network: false,
     };
+    // Keys go to the guest as typed (the guest echoes); Ctrl-C still means shut down.
+    let raw = (a.console == Console::Stdio)
+        .then(|| control::RawTerminal::enter_keep_signals(libc::STDIN_FILENO))
+        .flatten();
     let outcome = launch(&doc, &opts, a.keep_caps, start);
+    drop(raw);
     if ours {
         let _ = std::fs::remove_dir_all(&runtime_dir);
     }
