@@ -7,7 +7,6 @@
 //!   /proc/PID/smaps every 10 ms for 300 ms; "overhead" excludes the guest-RAM mapping
 //!   (Firecracker's method).
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
