@@ -111,6 +111,44 @@ impl Context {
     }
 }
 
+/// Watch retry delays: 250 ms doubling up to 4 s (kube's default goes up to 30 s, which makes
+/// recovery after an API server restart needlessly slow).
+#[derive(Debug, Clone)]
+pub struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    const MIN: Duration = Duration::from_millis(250);
+    const MAX: Duration = Duration::from_secs(4);
+
+    /// A fresh backoff.
+    pub fn new() -> Self {
+        Self { next: Self::MIN }
+    }
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        let d = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        Some(d)
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::MIN;
+    }
+}
+
 /// What [`run`] watches and how.
 #[derive(Clone, Debug, Default)]
 pub struct RunOptions {
@@ -188,22 +226,22 @@ pub async fn run(
         pod_api,
         watcher::Config::default().labels(&format!("{LABEL_APP}={APP_NAME}")),
     )
-    .default_backoff()
+    .backoff(WatchBackoff::new())
     .reflect(pod_writer)
     .touched_objects();
     let (presets, preset_writer) = reflector::store();
     let preset_stream = watcher(preset_api, watcher::Config::default())
-        .default_backoff()
+        .backoff(WatchBackoff::new())
         .reflect(preset_writer)
         .touched_objects();
     let (vmis, vmi_writer) = reflector::store();
     let vmi_stream_for_rs = watcher(vmi_api.clone(), watcher::Config::default())
-        .default_backoff()
+        .backoff(WatchBackoff::new())
         .reflect(vmi_writer)
         .touched_objects();
     // The VM controller gets its own VMI watch (a stream feeds one controller only).
     let vmi_stream_for_vm = watcher(vmi_api.clone(), watcher::Config::default())
-        .default_backoff()
+        .backoff(WatchBackoff::new())
         .touched_objects();
 
     let reporter = Reporter {
@@ -225,6 +263,7 @@ pub async fn run(
 
     let vmi_ctrl = Controller::new(vmi_api, watcher::Config::default())
         .owns_stream(pod_stream)
+        .trigger_backoff(WatchBackoff::new())
         .graceful_shutdown_on(shutdown.clone())
         .run(
             |obj, ctx: Arc<Context>| async move {
@@ -242,6 +281,7 @@ pub async fn run(
         });
     let rs_ctrl = Controller::new(rs_api, watcher::Config::default())
         .owns_stream(vmi_stream_for_rs)
+        .trigger_backoff(WatchBackoff::new())
         .graceful_shutdown_on(shutdown.clone())
         .run(
             |obj, ctx: Arc<Context>| async move {
@@ -259,6 +299,7 @@ pub async fn run(
         });
     let vm_ctrl = Controller::new(vm_api, watcher::Config::default())
         .owns_stream(vmi_stream_for_vm)
+        .trigger_backoff(WatchBackoff::new())
         .graceful_shutdown_on(shutdown.clone())
         .run(
             |obj, ctx: Arc<Context>| async move {
@@ -319,4 +360,19 @@ pub fn finalizer_result(
 /// Labels of an object as a reference (convenience re-export for the sub-modules).
 pub fn labels_of<K: ResourceExt>(obj: &K) -> &std::collections::BTreeMap<String, String> {
     obj.labels()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::utils::Backoff;
+
+    #[test]
+    fn watch_backoff_doubles_caps_and_resets() {
+        let mut b = WatchBackoff::new();
+        let v: Vec<u128> = (0..7).map(|_| b.next().unwrap().as_millis()).collect();
+        assert_eq!(v, vec![250, 500, 1000, 2000, 4000, 4000, 4000]);
+        b.reset();
+        assert_eq!(b.next(), Some(Duration::from_millis(250)));
+    }
 }

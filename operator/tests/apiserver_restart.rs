@@ -55,6 +55,7 @@ async fn census(env: &Env) -> Result<(BTreeMap<String, (String, usize)>, Vec<Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controllers_converge_across_an_apiserver_restart_without_duplicate_pods() -> Result<()> {
+    let t0 = std::time::Instant::now();
     let mut cluster = tokio::task::block_in_place(start_cluster_with_sa_key_fix);
     install_crds(cluster.kubeconfig_path())?;
     let mut env = Env::start(cluster.kubeconfig_path(), "t-restart").await?;
@@ -89,7 +90,13 @@ spec:
         vmis.create(&PostParams::default(), &vmi(&format!("solo-{i}"), &[]))
             .await?;
     }
+    let r0 = std::time::Instant::now();
     tokio::task::block_in_place(|| cluster.restart_apiserver())?;
+    eprintln!(
+        "[{:.1}s] kube-apiserver restarted in {:.1}s",
+        t0.elapsed().as_secs_f64(),
+        r0.elapsed().as_secs_f64()
+    );
 
     // Converge: 9 + 3 VMIs, each with exactly one pod, no orphan pods.
     wait_for(
@@ -105,6 +112,10 @@ spec:
     )
     .await?;
 
+    eprintln!(
+        "[{:.1}s] converged after the restart",
+        t0.elapsed().as_secs_f64()
+    );
     // Status still flows: a pod marked running makes its VMI Running.
     let pods = env.api::<Pod>();
     bind(&pods, "virt-launcher-solo-0", "node-1").await?;
@@ -143,5 +154,9 @@ spec:
         },
     )
     .await?;
+    eprintln!(
+        "[{:.1}s] converged after the operator restart",
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
