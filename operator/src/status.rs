@@ -306,6 +306,31 @@ pub fn desired_status(
     }
 }
 
+/// The status of a VMI that failed before it got a launcher pod (invalid spec, pod refused).
+pub fn failed_status(
+    vmi: &VirtualMachineInstance,
+    reason: &str,
+    message: &str,
+    now: &Time,
+) -> VirtualMachineInstanceStatus {
+    let mut st = vmi.status.clone().unwrap_or_default();
+    if st.phase.is_some_and(|p| p.is_final()) {
+        return st;
+    }
+    st.phase = Some(VmiPhase::Failed);
+    st.reason = Some(reason.to_string());
+    st.message = termination_reason(message);
+    st.phase_transition_timestamps
+        .push(PhaseTransitionTimestamp {
+            phase: VmiPhase::Failed,
+            phase_transition_timestamp: now.clone(),
+        });
+    let old = std::mem::take(&mut st.conditions);
+    set_condition(&mut st.conditions, &old, "Ready", false, "VMIFinished", now);
+    set_condition(&mut st.conditions, &old, "Paused", false, "NotPaused", now);
+    st
+}
+
 /// Order of the non-final phases a VMI walks through (None for Unknown and final phases).
 fn rank(p: VmiPhase) -> Option<u8> {
     match p {
@@ -503,6 +528,17 @@ mod tests {
         let stale = pod(None, None, "Pending", false);
         let st = desired_status(&v, Some(&stale), &t(110));
         assert_eq!(Some(&st), v.status.as_ref());
+    }
+
+    #[test]
+    fn failing_before_a_pod_exists() {
+        let v = vmi();
+        let st = failed_status(&v, "InvalidSpec", "guest memory: bad\nmore", &t(5));
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.reason.as_deref(), Some("InvalidSpec"));
+        assert_eq!(st.message.as_deref(), Some("guest memory: bad"));
+        assert_eq!(st.phase_transition_timestamps.len(), 1);
+        assert!(!st.is_ready());
     }
 
     #[test]

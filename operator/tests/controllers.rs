@@ -789,3 +789,27 @@ spec:
     assert_eq!(vmi_phase(&env, "sized").await?, Some(VmiPhase::Scheduling));
     Ok(())
 }
+
+#[tokio::test]
+async fn a_launcher_pod_the_api_server_refuses_fails_the_vmi() -> Result<()> {
+    let cluster = shared_cluster();
+    let env = Env::start(cluster.kubeconfig_path(), "t-refused").await?;
+    // The CRD accepts any nodeSelector map; pod validation refuses this label key.
+    let yaml = vmi_yaml("refused", "").replace(
+        "spec:\n  domain:",
+        "spec:\n  nodeSelector: {\"not a/valid/key\": x}\n  domain:",
+    );
+    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&yaml))?;
+    assert!(ok, "{err}");
+    let v = wait_phase(&env, "refused", VmiPhase::Failed).await?;
+    let st = v.status.unwrap();
+    assert_eq!(st.reason.as_deref(), Some("LauncherPodRefused"));
+    let msg = st.message.unwrap_or_default();
+    assert!(msg.contains("nodeSelector"), "{msg}");
+    assert!(env
+        .api::<Pod>()
+        .get_opt("virt-launcher-refused")
+        .await?
+        .is_none());
+    Ok(())
+}

@@ -131,14 +131,29 @@ async fn apply(
             .filter(|p| pod_belongs_to(p, &vmi));
     }
     if pod.is_none() && phase.is_none_or(|p| p == microvirt_crds::VmiPhase::Pending) {
-        let desired = desired_pod(&vmi, &ctx.config)?;
-        let created = pods
+        let desired = match desired_pod(&vmi, &ctx.config) {
+            Ok(p) => p,
+            Err(e) => {
+                return fail(api, &vmi, ctx, "InvalidSpec", &e.to_string()).await;
+            }
+        };
+        let created = match pods
             .patch(
                 &pod_name(&name),
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&desired),
             )
-            .await?;
+            .await
+        {
+            Ok(p) => p,
+            // The API server refuses the pod (e.g. image volumes disabled, quota, policy):
+            // that will not fix itself, so the VMI fails with the server's message.
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 403 => {
+                let msg = format!("launcher pod refused: {}", s.message);
+                return fail(api, &vmi, ctx, "LauncherPodRefused", &msg).await;
+            }
+            Err(e) => return Err(e.into()),
+        };
         if pod_belongs_to(&created, &vmi) {
             ctx.event(
                 &*vmi,
@@ -190,6 +205,38 @@ async fn apply(
         }
     }
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Mark the VMI Failed (before any pod exists) with a Warning event.
+async fn fail(
+    api: &Api<VirtualMachineInstance>,
+    vmi: &VirtualMachineInstance,
+    ctx: &Context,
+    reason: &str,
+    message: &str,
+) -> Result<Action, Error> {
+    let (name, _) = name_ns(vmi)?;
+    let now = Time(Timestamp::now());
+    let st = status::failed_status(vmi, reason, message, &now);
+    let patch = json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachineInstance",
+        "status": st,
+    });
+    api.patch_status(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    ctx.event(
+        vmi,
+        EventType::Warning,
+        reason,
+        "CreatePod",
+        message.to_string(),
+    );
+    Ok(Action::await_change())
 }
 
 /// Deletion: stop the launcher pod gracefully; the finalizer goes once the pod is gone.
