@@ -265,3 +265,112 @@ pub fn remove_dir(p: &Path) -> Result<(), CmdError> {
         }),
     }
 }
+
+/// An exclusive lock between processes sharing the cache (e.g. two test binaries building the same
+/// kernel): a directory created atomically, holding the owner's pid; a lock whose owner is gone is
+/// taken over. Released on drop.
+#[derive(Debug)]
+pub struct CacheLock {
+    path: PathBuf,
+}
+
+impl CacheLock {
+    /// Blocks until the lock at `path` is ours; `what` is shown while waiting.
+    pub fn acquire(path: &Path, what: &str) -> Result<CacheLock, CmdError> {
+        if let Some(parent) = path.parent() {
+            mkdirs(parent)?;
+        }
+        let mut said = false;
+        loop {
+            match std::fs::create_dir(path) {
+                Ok(()) => {
+                    write(&path.join("pid"), std::process::id().to_string())?;
+                    return Ok(CacheLock {
+                        path: path.to_path_buf(),
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let owner: Option<u32> = std::fs::read_to_string(path.join("pid"))
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok());
+                    let stale = match owner {
+                        Some(pid) => !Path::new(&format!("/proc/{pid}")).exists(),
+                        // Created but no pid yet: stale only if it stays so for a while.
+                        None => std::fs::metadata(path)
+                            .and_then(|m| m.modified())
+                            .ok()
+                            .and_then(|t| t.elapsed().ok())
+                            .is_some_and(|age| age > std::time::Duration::from_secs(30)),
+                    };
+                    if stale {
+                        let _ = std::fs::remove_dir_all(path);
+                        continue;
+                    }
+                    if !said {
+                        eprintln!(
+                            "[cache] waiting for another process ({}) to finish {what}",
+                            owner.map_or("starting".into(), |p| format!("pid {p}"))
+                        );
+                        said = true;
+                    }
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+                Err(source) => {
+                    return Err(CmdError::Io {
+                        what: "creating lock",
+                        path: path.to_path_buf(),
+                        source,
+                    })
+                }
+            }
+        }
+    }
+}
+
+impl Drop for CacheLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn cache_lock_excludes_and_recovers_from_dead_owner() {
+        let dir = std::env::temp_dir().join(format!("microvirt-lock-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let lock = dir.join("x.lock");
+        let first = CacheLock::acquire(&lock, "test").expect("first");
+        let l2 = lock.clone();
+        let t = Instant::now();
+        let waiter = std::thread::spawn(move || {
+            let _second = CacheLock::acquire(&l2, "test").expect("second");
+            Instant::now()
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        let released = Instant::now();
+        drop(first);
+        let got = waiter.join().expect("waiter");
+        assert!(
+            got >= released,
+            "second lock taken while the first was held"
+        );
+        assert!(t.elapsed() < Duration::from_secs(10));
+        // A lock left by a process that no longer exists is taken over.
+        std::fs::create_dir_all(&lock).expect("fake lock");
+        std::fs::write(lock.join("pid"), "2147483646").expect("fake pid");
+        let t = Instant::now();
+        let _third = CacheLock::acquire(&lock, "test").expect("takeover");
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert_eq!(
+            std::fs::read_to_string(lock.join("pid")).expect("pid"),
+            std::process::id().to_string()
+        );
+        drop(_third);
+        assert!(!lock.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

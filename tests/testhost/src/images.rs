@@ -129,6 +129,14 @@ pub fn build() -> Result<(GuestImages, BuildTimes), ImagesError> {
         times.cached = true;
         return Ok((images, times));
     }
+    // Several test binaries may ask at once: one builds, the others wait and find it cached.
+    let _lock =
+        cmd::CacheLock::acquire(&cmd::cache_root().join("images.lock"), "the guest images")?;
+    if dir.join("done").exists() {
+        progress(&format!("cached: {}", dir.display()));
+        times.cached = true;
+        return Ok((images, times));
+    }
     cmd::mkdirs(&dir)?;
     let t = Instant::now();
     // The kernel is the slow part: it is cached on its own inputs, so editing the init only

@@ -50,6 +50,14 @@ pub fn kernel() -> Result<L1Kernel, L1Error> {
         .ok_or(L1Error::NoKernelPackage)?;
     let dir = cmd::cache_root().join("testhost").join(&pkg);
     let root = dir.join("root");
+    let _lock = if dir.join("done").exists() {
+        None
+    } else {
+        Some(cmd::CacheLock::acquire(
+            &cmd::cache_root().join("testhost.lock"),
+            "fetching the test-host kernel",
+        )?)
+    };
     if !dir.join("done").exists() {
         progress(&format!("fetching {pkg} (apt-get download) ..."));
         cmd::remove_dir(&dir)?;
