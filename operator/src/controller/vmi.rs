@@ -119,6 +119,9 @@ async fn apply(
                     Err(e) => return Err(e.into()),
                 }
             }
+            if vmi.status.is_none() {
+                write_status(api, &vmi, ctx, None).await?;
+            }
             return Ok(Action::requeue(Duration::from_secs(1)));
         }
     }
@@ -170,8 +173,21 @@ async fn apply(
     }
 
     // 3. Status from the pod.
+    write_status(api, &vmi, ctx, pod.as_ref()).await?;
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// Write the status derived from `pod` when it differs from the current one (SSA on the status
+/// subresource), with a metric and an Event on phase changes.
+async fn write_status(
+    api: &Api<VirtualMachineInstance>,
+    vmi: &VirtualMachineInstance,
+    ctx: &Context,
+    pod: Option<&Pod>,
+) -> Result<(), Error> {
+    let (name, _) = name_ns(vmi)?;
     let now = Time(Timestamp::now());
-    let desired = status::desired_status(&vmi, pod.as_ref(), &now);
+    let desired = status::desired_status(vmi, pod, &now);
     if vmi.status.as_ref() != Some(&desired) {
         let old_phase = vmi.phase();
         let patch = json!({
@@ -201,10 +217,10 @@ async fn apply(
             } else {
                 EventType::Normal
             };
-            ctx.event(&*vmi, type_, new_phase.as_str(), "UpdateStatus", note);
+            ctx.event(vmi, type_, new_phase.as_str(), "UpdateStatus", note);
         }
     }
-    Ok(Action::requeue(Duration::from_secs(300)))
+    Ok(())
 }
 
 /// Mark the VMI Failed (before any pod exists) with a Warning event.
