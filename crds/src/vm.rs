@@ -24,16 +24,16 @@ use crate::template::VirtualMachineInstanceTemplateSpec;
     derive = "Default",
     doc = "A virtual machine whose VMI the operator creates and deletes according to runStrategy.",
     printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    ),
-    printcolumn(
         name = "Status",
         type_ = "string",
         json_path = ".status.printableStatus"
     ),
-    printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready")
+    printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[x_kube(
     validation = Rule::new("!(has(self.running) && has(self.runStrategy))")

@@ -30,7 +30,7 @@ fn every_crd_has_its_short_name_and_columns() {
         (
             "virtualmachines.microvirt.io",
             "vm",
-            &["Age", "Status", "Ready"],
+            &["Status", "Ready", "Age"],
         ),
         (
             "virtualmachineinstancereplicasets.microvirt.io",

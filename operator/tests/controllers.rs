@@ -618,7 +618,7 @@ spec:
         .unwrap_or("")
         .split_whitespace()
         .collect();
-    assert_eq!(header, vec!["NAME", "AGE", "STATUS", "READY"]);
+    assert_eq!(header, vec!["NAME", "STATUS", "READY", "AGE"]);
     mark_terminated(&pods, "virt-launcher-always", 0, "guest powered off").await?;
     let uid2 = wait_vmi_uid(&env, "always", Some(&uid1)).await?;
     assert_ne!(uid1, uid2);
