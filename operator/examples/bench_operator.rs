@@ -59,7 +59,7 @@ async fn main() -> Result<()> {
     let count: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(100);
     let interval = Duration::from_millis(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(100));
 
-    let cluster = tokio::task::block_in_place(common::start_cluster_with_sa_key_fix);
+    let cluster = tokio::task::block_in_place(common::start_cluster);
     common::install_crds(cluster.kubeconfig_path())?;
     let env = common::Env::start(cluster.kubeconfig_path(), "bench").await?;
     let times = Arc::new(Mutex::new(Times::default()));

@@ -56,7 +56,7 @@ async fn census(env: &Env) -> Result<(BTreeMap<String, (String, usize)>, Vec<Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controllers_converge_across_an_apiserver_restart_without_duplicate_pods() -> Result<()> {
     let t0 = std::time::Instant::now();
-    let mut cluster = tokio::task::block_in_place(start_cluster_with_sa_key_fix);
+    let mut cluster = tokio::task::block_in_place(start_cluster);
     install_crds(cluster.kubeconfig_path())?;
     let mut env = Env::start(cluster.kubeconfig_path(), "t-restart").await?;
     let manifest = r#"apiVersion: microvirt.io/v1alpha1

@@ -27,7 +27,7 @@ async fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn virt_operator_binary_leads_serves_health_and_reconciles() -> Result<()> {
-    let cluster = tokio::task::block_in_place(start_cluster_with_sa_key_fix);
+    let cluster = tokio::task::block_in_place(start_cluster);
     let kc = cluster.kubeconfig_path();
     install_crds(kc)?;
     let client = client_for(kc).await?;

@@ -25,7 +25,7 @@ fn deploy_dir() -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deploy_manifests_rbac_is_sufficient_and_leader_election_hands_over() -> Result<()> {
-    let cluster = tokio::task::block_in_place(start_cluster_with_sa_key_fix);
+    let cluster = tokio::task::block_in_place(start_cluster);
     let kc = cluster.kubeconfig_path();
     install_crds(kc)?;
     let d = deploy_dir();

@@ -30,54 +30,9 @@ pub fn cluster_options() -> ClusterOptions {
     }
 }
 
-/// Workaround for microvirt-testsupport 3727fb3 (remove once fixed there): it writes the
-/// service-account key as a PKCS#8 ECDSA private key only, which kube-apiserver 1.34 refuses for
-/// `--service-account-key-file` ("data does not contain any valid RSA or ECDSA public keys").
-/// Appending the matching public key (PKIX) block makes the file valid for both flags. The file
-/// is written before etcd starts, and kube-apiserver starts only after etcd is ready, so a
-/// watcher appends the block in time.
-pub fn start_cluster_with_sa_key_fix() -> Cluster {
-    let dir = std::env::temp_dir().join(format!(
-        "microvirt-operator-tests-{}-{:x}",
-        std::process::id(),
-        Instant::now().elapsed().subsec_nanos() ^ std::process::id()
-    ));
-    let key = dir.join("pki").join("service-account.key");
-    let watcher_key = key.clone();
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop_fixer = stop.clone();
-    let fixer = std::thread::spawn(move || {
-        while !stop_fixer.load(Ordering::SeqCst) {
-            if let Ok(text) = std::fs::read_to_string(&watcher_key) {
-                if text.contains("END PUBLIC KEY") {
-                    return;
-                }
-                if text.contains("END PRIVATE KEY") {
-                    if let Ok(out) = Command::new("openssl")
-                        .args(["pkey", "-pubout", "-in"])
-                        .arg(&watcher_key)
-                        .output()
-                    {
-                        if out.status.success() {
-                            let mut all = text.clone();
-                            all.push_str(&String::from_utf8_lossy(&out.stdout));
-                            let _ = std::fs::write(&watcher_key, all);
-                            return;
-                        }
-                    }
-                }
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    });
-    let opts = ClusterOptions {
-        data_dir: Some(dir.clone()),
-        ..cluster_options()
-    };
-    let c = Cluster::start(opts).expect("starting etcd + kube-apiserver");
-    stop.store(true, Ordering::SeqCst);
-    let _ = fixer.join();
-    c
+/// A private etcd + kube-apiserver with [`cluster_options`].
+pub fn start_cluster() -> Cluster {
+    Cluster::start(cluster_options()).expect("starting etcd + kube-apiserver")
 }
 
 /// Directory with the committed CRD YAML.
@@ -147,7 +102,7 @@ static SHARED: OnceLock<Cluster> = OnceLock::new();
 /// The cluster shared by all tests of one test binary (started on first use, CRDs installed).
 pub fn shared_cluster() -> &'static Cluster {
     SHARED.get_or_init(|| {
-        let c = start_cluster_with_sa_key_fix();
+        let c = start_cluster();
         install_crds(c.kubeconfig_path()).expect("installing CRDs");
         c
     })
