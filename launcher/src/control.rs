@@ -20,10 +20,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 use vmm::{Action, VmmController};
 
+use crate::console::ConsoleHub;
 use crate::runner::{set_state, Event, SharedStatus};
 
 /// What the server acts on.
@@ -32,7 +34,7 @@ pub struct Context {
     pub controller: VmmController,
     pub status: SharedStatus,
     pub events: Sender<Event>,
-    pub console: Option<PathBuf>,
+    pub console: Option<Arc<ConsoleHub>>,
 }
 
 /// The listening socket; the file is removed when this is dropped.
@@ -167,52 +169,22 @@ fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
                 Err(_) => json!({"ok": false, "error": "the launcher is exiting"}),
             },
             "console" => {
-                let Some(path) = &ctx.console else {
+                let Some(hub) = &ctx.console else {
                     reply(
                         &mut writer,
                         &json!({"ok": false, "error": "the console is on the launcher's terminal"}),
                     )?;
                     continue;
                 };
-                let serial = match UnixStream::connect(path) {
-                    Ok(s) => s,
-                    Err(e) => {
-                        reply(
-                            &mut writer,
-                            &json!({"ok": false, "error": format!("console: {e}")}),
-                        )?;
-                        continue;
-                    }
-                };
                 reply(&mut writer, &json!({"ok": true}))?;
                 // Bytes the client sent after the request line are console input.
                 let pending = reader.buffer().to_vec();
-                return bridge(reader.into_inner(), serial, &pending);
+                return hub.attach(reader.into_inner(), &pending);
             }
             other => json!({"ok": false, "error": format!("unknown command {other:?}")}),
         };
         reply(&mut writer, &answer)?;
     }
-}
-
-/// Copies bytes both ways until either side closes.
-fn bridge(client: UnixStream, serial: UnixStream, pending: &[u8]) -> std::io::Result<()> {
-    let mut serial_w = serial.try_clone()?;
-    serial_w.write_all(pending)?;
-    let mut client_r = client.try_clone()?;
-    let serial_for_input = serial.try_clone()?;
-    let input = std::thread::Builder::new()
-        .name("console-in".into())
-        .spawn(move || {
-            let _ = std::io::copy(&mut client_r, &mut serial_w);
-            let _ = serial_for_input.shutdown(Shutdown::Both);
-        })?;
-    let mut serial_r = serial;
-    let mut client_w = client;
-    let _ = std::io::copy(&mut serial_r, &mut client_w);
-    let _ = client_w.shutdown(Shutdown::Both);
-    let _ = input.join();
-    Ok(())
 }
 
 /// Client side: sends one request and returns the answer.

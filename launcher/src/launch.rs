@@ -50,6 +50,8 @@ pub struct Options {
     /// Runtime directory: sockets, overlays, cloud-init images, the booted marker (pod mode).
     pub runtime_dir: PathBuf,
     pub console: Console,
+    /// With [`Console::Socket`]: also copy the guest console to stdout.
+    pub console_echo: bool,
     pub control_socket: Option<PathBuf>,
     pub booted_marker: Option<PathBuf>,
     /// Overrides the VMI's terminationGracePeriodSeconds.
@@ -238,6 +240,7 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
             booted_marker: opts.booted_marker.clone(),
             control_socket: opts.control_socket.clone(),
             console_socket: (opts.console == Console::Socket).then_some(console_socket),
+            console_echo: opts.console_echo,
             seccomp: opts.seccomp,
             announce_boot: opts.announce_boot,
             status,

@@ -10,6 +10,7 @@
 
 pub mod caps;
 pub mod cloudinit;
+pub mod console;
 pub mod control;
 pub mod demo;
 pub mod disks;

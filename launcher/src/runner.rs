@@ -12,6 +12,7 @@ use vmm::devices::legacy::boot_timer::BootTime;
 use vmm::timing::Clock;
 use vmm::{Action, BuildOptions, ExitReason, VmConfig, Vmm, VmmController};
 
+use crate::console::ConsoleHub;
 use crate::control::{self, ControlServer};
 use crate::seccomp;
 
@@ -74,8 +75,11 @@ pub struct LaunchConfig {
     pub booted_marker: Option<PathBuf>,
     /// Serve the control socket here.
     pub control_socket: Option<PathBuf>,
-    /// The VMM's serial socket, which the control socket's `console` bridges to.
+    /// The VMM's serial socket; the launcher's console hub is its client and the control
+    /// socket's `console` attaches to the hub.
     pub console_socket: Option<PathBuf>,
+    /// Also copy the guest console to stdout (pod mode: the container log).
+    pub console_echo: bool,
     /// Install the seccomp filter on the VMM thread (and so its vCPU threads).
     pub seccomp: bool,
     /// Print "guest booted in N ms" on stderr.
@@ -253,6 +257,16 @@ pub fn run(
         s.state = "running".into();
         s.vmm_tid = Some(tid);
     }
+    let hub = match &cfg.console_socket {
+        Some(p) => match ConsoleHub::start(p, cfg.console_echo, Duration::from_secs(5)) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                let _ = controller.request(Action::Stop);
+                return Outcome::setup_failed(format!("console socket {}: {e}", p.display()));
+            }
+        },
+        None => None,
+    };
     let _server: Option<ControlServer> = match &cfg.control_socket {
         Some(path) => match control::serve(
             path,
@@ -260,7 +274,7 @@ pub fn run(
                 controller: controller.clone(),
                 status: status.clone(),
                 events: events.clone(),
-                console: cfg.console_socket.clone(),
+                console: hub.clone(),
             },
         ) {
             Ok(s) => Some(s),

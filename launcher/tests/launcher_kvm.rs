@@ -510,8 +510,24 @@ fn pod_mode_readiness_control_socket_console_and_termination_message() {
         .spawn()
         .unwrap();
     let out = collect(console.stdout.take().unwrap());
+    // A second console at the same time only watches.
+    let mut watcher = pod
+        .cmd(&["console"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let watched = collect(watcher.stdout.take().unwrap());
     let mut stdin = console.stdin.take().unwrap();
     use std::io::Write;
+    let end = Instant::now() + Duration::from_secs(10);
+    while !watched.lock().unwrap().contains("echo: ready")
+        || !out.lock().unwrap().contains("echo: ready")
+    {
+        assert!(Instant::now() < end, "consoles did not attach");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     stdin.write_all(b"hello launcher\n").unwrap();
     let end = Instant::now() + Duration::from_secs(10);
     while !out.lock().unwrap().contains("echo: hello launcher") {
@@ -529,6 +545,12 @@ fn pod_mode_readiness_control_socket_console_and_termination_message() {
         "console client ends when the VM does: {cst:?}"
     );
     assert!(out.lock().unwrap().contains("echo: bye"));
+    assert!(watcher.wait().unwrap().success());
+    assert!(watched.lock().unwrap().contains("echo: hello launcher"));
+    // The launcher's stdout (the container log) carries the guest console too.
+    let log = l.stdout();
+    assert!(log.contains("microvirt-testguest: entry=pvh"), "{log}");
+    assert!(log.contains("echo: hello launcher"), "{log}");
 
     let msg = std::fs::read_to_string(pod.term_log()).unwrap();
     assert!(msg.starts_with("guest reset\n"), "{msg}");
