@@ -62,6 +62,8 @@ pub enum ScenarioError {
     Images(#[from] crate::images::ImagesError),
     #[error("unknown scenario {0:?}")]
     Unknown(String),
+    #[error("the test-host kernel was not prepared (Prepared::l1 is None outside direct mode)")]
+    NoTestHostKernel,
     #[error("cargo build of {bin} failed:\n{tail}")]
     Build { bin: String, tail: String },
 }
@@ -314,7 +316,7 @@ pub fn run_suite(
         return run_direct(prep, scenarios, echo);
     }
     let Some(kernel) = prep.l1.as_ref() else {
-        return Err(ScenarioError::Unknown("test-host kernel missing".into()));
+        return Err(ScenarioError::NoTestHostKernel);
     };
     let files = scenarios
         .iter()
