@@ -58,7 +58,10 @@ impl log::Log for Logger {
         m.level() <= self.0
     }
     fn log(&self, r: &log::Record) {
-        if self.enabled(r.metadata()) {
+        // The netlink crates warn about kernel attributes newer than they know; only shown
+        // when debugging.
+        let noisy = r.target().starts_with("netlink_") && self.0 < log::LevelFilter::Debug;
+        if self.enabled(r.metadata()) && !noisy {
             let mut e = std::io::stderr().lock();
             let _ = writeln!(
                 e,

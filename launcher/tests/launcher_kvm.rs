@@ -635,10 +635,12 @@ fn pod_mode_sets_up_masquerade_networking_in_the_pod_namespace() {
         "nameserver 10.96.0.10\nsearch default.svc.cluster.local\n",
     )
     .unwrap();
-    // A fresh network namespace standing in for the pod's, with an `eth0` holding the pod IP.
+    // A fresh network namespace standing in for the pod's, with an `eth0` holding the pod IP;
+    // the launcher runs with the pod's capabilities only (bounding set NET_ADMIN +
+    // NET_BIND_SERVICE: the DHCP server binds port 67).
     let script = format!(
         "ip link set lo up && ip link add eth0 type veth peer name peer0 && ip link set peer0 up && ip addr add 10.244.1.7/24 dev eth0 \
-         && ip link set eth0 up && exec {BIN} pod"
+         && ip link set eth0 up && exec setpriv --bounding-set -all,+net_admin,+net_bind_service {BIN} pod"
     );
     let mut l = Launcher::spawn(
         Command::new("unshare")
