@@ -54,7 +54,7 @@ pub struct Status {
     pub mem_mib: u64,
     pub disks: Vec<String>,
     pub network: String,
-    /// Seccomp mode of the VMM thread (from /proc), 2 = filter.
+    /// The VMM thread (its seccomp mode and capabilities are read from /proc for `status`).
     pub vmm_tid: Option<i32>,
 }
 
