@@ -394,6 +394,27 @@ pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, Po
     })
 }
 
+/// Names of volumes of `desired` that `created` (as returned by the API server) lacks.
+pub fn missing_volumes(desired: &Pod, created: &Pod) -> Vec<String> {
+    let have: Vec<&str> = created
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .map(|v| v.iter().map(|v| v.name.as_str()).collect())
+        .unwrap_or_default();
+    desired
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .map(|v| {
+            v.iter()
+                .filter(|v| !have.contains(&v.name.as_str()))
+                .map(|v| v.name.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Whether `pod` belongs to this VMI (same uid in the annotation or owner reference).
 pub fn pod_belongs_to(pod: &Pod, vmi: &VirtualMachineInstance) -> bool {
     let Some(uid) = vmi.meta().uid.as_deref() else {
@@ -550,6 +571,20 @@ mod tests {
             .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
             .collect();
         assert_eq!(host_paths, vec!["/dev/kvm", "/dev/net/tun"]);
+    }
+
+    #[test]
+    fn dropped_volumes_are_detected() {
+        let v = vmi(spec(Some("64Mi"), None));
+        let desired = desired_pod(&v, &Config::default()).unwrap();
+        assert!(missing_volumes(&desired, &desired).is_empty());
+        let mut created = desired.clone();
+        let vols = created.spec.as_mut().unwrap().volumes.as_mut().unwrap();
+        vols.retain(|v| v.image.is_none());
+        assert_eq!(
+            missing_volumes(&desired, &created),
+            vec!["vol-0".to_string()]
+        );
     }
 
     #[test]

@@ -158,6 +158,24 @@ async fn apply(
             Err(e) => return Err(e.into()),
         };
         if pod_belongs_to(&created, &vmi) {
+            let missing = crate::pod::missing_volumes(&desired, &created);
+            if !missing.is_empty() {
+                // The API server silently drops fields of disabled features (image volumes
+                // without the ImageVolume gate): such a pod would start without its disks.
+                let dp = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                };
+                match pods.delete(&created.name_any(), &dp).await {
+                    Ok(_) => {}
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let msg = format!(
+                    "the API server dropped pod volumes {missing:?}; containerDisk and kernelBoot.container need image volumes (enable the ImageVolume feature gate)"
+                );
+                return fail(api, &vmi, ctx, "LauncherPodVolumesDropped", &msg).await;
+            }
             ctx.event(
                 &*vmi,
                 EventType::Normal,

@@ -1,0 +1,54 @@
+//! On an API server without the ImageVolume feature gate, image volumes are silently dropped
+//! from pods: the operator notices, removes the disk-less pod and fails the VMI with the reason.
+
+mod common;
+
+use anyhow::Result;
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use microvirt_crds::{VirtualMachineInstance, VmiPhase};
+use microvirt_testsupport::{Cluster, ClusterOptions};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vmi_with_container_disk_fails_clearly_without_image_volumes() -> Result<()> {
+    let cluster = tokio::task::block_in_place(|| Cluster::start(ClusterOptions::default()))?;
+    install_crds(cluster.kubeconfig_path())?;
+    let env = Env::start(cluster.kubeconfig_path(), "t-nogate").await?;
+    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&vmi_yaml("cd", "")))?;
+    assert!(ok, "{err}");
+    let vmis = env.api::<VirtualMachineInstance>();
+    let v = wait_for("VMI Failed", WAIT, || async {
+        let v = vmis.get("cd").await?;
+        Ok((v.phase() == Some(VmiPhase::Failed)).then_some(v))
+    })
+    .await?;
+    let st = v.status.unwrap();
+    assert_eq!(st.reason.as_deref(), Some("LauncherPodVolumesDropped"));
+    assert!(
+        st.message
+            .unwrap_or_default()
+            .contains("ImageVolume feature gate"),
+        "message"
+    );
+    let pods = env.api::<Pod>();
+    wait_for("disk-less pod removed", WAIT, || async {
+        Ok(pods
+            .get_opt("virt-launcher-cd")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    // A VMI without image volumes still works there.
+    let yaml = vmi_yaml("plain", "").replace(
+        "    containerDisk:\n      image: quay.io/containerdisks/fedora:latest\n",
+        "    emptyDisk: {capacity: 1Gi}\n",
+    );
+    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&yaml))?;
+    assert!(ok, "{err}");
+    wait_for("plain VMI Scheduling", WAIT, || async {
+        Ok((vmis.get("plain").await?.phase() == Some(VmiPhase::Scheduling)).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
