@@ -230,6 +230,28 @@ fn spawn_vmm(cfg: &LaunchConfig, events: Sender<Event>) -> Result<(VmmController
         .map_err(|_| "the VMM thread ended during build".to_string())?
 }
 
+/// Records the boot: status, announcement, booted marker. Returns the boot time in ms.
+fn on_booted(cfg: &LaunchConfig, status: &SharedStatus, t: BootTime) -> u64 {
+    let ms = t.wall_us / 1000;
+    if let Ok(mut s) = status.lock() {
+        s.boot_time_ms = Some(ms);
+    }
+    if cfg.announce_boot {
+        eprintln!(
+            "virt-launcher: guest booted in {}.{:03} ms (cpu {} ms)",
+            t.wall_us / 1000,
+            t.wall_us % 1000,
+            t.cpu_us / 1000
+        );
+    }
+    if let Some(m) = &cfg.booted_marker {
+        if let Err(e) = std::fs::write(m, format!("{ms}\n")) {
+            log::error!("cannot write the booted marker {}: {e}", m.display());
+        }
+    }
+    ms
+}
+
 /// Why the VM was stopped by the launcher.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum StopCause {
@@ -313,23 +335,8 @@ pub fn run(
         };
         match ev {
             Event::Booted(t) => {
-                let ms = t.wall_us / 1000;
-                boot_ms = Some(ms);
-                if let Ok(mut s) = status.lock() {
-                    s.boot_time_ms = Some(ms);
-                }
-                if cfg.announce_boot {
-                    eprintln!(
-                        "virt-launcher: guest booted in {}.{:03} ms (cpu {} ms)",
-                        t.wall_us / 1000,
-                        t.wall_us % 1000,
-                        t.cpu_us / 1000
-                    );
-                }
-                if let Some(m) = &cfg.booted_marker {
-                    if let Err(e) = std::fs::write(m, format!("{ms}\n")) {
-                        log::error!("cannot write the booted marker {}: {e}", m.display());
-                    }
+                if boot_ms.is_none() {
+                    boot_ms = Some(on_booted(&cfg, &status, t));
                 }
             }
             Event::Signal(_) | Event::ShutdownRequested if !shutdown_requested => {
@@ -359,6 +366,13 @@ pub fn run(
             Event::Exited(r) => break r,
         }
     };
+    // The boot notification may still be in flight when the VM ends right after booting;
+    // the run's own timings have it.
+    if let (None, Ok((_, timings))) = (boot_ms, &result) {
+        if let Some(t) = timings.boot_timer {
+            boot_ms = Some(on_booted(&cfg, &status, t));
+        }
+    }
     set_state(&status, "stopped");
     if let Some(p) = &cfg.control_socket {
         let _ = std::fs::remove_file(p);
