@@ -195,6 +195,31 @@ spec:
         err.contains("spec of a VirtualMachineInstance is immutable after creation"),
         "{err}"
     );
+    // The same through the Rust client.
+    let e = vmis
+        .patch(
+            "good",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"domain": {"cpu": {"cores": 3}}}})),
+        )
+        .await
+        .expect_err("spec patch after status");
+    assert!(
+        e.to_string()
+            .contains("spec of a VirtualMachineInstance is immutable after creation"),
+        "{e}"
+    );
+    // Fields microvirt does not have are refused by kubectl's strict field validation.
+    let unknown = vmi_yaml("unknown", "").replace(
+        "    cpu: {cores: 1}\n",
+        "    cpu: {cores: 1}\n    machine: {type: q35}\n",
+    );
+    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&unknown))?;
+    assert!(!ok);
+    assert!(
+        err.contains("unknown field \"spec.domain.machine\""),
+        "{err}"
+    );
     // Metadata stays editable.
     let (ok, _, err) = env.kubectl(&["label", "vmi", "good", "extra=1"], None)?;
     assert!(ok, "{err}");
