@@ -50,6 +50,9 @@ async fn apply(
     api: &Api<VirtualMachineInstanceReplicaSet>,
 ) -> Result<Action, Error> {
     let (name, ns) = name_ns(&*rs)?;
+    // Decisions need the full VMI cache (creates use fixed names, so a stale cache could only
+    // cause refused duplicates, but deletions must see every VMI).
+    let _ = ctx.vmis.wait_until_ready().await;
     let vmis = vmis_in(ctx, &ns);
     let p = plan(&rs, vmis.iter().map(|v| v.as_ref()));
     let vmi_api: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
