@@ -37,6 +37,14 @@ const CTR_KBD_INT: u8 = 0x01;
 const CTR_KBD_DISABLE: u8 = 0x10;
 
 const KBD_ACK: u8 = 0xfa;
+const KBD_CMD_SETLEDS: u8 = 0xed;
+const KBD_CMD_SCANSET: u8 = 0xf0;
+const KBD_CMD_GETID: u8 = 0xf2;
+const KBD_CMD_SETREP: u8 = 0xf3;
+const KBD_CMD_RESET: u8 = 0xff;
+/// An MF2 keyboard with translation, as PC firmware reports it.
+const KBD_ID: [u8; 2] = [0xab, 0x83];
+const KBD_SCANSET_2: u8 = 0x02;
 const KBD_RESET_OK: u8 = 0xaa;
 const SELF_TEST_OK: u8 = 0x55;
 
@@ -55,6 +63,8 @@ pub struct I8042Device {
     cmd: u8,
     outp: u8,
     buf: VecDeque<u8>,
+    /// The keyboard command whose parameter byte comes next.
+    kbd_param_for: Option<u8>,
 }
 
 impl I8042Device {
@@ -68,6 +78,7 @@ impl I8042Device {
             cmd: 0,
             outp: 0,
             buf: VecDeque::new(),
+            kbd_param_for: None,
         }
     }
 
@@ -131,13 +142,35 @@ impl I8042Device {
             CMD_WRITE_CTR => self.ctr = v,
             CMD_WRITE_OUTP => self.outp = v,
             _ => {
-                // A byte for the keyboard itself: acknowledge it; answer reset with BAT OK.
-                self.push(KBD_ACK);
-                if v == 0xff {
-                    self.push(KBD_RESET_OK);
-                }
+                self.keyboard_byte(v);
                 self.raise_if_enabled();
             }
+        }
+    }
+
+    /// A byte sent to the PS/2 keyboard behind the controller. Answers the commands
+    /// Linux's atkbd driver sends while probing, so it never waits for a timeout.
+    fn keyboard_byte(&mut self, v: u8) {
+        if let Some(cmd) = self.kbd_param_for.take() {
+            // The parameter of SETLEDS / SETREP / SCANCODE SET.
+            self.push(KBD_ACK);
+            if cmd == KBD_CMD_SCANSET && v == 0 {
+                self.push(KBD_SCANSET_2);
+            }
+            return;
+        }
+        self.push(KBD_ACK);
+        match v {
+            KBD_CMD_RESET => self.push(KBD_RESET_OK),
+            KBD_CMD_GETID => self.push_all(&KBD_ID),
+            KBD_CMD_SETLEDS | KBD_CMD_SETREP | KBD_CMD_SCANSET => self.kbd_param_for = Some(v),
+            _ => {}
+        }
+    }
+
+    fn push_all(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.push(*b);
         }
     }
 }
@@ -202,6 +235,34 @@ mod tests {
         }
         assert_eq!(&got[..10], &CTRL_ALT_DEL);
         assert_eq!(got.len(), 11);
+    }
+
+    fn drain(d: &mut I8042Device) -> Vec<u8> {
+        let mut got = Vec::new();
+        while rd(d, OFS_STATUS) & SB_OUT_DATA_AVAIL != 0 {
+            got.push(rd(d, OFS_DATA));
+        }
+        got
+    }
+
+    #[test]
+    fn keyboard_answers_the_probe_sequence() {
+        let (mut d, _, irq) = dev();
+        d.write(OFS_DATA, &[KBD_CMD_RESET]);
+        assert_eq!(drain(&mut d), [KBD_ACK, KBD_RESET_OK]);
+        // One interrupt per byte the driver still has to read.
+        assert_eq!(irq.eventfd().read().unwrap(), 2);
+        d.write(OFS_DATA, &[KBD_CMD_GETID]);
+        assert_eq!(drain(&mut d), [KBD_ACK, 0xab, 0x83]);
+        // Commands with a parameter: each byte is acknowledged, the parameter is not a command.
+        d.write(OFS_DATA, &[KBD_CMD_SETLEDS]);
+        d.write(OFS_DATA, &[KBD_CMD_RESET]);
+        assert_eq!(drain(&mut d), [KBD_ACK, KBD_ACK]);
+        d.write(OFS_DATA, &[KBD_CMD_SCANSET]);
+        d.write(OFS_DATA, &[0]);
+        assert_eq!(drain(&mut d), [KBD_ACK, KBD_ACK, KBD_SCANSET_2]);
+        d.write(OFS_DATA, &[0xf4]);
+        assert_eq!(drain(&mut d), [KBD_ACK]);
     }
 
     #[test]
