@@ -356,7 +356,9 @@ pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, Po
             allow_privilege_escalation: Some(false),
             run_as_user: Some(0),
             capabilities: Some(Capabilities {
-                add: Some(vec!["NET_ADMIN".into()]),
+                // NET_ADMIN: tap, bridge and nftables in the pod netns; NET_BIND_SERVICE: the
+                // built-in DHCP server binds UDP port 67. Nothing else.
+                add: Some(vec!["NET_ADMIN".into(), "NET_BIND_SERVICE".into()]),
                 drop: Some(vec!["ALL".into()]),
             }),
             ..Default::default()
@@ -524,7 +526,7 @@ mod tests {
         assert_eq!(sc.privileged, Some(false));
         assert_eq!(
             sc.capabilities.as_ref().unwrap().add,
-            Some(vec!["NET_ADMIN".to_string()])
+            Some(vec!["NET_ADMIN".to_string(), "NET_BIND_SERVICE".to_string()])
         );
         let mounts: Vec<&str> = c
             .volume_mounts
