@@ -47,6 +47,8 @@ fn up(dir: &Path) -> Result<()> {
     let cluster = Cluster::start(ClusterOptions {
         data_dir: Some(dir.to_path_buf()),
         persistent: true,
+        // containerDisk and kernelBoot volumes are image volumes (beta, off by default in 1.34).
+        extra_apiserver_args: vec!["--feature-gates=ImageVolume=true".to_string()],
         ..Default::default()
     })?;
     eprintln!(
