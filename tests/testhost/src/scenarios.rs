@@ -42,6 +42,7 @@ pub const ALL: &[Scenario] = &[
     scenario!("net"),
     scenario!("smp"),
     scenario!("console"),
+    scenario!("shutdown"),
 ];
 
 /// Looks a scenario up by name.

@@ -275,3 +275,24 @@ fn serial_console_runs_typed_command() {
     );
     assert_exit0(sec, "console");
 }
+
+#[test]
+fn sigterm_shuts_the_linux_guest_down_cleanly() {
+    let sec = section("shutdown");
+    assert!(
+        guest(sec, "shutdown", "waiting for shutdown").is_some(),
+        "the guest never reached its idle loop:\n{}",
+        sec.tail(60)
+    );
+    assert!(
+        guest(sec, "shutdown", "ctrl-alt-del").is_some(),
+        "the guest's init never saw Ctrl-Alt-Del:\n{}",
+        sec.tail(60)
+    );
+    assert!(
+        guest(sec, "shutdown", "reboot").is_some(),
+        "{}",
+        sec.tail(60)
+    );
+    assert_exit0(sec, "shutdown");
+}
