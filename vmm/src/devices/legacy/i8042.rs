@@ -34,6 +34,10 @@ const SB_I8042_CMD_DATA: u8 = 0x08;
 const SB_KBD_ENABLED: u8 = 0x10;
 
 const CTR_KBD_INT: u8 = 0x01;
+const CTR_SYSTEM_FLAG: u8 = 0x04;
+/// The controller translates keyboard scancode set 2 to set 1 (PC firmware leaves this on,
+/// and Linux's i8042 driver assumes it unless booted with `i8042.direct`).
+const CTR_XLATE: u8 = 0x40;
 const CTR_KBD_DISABLE: u8 = 0x10;
 
 const KBD_ACK: u8 = 0xfa;
@@ -48,9 +52,12 @@ const KBD_SCANSET_2: u8 = 0x02;
 const KBD_RESET_OK: u8 = 0xaa;
 const SELF_TEST_OK: u8 = 0x55;
 
-/// Scancode set 2 make/break codes for Ctrl, Alt, Delete.
-pub const CTRL_ALT_DEL: [u8; 10] = [0x14, 0x11, 0xe0, 0x71, 0xe0, 0xf0, 0x71, 0xf0, 0x11, 0xf0];
-const CTRL_BREAK_TAIL: u8 = 0x14;
+/// Ctrl, Alt, Delete pressed, then released, in scancode set 2 (what the keyboard sends).
+pub const CTRL_ALT_DEL_SET2: [u8; 11] = [
+    0x14, 0x11, 0xe0, 0x71, 0xe0, 0xf0, 0x71, 0xf0, 0x11, 0xf0, 0x14,
+];
+/// The same keys as the guest reads them with translation on (scancode set 1).
+pub const CTRL_ALT_DEL_SET1: [u8; 8] = [0x1d, 0x38, 0xe0, 0x53, 0xe0, 0xd3, 0xb8, 0x9d];
 
 /// Buffer bound: a stuck guest cannot make the VMM grow memory.
 const OUT_BUF_MAX: usize = 64;
@@ -74,7 +81,7 @@ impl I8042Device {
             reset_evt,
             irq,
             status: SB_KBD_ENABLED,
-            ctr: CTR_KBD_INT,
+            ctr: CTR_KBD_INT | CTR_SYSTEM_FLAG | CTR_XLATE,
             cmd: 0,
             outp: 0,
             buf: VecDeque::new(),
@@ -97,10 +104,11 @@ impl I8042Device {
 
     /// Queues the Ctrl-Alt-Del key sequence and interrupts the guest.
     pub fn trigger_ctrl_alt_del(&mut self) {
-        for b in CTRL_ALT_DEL {
-            self.push(b);
+        if self.ctr & CTR_XLATE != 0 {
+            self.push_all(&CTRL_ALT_DEL_SET1);
+        } else {
+            self.push_all(&CTRL_ALT_DEL_SET2);
         }
-        self.push(CTRL_BREAK_TAIL);
         self.raise_if_enabled();
     }
 
@@ -229,12 +237,12 @@ mod tests {
         let (mut d, _, irq) = dev();
         d.trigger_ctrl_alt_del();
         assert_eq!(irq.eventfd().read().unwrap(), 1);
-        let mut got = Vec::new();
-        while rd(&mut d, OFS_STATUS) & SB_OUT_DATA_AVAIL != 0 {
-            got.push(rd(&mut d, OFS_DATA));
-        }
-        assert_eq!(&got[..10], &CTRL_ALT_DEL);
-        assert_eq!(got.len(), 11);
+        assert_eq!(drain(&mut d), CTRL_ALT_DEL_SET1);
+        // A guest that turned translation off gets the keyboard's own set 2 codes.
+        d.write(OFS_STATUS, &[CMD_WRITE_CTR]);
+        d.write(OFS_DATA, &[CTR_KBD_INT]);
+        d.trigger_ctrl_alt_del();
+        assert_eq!(drain(&mut d), CTRL_ALT_DEL_SET2);
     }
 
     fn drain(d: &mut I8042Device) -> Vec<u8> {
