@@ -247,7 +247,8 @@ pub fn load_initrd(
         });
     }
     // Straight from the file into guest memory: no heap copy that would stay in the VMM's RSS.
-    mem.read_exact_volatile_from(GuestAddress(start), &mut file, size as usize)?;
+    mem.read_exact_volatile_from(GuestAddress(start), &mut file, size as usize)
+        .map_err(|e| read_err(std::io::Error::other(e.to_string())))?;
     Ok((start, size))
 }
 
