@@ -7,13 +7,40 @@ use std::process::Command;
 use crate::cmd::{self, CmdError};
 use crate::images::GuestImages;
 
-/// Kernel modules loaded in the test host, in order (xz-compressed in the Debian package).
+/// Kernel modules loaded in the test host, in order: each after the modules it depends on
+/// (`modinfo -F depends` in Debian's 6.1 package; plain `.ko` there, `.ko.xz` in some other
+/// builds: both are handled). After KVM and TUN come what pod networking (`netsetup`'s
+/// masquerade binding) and the namespace fixtures of the network scenarios need: veth, the
+/// bridge, and nf_tables with the NAT chain type and the `nat` expression (`meta`, `payload`,
+/// `cmp` and `immediate` are part of nf_tables itself). libcrc32c asks the crypto API for
+/// "crc32c" (softdep): the generic implementation is loaded first as the test host has no
+/// modprobe/modules.dep. A module that fails to load is reported and the others still load.
 pub const MODULES: &[(&str, &str)] = &[
     ("irqbypass", "kernel/virt/lib/irqbypass.ko"),
     ("ccp", "kernel/drivers/crypto/ccp/ccp.ko"),
     ("kvm", "kernel/arch/x86/kvm/kvm.ko"),
     ("kvm-amd", "kernel/arch/x86/kvm/kvm-amd.ko"),
     ("tun", "kernel/drivers/net/tun.ko"),
+    ("veth", "kernel/drivers/net/veth.ko"),
+    ("llc", "kernel/net/llc/llc.ko"),
+    ("stp", "kernel/net/802/stp.ko"),
+    ("bridge", "kernel/net/bridge/bridge.ko"),
+    ("crc32c_generic", "kernel/crypto/crc32c_generic.ko"),
+    ("libcrc32c", "kernel/lib/libcrc32c.ko"),
+    ("nfnetlink", "kernel/net/netfilter/nfnetlink.ko"),
+    (
+        "nf_defrag_ipv4",
+        "kernel/net/ipv4/netfilter/nf_defrag_ipv4.ko",
+    ),
+    (
+        "nf_defrag_ipv6",
+        "kernel/net/ipv6/netfilter/nf_defrag_ipv6.ko",
+    ),
+    ("nf_conntrack", "kernel/net/netfilter/nf_conntrack.ko"),
+    ("nf_nat", "kernel/net/netfilter/nf_nat.ko"),
+    ("nf_tables", "kernel/net/netfilter/nf_tables.ko"),
+    ("nft_chain_nat", "kernel/net/netfilter/nft_chain_nat.ko"),
+    ("nft_nat", "kernel/net/netfilter/nft_nat.ko"),
 ];
 
 /// Errors while preparing the test host.
@@ -50,7 +77,13 @@ pub fn kernel() -> Result<L1Kernel, L1Error> {
         .ok_or(L1Error::NoKernelPackage)?;
     let dir = cmd::cache_root().join("testhost").join(&pkg);
     let root = dir.join("root");
-    let _lock = if dir.join("done").exists() {
+    // A cache made with an older module list lacks the newer modules: unpack again.
+    let complete = |dir: &Path| {
+        dir.join("done").exists()
+            && module_dir(&dir.join("root"))
+                .is_ok_and(|m| MODULES.iter().all(|(_, rel)| m.join(rel).exists()))
+    };
+    let _lock = if complete(&dir) {
         None
     } else {
         Some(cmd::CacheLock::acquire(
@@ -58,15 +91,21 @@ pub fn kernel() -> Result<L1Kernel, L1Error> {
             "fetching the test-host kernel",
         )?)
     };
-    if !dir.join("done").exists() {
+    if !complete(&dir) {
         progress(&format!("fetching {pkg} (apt-get download) ..."));
-        cmd::remove_dir(&dir)?;
-        cmd::mkdirs(&root)?;
+        // Download first: a failed download leaves a previous (older) unpacked cache in place.
+        cmd::mkdirs(&dir)?;
+        cmd::sh(&format!(
+            "rm -f {d}/done {d}/{pkg}_*.deb",
+            d = cmd::quote(&dir)
+        ))?;
         cmd::run(
             Command::new("apt-get")
                 .current_dir(&dir)
                 .args(["download", "-q", &pkg]),
         )?;
+        cmd::remove_dir(&root)?;
+        cmd::mkdirs(&root)?;
         // Only the kernel and the few modules are needed: unpack those, not all 400 MB.
         let wanted: String = MODULES
             .iter()
