@@ -526,7 +526,10 @@ mod tests {
         assert_eq!(sc.privileged, Some(false));
         assert_eq!(
             sc.capabilities.as_ref().unwrap().add,
-            Some(vec!["NET_ADMIN".to_string(), "NET_BIND_SERVICE".to_string()])
+            Some(vec![
+                "NET_ADMIN".to_string(),
+                "NET_BIND_SERVICE".to_string()
+            ])
         );
         let mounts: Vec<&str> = c
             .volume_mounts

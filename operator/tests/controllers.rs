@@ -273,7 +273,10 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
     let caps = sc.capabilities.context("capabilities")?;
     assert_eq!(
         caps.add,
-        Some(vec!["NET_ADMIN".to_string(), "NET_BIND_SERVICE".to_string()])
+        Some(vec![
+            "NET_ADMIN".to_string(),
+            "NET_BIND_SERVICE".to_string()
+        ])
     );
     assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
     let probe = c.readiness_probe.clone().context("readiness probe")?;
