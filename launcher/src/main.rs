@@ -213,7 +213,13 @@ fn launch(doc: &VmiDocument, opts: &Options, keep_caps: bool, start: Clock) -> O
         Err(e) => return Outcome::setup_failed(e.to_string()),
     };
     // The pod network was set up in prepare(), while the launcher still had CAP_NET_ADMIN.
-    if !keep_caps {
+    // `run --pod-network` removes it again at exit, which needs CAP_NET_ADMIN then: keep the
+    // capabilities in that (local, debugging) case; pod mode leaves the network to the pod.
+    let teardown_pending = prepared.network.is_some() && !opts.keep_network;
+    if teardown_pending && !keep_caps {
+        log::info!("keeping capabilities: the pod network is removed at exit");
+    }
+    if !keep_caps && !teardown_pending {
         if let Err(e) = caps::drop_all() {
             return Outcome::setup_failed(format!("dropping capabilities: {e}"));
         }
