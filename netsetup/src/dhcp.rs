@@ -401,6 +401,7 @@ fn serve(sock: UdpSocket, server: DhcpServer, stop: Arc<AtomicBool>) {
                 continue
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) if stop.load(Ordering::SeqCst) => break,
             Err(e) => {
                 log::warn!("dhcp: receive failed: {e}");
                 std::thread::sleep(Duration::from_millis(200));
