@@ -135,7 +135,8 @@ spec:
     )
     .await?;
     env.start_operator().await?;
-    wait_for(
+    let last_seen = std::sync::Mutex::new(String::new());
+    let converged = wait_for(
         "4 + 3 VMIs after the operator restart",
         Duration::from_secs(60),
         || async {
@@ -146,6 +147,20 @@ spec:
                 .filter(|v| v.metadata.deletion_timestamp.is_none())
                 .count();
             let (c, orphans) = census(&env).await?;
+            *last_seen.lock().unwrap() = format!(
+                "live={live} pods per VMI={:?} orphans={orphans:?} VMIs={:?}",
+                c.iter()
+                    .map(|(k, (_, n))| (k.clone(), *n))
+                    .collect::<Vec<_>>(),
+                list.items
+                    .iter()
+                    .map(|v| (
+                        v.metadata.name.clone().unwrap_or_default(),
+                        v.metadata.deletion_timestamp.is_some(),
+                        v.status.as_ref().and_then(|s| s.phase.clone())
+                    ))
+                    .collect::<Vec<_>>()
+            );
             Ok((live == 7
                 && c.len() == 7
                 && c.values().all(|(_, n)| *n == 1)
@@ -153,7 +168,10 @@ spec:
             .then_some(()))
         },
     )
-    .await?;
+    .await;
+    if let Err(e) = converged {
+        anyhow::bail!("{e:#}; last state seen: {}", last_seen.lock().unwrap());
+    }
     eprintln!(
         "[{:.1}s] converged after the operator restart",
         t0.elapsed().as_secs_f64()
