@@ -157,7 +157,7 @@ spec:
                     .map(|v| (
                         v.metadata.name.clone().unwrap_or_default(),
                         v.metadata.deletion_timestamp.is_some(),
-                        v.status.as_ref().and_then(|s| s.phase.clone())
+                        v.status.as_ref().and_then(|s| s.phase)
                     ))
                     .collect::<Vec<_>>()
             );
