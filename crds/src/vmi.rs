@@ -18,6 +18,21 @@ pub const LABEL_VMI_NAME: &str = "microvirt.io/vmi";
 pub const ANNOTATION_VMI_UID: &str = "microvirt.io/vmi-uid";
 /// Annotation on a VMI listing the presets (namespace/name, comma separated) applied to it.
 pub const ANNOTATION_PRESETS_APPLIED: &str = "microvirt.io/presets-applied";
+/// Annotation on launcher pods: milliseconds from VMM start to guest booted (set by the node
+/// agent `virt-handler` while the pod runs; read by the operator into `status.bootTimeMs`).
+pub const ANNOTATION_BOOT_TIME_MS: &str = "microvirt.io/boot-time-ms";
+/// Annotation on launcher pods, written by the operator: `<id> <command>` asks the node agent to
+/// send `<command>` (`pause` or `unpause`) to the launcher once per `<id>` (a token without
+/// spaces, new for every request). The warm-pool claim path ("resume this launcher now").
+pub const ANNOTATION_CONTROL_REQUEST: &str = "microvirt.io/control-request";
+/// Annotation on launcher pods, written by the node agent when it has carried out a control
+/// request: `<id> ok` or `<id> error <message>`.
+pub const ANNOTATION_CONTROL_RESULT: &str = "microvirt.io/control-result";
+/// VMI condition reported by the node agent (the launcher's `paused` state).
+pub const CONDITION_PAUSED: &str = "Paused";
+/// VMI conditions whose owner is the node agent (field manager `virt-handler`); the operator
+/// leaves them alone while the VMI runs.
+pub const NODE_AGENT_CONDITIONS: &[&str] = &[CONDITION_PAUSED];
 
 #[allow(clippy::duplicated_attributes)] // repeated printcolumn(...) arguments of #[kube]
 /// Desired state of a microVM.
@@ -453,8 +468,10 @@ pub struct VirtualMachineInstanceStatus {
     /// Human-readable detail (the launcher's termination message when Failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// Conditions (Ready, Paused).
+    /// Conditions (Ready, Paused), one per type: a map list, so the operator (Ready) and the
+    /// node agent (Paused) each own their entries under server-side apply.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<VmiCondition>,
     /// When each phase was entered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

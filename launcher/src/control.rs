@@ -11,8 +11,20 @@
 //! | `shutdown` | graceful: Ctrl-Alt-Del, hard stop after the grace period | `state` |
 //! | `stop` | hard stop now | `state` |
 //! | `console` | after the `{"ok":true}` line the connection carries raw console bytes both ways | — |
+//! | `watch` | none; the connection becomes a stream of `status` answers (see below) | as `status` |
 //!
 //! `console` needs the VMM's serial on a unix socket (pod mode; `run --console socket`).
+//!
+//! `watch` (used by the node agent, `virt-handler`): the launcher answers at once with the
+//! current `status` line, then writes a new `status` line whenever `state` or `booted`
+//! changes, and repeats the current one at least every [`WATCH_KEEPALIVE`] (so a client that
+//! went away is noticed and a client can tell a hung launcher). The stream ends when the
+//! launcher exits (possibly right after a `"state":"stopped"` line, possibly before it). Requests sent after `watch` on the
+//! same connection are ignored: use another connection for commands. Clients must accept
+//! repeated identical lines and unknown fields. Launchers without `watch` answer
+//! `{"ok":false,"error":"unknown command \"watch\""}`; clients then poll `status`. The
+//! stream only writes to the accepted socket and waits on a futex (no new syscalls after
+//! the VM is built).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
@@ -21,6 +33,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use vmm::{Action, VmmController};
@@ -118,6 +131,30 @@ fn status_json(ctx: &Context) -> Value {
     })
 }
 
+/// How often `watch` repeats an unchanged status.
+pub const WATCH_KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// What a `watch` client is told about: a new line is sent when this changes.
+fn watched(s: &crate::runner::Status) -> (String, bool) {
+    (s.state.clone(), s.boot_time_ms.is_some())
+}
+
+/// Streams `status` lines to a `watch` client (see the module doc).
+fn watch(w: &mut UnixStream, ctx: &Context) -> std::io::Result<()> {
+    loop {
+        let now = match ctx.status.lock() {
+            Ok(s) => watched(&s),
+            Err(_) => return Ok(()),
+        };
+        reply(w, &status_json(ctx))?;
+        if now.0 == "stopped" {
+            return Ok(());
+        }
+        ctx.status
+            .wait_while(WATCH_KEEPALIVE, |s| watched(s) == now);
+    }
+}
+
 fn reply(w: &mut UnixStream, v: &Value) -> std::io::Result<()> {
     let mut line = v.to_string();
     line.push('\n');
@@ -181,6 +218,7 @@ fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
                 let pending = reader.buffer().to_vec();
                 return hub.attach(reader.into_inner(), &pending);
             }
+            "watch" => return watch(&mut writer, ctx),
             other => json!({"ok": false, "error": format!("unknown command {other:?}")}),
         };
         reply(&mut writer, &answer)?;

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, LockResult, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use vmm::builder::RunTimings;
@@ -58,12 +58,48 @@ pub struct Status {
     pub vmm_tid: Option<i32>,
 }
 
-pub type SharedStatus = Arc<Mutex<Status>>;
+/// The status plus a condition variable that wakes the control socket's `watch` clients.
+#[derive(Debug, Default)]
+pub struct StatusCell {
+    status: Mutex<Status>,
+    changed: Condvar,
+}
+
+impl StatusCell {
+    pub fn new(s: Status) -> Self {
+        Self {
+            status: Mutex::new(s),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Read access (and write access that need not wake watchers).
+    pub fn lock(&self) -> LockResult<MutexGuard<'_, Status>> {
+        self.status.lock()
+    }
+
+    /// Changes the status and wakes every waiter of [`StatusCell::wait_while`].
+    pub fn update(&self, f: impl FnOnce(&mut Status)) {
+        if let Ok(mut s) = self.status.lock() {
+            f(&mut s);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Blocks while `unchanged` holds, at most `timeout` (futex only: no new syscalls).
+    pub fn wait_while(&self, timeout: Duration, mut unchanged: impl FnMut(&Status) -> bool) {
+        if let Ok(g) = self.status.lock() {
+            let _ = self
+                .changed
+                .wait_timeout_while(g, timeout, |s| unchanged(s));
+        }
+    }
+}
+
+pub type SharedStatus = Arc<StatusCell>;
 
 pub fn set_state(status: &SharedStatus, state: &str) {
-    if let Ok(mut s) = status.lock() {
-        s.state = state.to_string();
-    }
+    status.update(|s| s.state = state.to_string());
 }
 
 /// How a launch is run.
@@ -233,9 +269,7 @@ fn spawn_vmm(cfg: &LaunchConfig, events: Sender<Event>) -> Result<(VmmController
 /// Records the boot: status, announcement, booted marker. Returns the boot time in ms.
 fn on_booted(cfg: &LaunchConfig, status: &SharedStatus, t: BootTime) -> u64 {
     let ms = t.wall_us / 1000;
-    if let Ok(mut s) = status.lock() {
-        s.boot_time_ms = Some(ms);
-    }
+    status.update(|s| s.boot_time_ms = Some(ms));
     if cfg.announce_boot {
         eprintln!(
             "virt-launcher: guest booted in {}.{:03} ms (cpu {} ms)",
@@ -266,7 +300,7 @@ pub fn run(
     events: Sender<Event>,
     rx: std::sync::mpsc::Receiver<Event>,
 ) -> Outcome {
-    let status: SharedStatus = Arc::new(Mutex::new(cfg.status.clone()));
+    let status: SharedStatus = Arc::new(StatusCell::new(cfg.status.clone()));
     set_state(&status, "starting");
     if let Some(m) = &cfg.booted_marker {
         let _ = std::fs::remove_file(m);
@@ -275,10 +309,10 @@ pub fn run(
         Ok(c) => c,
         Err(e) => return Outcome::setup_failed(e),
     };
-    if let Ok(mut s) = status.lock() {
+    status.update(|s| {
         s.state = "running".into();
         s.vmm_tid = Some(tid);
-    }
+    });
     let hub = match &cfg.console_socket {
         Some(p) => match ConsoleHub::start(p, cfg.console_echo, Duration::from_secs(5)) {
             Ok(h) => Some(h),

@@ -20,9 +20,9 @@ use crate::config::{Config, KvmMode, KVM_RESOURCE};
 
 /// Annotation carrying the VMI document the launcher reads (through the downward API).
 pub const ANNOTATION_VMI_SPEC: &str = "microvirt.io/vmi-spec";
-/// Optional pod annotation with the guest boot time in ms (set by a node agent, never by the
+/// Optional pod annotation with the guest boot time in ms (set by the node agent, never by the
 /// launcher, which has no API credentials).
-pub const ANNOTATION_BOOT_TIME_MS: &str = "microvirt.io/boot-time-ms";
+pub use microvirt_crds::vmi::ANNOTATION_BOOT_TIME_MS;
 /// Name of the launcher container.
 pub const COMPUTE_CONTAINER: &str = "compute";
 /// Directory holding runtime files of the launcher.

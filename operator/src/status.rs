@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use microvirt_crds::vmi::{
     InterfaceStatus, PhaseTransitionTimestamp, VirtualMachineInstance,
-    VirtualMachineInstanceStatus, VmiCondition, VmiPhase,
+    VirtualMachineInstanceStatus, VmiCondition, VmiPhase, NODE_AGENT_CONDITIONS,
 };
 
 use crate::pod::{ANNOTATION_BOOT_TIME_MS, COMPUTE_CONTAINER};
@@ -283,14 +283,13 @@ pub fn desired_status(
         },
         now,
     );
-    // Paused is reported as False: microvirt has no pause API yet.
-    set_condition(
-        &mut conditions,
-        &old.conditions,
-        "Paused",
-        false,
-        "NotPaused",
-        now,
+    // Paused belongs to the node agent (virt-handler), which asks the launcher: keep what it
+    // reported (the apply in the controller leaves it out, see `operator_owned`).
+    conditions.extend(
+        old.conditions
+            .iter()
+            .filter(|c| NODE_AGENT_CONDITIONS.contains(&c.type_.as_str()))
+            .cloned(),
     );
 
     VirtualMachineInstanceStatus {
@@ -304,6 +303,19 @@ pub fn desired_status(
         launcher_pod: launcher,
         boot_time_ms: boot,
     }
+}
+
+/// The part of `st` the operator applies: while the VMI is not final, the conditions the node
+/// agent owns (Paused) are left out, so the operator's server-side apply neither takes them
+/// over nor sets them back from a stale cache. A final VMI has no launcher any more: the
+/// operator then reports `Paused=False` itself.
+pub fn operator_owned(st: &VirtualMachineInstanceStatus) -> VirtualMachineInstanceStatus {
+    let mut st = st.clone();
+    if !st.phase.is_some_and(VmiPhase::is_final) {
+        st.conditions
+            .retain(|c| !NODE_AGENT_CONDITIONS.contains(&c.type_.as_str()));
+    }
+    st
 }
 
 /// The status of a VMI that failed before it got a launcher pod (invalid spec, pod refused).

@@ -213,7 +213,7 @@ async fn write_status(
         let patch = json!({
             "apiVersion": "microvirt.io/v1alpha1",
             "kind": "VirtualMachineInstance",
-            "status": desired,
+            "status": status::operator_owned(&desired),
         });
         api.patch_status(
             &name,

@@ -1,0 +1,536 @@
+//! The node agent: one task per launcher pod on this node.
+//!
+//! The agent watches the pods of its node (field selector `spec.nodeName=<node>`, label
+//! `app.kubernetes.io/name=virt-launcher`). For each pod that is not finished it keeps a
+//! `watch` connection to the launcher's control socket, found through the kubelet's pod volume
+//! directory (`<kubelet root>/pods/<uid>/volumes/kubernetes.io~empty-dir/runtime/control.sock`),
+//! and
+//! - reports the VMI condition `Paused` (True while the launcher's state is `paused`) with a
+//!   server-side apply of the VMI status under field manager [`FIELD_MANAGER`], with the
+//!   VMI's uid as precondition; it owns only that list entry (`status.conditions` is a map
+//!   list keyed by `type`), the operator owns the rest;
+//! - sets the pod annotation `microvirt.io/boot-time-ms` once the guest has booted;
+//! - carries out control requests that the operator writes on the pod (annotation
+//!   `microvirt.io/control-request: <id> pause|unpause`) once per id and answers with
+//!   `microvirt.io/control-result: <id> ok|error <message>` — the path a warm-pool claim uses
+//!   to resume a paused launcher without creating a pod (docs/node-agent.md).
+//!
+//! The launcher itself never gets API credentials: everything it knows goes through this
+//! agent or through its pod's status.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Client, ResourceExt};
+use microvirt_crds::vmi::{
+    VirtualMachineInstance, VmiCondition, ANNOTATION_BOOT_TIME_MS, ANNOTATION_CONTROL_REQUEST,
+    ANNOTATION_CONTROL_RESULT, ANNOTATION_VMI_UID, CONDITION_PAUSED, LABEL_VMI_NAME,
+};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::launcher::{self, LauncherStatus, StatusWatch};
+use crate::shutdown::Shutdown;
+
+/// Field manager of every write the agent makes.
+pub const FIELD_MANAGER: &str = "virt-handler";
+/// Label selector of launcher pods.
+pub const LAUNCHER_SELECTOR: &str = "app.kubernetes.io/name=virt-launcher";
+/// Name of the launcher pod's scratch emptyDir (docs/launcher-pod.md).
+pub const RUNTIME_VOLUME: &str = "runtime";
+/// The control socket's name inside it.
+pub const CONTROL_SOCKET: &str = "control.sock";
+/// Reasons of the Paused condition.
+pub const REASON_PAUSED: &str = "PausedByUser";
+pub const REASON_NOT_PAUSED: &str = "NotPaused";
+/// Commands a control request may carry.
+pub const CONTROL_COMMANDS: &[&str] = &["pause", "unpause"];
+
+/// Errors that stop the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Where the agent looks.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// This node's name (pods are selected by `spec.nodeName`).
+    pub node_name: String,
+    /// The kubelet's root directory as mounted into the agent (pods are under `pods/`).
+    pub kubelet_root: PathBuf,
+    /// Name of the launcher pod's runtime emptyDir.
+    pub runtime_volume: String,
+    /// File name of the control socket in it.
+    pub control_socket: String,
+    /// Watch only this namespace (default: all).
+    pub namespace: Option<String>,
+    /// How long to wait before connecting again to a launcher, and before retrying a failed
+    /// API write; also the poll period for launchers without `watch`.
+    pub retry: Duration,
+}
+
+impl AgentConfig {
+    pub fn new(node_name: impl Into<String>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            kubelet_root: "/var/lib/kubelet".into(),
+            runtime_volume: RUNTIME_VOLUME.into(),
+            control_socket: CONTROL_SOCKET.into(),
+            namespace: None,
+            retry: Duration::from_millis(200),
+        }
+    }
+}
+
+/// A control request parsed from the pod annotation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControlRequest {
+    pub id: String,
+    pub command: String,
+}
+
+impl ControlRequest {
+    /// `<id> <command>`; None when the annotation is malformed.
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut it = s.split_whitespace();
+        let (id, command) = (it.next()?, it.next()?);
+        if it.next().is_some() {
+            return None;
+        }
+        Some(Self {
+            id: id.into(),
+            command: command.into(),
+        })
+    }
+}
+
+/// The id a result annotation answers.
+fn result_id(s: &str) -> Option<&str> {
+    s.split_whitespace().next()
+}
+
+/// Whether a pod is finished (its launcher is gone for good).
+fn finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+struct Tracked {
+    pod: watch::Sender<Pod>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Runs the agent until `shutdown`.
+pub async fn run(client: Client, cfg: AgentConfig, shutdown: Shutdown) -> Result<(), AgentError> {
+    if cfg.node_name.is_empty() {
+        return Err(AgentError::Config(
+            "the node name is empty (--node-name or NODE_NAME)".into(),
+        ));
+    }
+    let pods: Api<Pod> = match &cfg.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let wc = watcher::Config::default()
+        .fields(&format!("spec.nodeName={}", cfg.node_name))
+        .labels(LAUNCHER_SELECTOR);
+    let mut events = watcher::watcher(pods, wc).default_backoff().boxed();
+    let mut tracked: HashMap<String, Tracked> = HashMap::new();
+    let mut listing: Option<HashSet<String>> = None;
+    tracing::info!(
+        "node agent watching launcher pods on node {} (kubelet root {})",
+        cfg.node_name,
+        cfg.kubelet_root.display()
+    );
+    loop {
+        let ev = tokio::select! {
+            ev = events.next() => ev,
+            _ = shutdown.wait() => break,
+        };
+        let Some(ev) = ev else { break };
+        match ev {
+            Ok(Event::Init) => listing = Some(HashSet::new()),
+            Ok(Event::InitApply(pod)) => {
+                if let (Some(seen), Some(uid)) = (listing.as_mut(), pod.uid()) {
+                    seen.insert(uid);
+                }
+                upsert(&client, &cfg, &shutdown, &mut tracked, pod);
+            }
+            Ok(Event::InitDone) => {
+                if let Some(seen) = listing.take() {
+                    tracked.retain(|uid, t| {
+                        let keep = seen.contains(uid);
+                        if !keep {
+                            t.task.abort();
+                        }
+                        keep
+                    });
+                }
+            }
+            Ok(Event::Apply(pod)) => upsert(&client, &cfg, &shutdown, &mut tracked, pod),
+            Ok(Event::Delete(pod)) => {
+                if let Some(t) = pod.uid().and_then(|u| tracked.remove(&u)) {
+                    t.task.abort();
+                }
+            }
+            Err(e) => tracing::warn!("watching launcher pods: {e}"),
+        }
+        tracked.retain(|_, t| !t.task.is_finished());
+    }
+    for (_, t) in tracked.drain() {
+        t.task.abort();
+    }
+    tracing::info!("node agent stopped");
+    Ok(())
+}
+
+fn upsert(
+    client: &Client,
+    cfg: &AgentConfig,
+    shutdown: &Shutdown,
+    tracked: &mut HashMap<String, Tracked>,
+    pod: Pod,
+) {
+    let Some(uid) = pod.uid() else { return };
+    if finished(&pod) {
+        if let Some(t) = tracked.remove(&uid) {
+            t.task.abort();
+        }
+        return;
+    }
+    if let Some(t) = tracked.get(&uid) {
+        t.pod.send_replace(pod);
+        return;
+    }
+    let (tx, rx) = watch::channel(pod);
+    let task = tokio::spawn(launcher_task(
+        client.clone(),
+        cfg.clone(),
+        rx,
+        shutdown.clone(),
+    ));
+    tracked.insert(uid, Tracked { pod: tx, task });
+}
+
+/// What one launcher task knows about its VMI.
+struct VmiRef {
+    api: Api<VirtualMachineInstance>,
+    name: String,
+    uid: Option<String>,
+}
+
+/// Follows one launcher pod: status watch, Paused condition, boot time, control requests.
+async fn launcher_task(
+    client: Client,
+    cfg: AgentConfig,
+    mut pod_rx: watch::Receiver<Pod>,
+    shutdown: Shutdown,
+) {
+    let pod = pod_rx.borrow_and_update().clone();
+    let (Some(uid), Some(ns)) = (pod.uid(), pod.namespace()) else {
+        return;
+    };
+    let pod_name = pod.name_any();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let vmi = pod.labels().get(LABEL_VMI_NAME).map(|name| VmiRef {
+        api: Api::namespaced(client.clone(), &ns),
+        name: name.clone(),
+        uid: pod.annotations().get(ANNOTATION_VMI_UID).cloned(),
+    });
+    let socket = launcher::control_socket_path(
+        &cfg.kubelet_root,
+        &uid,
+        &cfg.runtime_volume,
+        &cfg.control_socket,
+    );
+    let mut st = TaskState {
+        pods,
+        pod_name: pod_name.clone(),
+        vmi,
+        socket: socket.clone(),
+        vmi_read: false,
+        reported: None,
+        want_paused: None,
+        boot_ms_written: pod
+            .annotations()
+            .get(ANNOTATION_BOOT_TIME_MS)
+            .and_then(|v| v.parse().ok()),
+        handled: pod
+            .annotations()
+            .get(ANNOTATION_CONTROL_RESULT)
+            .and_then(|r| result_id(r))
+            .map(str::to_string),
+        want_boot_ms: None,
+    };
+    let mut logged_wait = false;
+    'connect: loop {
+        if shutdown.is_set() {
+            return;
+        }
+        let mut w = match StatusWatch::open(&socket, cfg.retry).await {
+            Ok(w) => w,
+            Err(e) => {
+                if !logged_wait {
+                    tracing::debug!("{ns}/{pod_name}: waiting for the launcher: {e}");
+                    logged_wait = true;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(cfg.retry) => {}
+                    _ = shutdown.wait() => return,
+                    r = pod_rx.changed() => if r.is_err() { return },
+                }
+                continue 'connect;
+            }
+        };
+        tracing::info!("{ns}/{pod_name}: connected to {}", w.path().display());
+        logged_wait = false;
+        let pod = pod_rx.borrow_and_update().clone();
+        st.control(&pod).await;
+        loop {
+            let retry = st.pending();
+            tokio::select! {
+                s = w.next() => match s {
+                    Ok(s) => st.observe(&s),
+                    Err(e) => {
+                        tracing::info!("{ns}/{pod_name}: launcher connection ended: {e}");
+                        if !st.socket.exists() {
+                            // The launcher removes its socket when it exits: not paused any more.
+                            st.want_paused = Some(false);
+                            st.flush().await;
+                        }
+                        continue 'connect;
+                    }
+                },
+                r = pod_rx.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    let pod = pod_rx.borrow_and_update().clone();
+                    st.control(&pod).await;
+                }
+                _ = tokio::time::sleep(cfg.retry), if retry => {}
+                _ = shutdown.wait() => return,
+            }
+            st.flush().await;
+        }
+    }
+}
+
+struct TaskState {
+    pods: Api<Pod>,
+    pod_name: String,
+    vmi: Option<VmiRef>,
+    socket: PathBuf,
+    /// Whether `reported` was read from the VMI.
+    vmi_read: bool,
+    /// The VMI's Paused condition as last read or written (None: it has none).
+    reported: Option<bool>,
+    /// What the launcher says.
+    want_paused: Option<bool>,
+    boot_ms_written: Option<u64>,
+    want_boot_ms: Option<u64>,
+    /// The id of the last control request carried out.
+    handled: Option<String>,
+}
+
+impl TaskState {
+    fn observe(&mut self, s: &LauncherStatus) {
+        tracing::debug!("{}: launcher state {}", self.pod_name, s.state);
+        self.want_paused = Some(s.paused());
+        if s.booted {
+            self.want_boot_ms = s.boot_time_ms;
+        }
+    }
+
+    /// Whether a write is still to be done (and so retried).
+    fn pending(&self) -> bool {
+        let paused = self.want_paused.is_some() && self.want_paused != self.reported;
+        let boot = self.want_boot_ms.is_some() && self.want_boot_ms != self.boot_ms_written;
+        paused || boot
+    }
+
+    /// Writes what differs: the Paused condition, the boot-time annotation.
+    async fn flush(&mut self) {
+        if let (Some(want), Some(vmi)) = (self.want_paused, self.vmi.as_ref()) {
+            if !self.vmi_read {
+                match read_paused(vmi).await {
+                    Ok(r) => {
+                        self.reported = r;
+                        self.vmi_read = true;
+                    }
+                    Err(e) => {
+                        tracing::warn!("reading VMI {}: {e}", vmi.name);
+                        return;
+                    }
+                }
+            }
+            if self.reported != Some(want) {
+                let now = Time(Timestamp::now());
+                match write_paused(vmi, want, &now).await {
+                    Ok(()) => {
+                        tracing::info!("VMI {}: Paused={}", vmi.name, cap(want));
+                        self.reported = Some(want);
+                    }
+                    Err(e) => tracing::warn!("VMI {}: writing Paused={}: {e}", vmi.name, cap(want)),
+                }
+            }
+        }
+        if let Some(ms) = self
+            .want_boot_ms
+            .filter(|ms| Some(*ms) != self.boot_ms_written)
+        {
+            let patch =
+                json!({"metadata": {"annotations": {ANNOTATION_BOOT_TIME_MS: ms.to_string()}}});
+            match self
+                .pods
+                .patch(&self.pod_name, &merge_params(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => self.boot_ms_written = Some(ms),
+                Err(e) => tracing::warn!("pod {}: boot-time annotation: {e}", self.pod_name),
+            }
+        }
+    }
+
+    /// Carries out the pod's control request if it is new.
+    async fn control(&mut self, pod: &Pod) {
+        let Some(raw) = pod.annotations().get(ANNOTATION_CONTROL_REQUEST) else {
+            return;
+        };
+        let done = pod
+            .annotations()
+            .get(ANNOTATION_CONTROL_RESULT)
+            .and_then(|r| result_id(r));
+        let req = ControlRequest::parse(raw);
+        let id = match &req {
+            Some(r) => r.id.clone(),
+            None => raw.split_whitespace().next().unwrap_or("").to_string(),
+        };
+        if id.is_empty() || done == Some(id.as_str()) || self.handled.as_deref() == Some(&id) {
+            return;
+        }
+        let result = match req {
+            None => format!("{id} error malformed request {raw:?} (want \"<id> pause|unpause\")"),
+            Some(r) if !CONTROL_COMMANDS.contains(&r.command.as_str()) => format!(
+                "{id} error unknown command {:?} (want pause or unpause)",
+                r.command
+            ),
+            Some(r) => match launcher::request(&self.socket, &r.command).await {
+                Ok(answer) => {
+                    if let Ok(s) = LauncherStatus::from_answer(&answer) {
+                        self.want_paused = Some(s.paused());
+                    }
+                    format!("{id} ok")
+                }
+                Err(e) => format!("{id} error {e}"),
+            },
+        };
+        tracing::info!("pod {}: control request: {result}", self.pod_name);
+        let patch = json!({"metadata": {"annotations": {ANNOTATION_CONTROL_RESULT: result}}});
+        match self
+            .pods
+            .patch(&self.pod_name, &merge_params(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => self.handled = Some(id),
+            Err(e) => tracing::warn!("pod {}: writing the control result: {e}", self.pod_name),
+        }
+    }
+}
+
+fn cap(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
+}
+
+fn merge_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    }
+}
+
+/// The VMI's current Paused condition: Some(paused), or None when it has none.
+async fn read_paused(vmi: &VmiRef) -> Result<Option<bool>, kube::Error> {
+    let v = vmi.api.get(&vmi.name).await?;
+    Ok(v.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_PAUSED))
+        .map(|c| c.status == "True"))
+}
+
+/// Server-side apply of the Paused condition (owned by [`FIELD_MANAGER`]).
+async fn write_paused(vmi: &VmiRef, paused: bool, now: &Time) -> Result<(), kube::Error> {
+    let cond = VmiCondition {
+        type_: CONDITION_PAUSED.into(),
+        status: cap(paused).into(),
+        reason: Some(
+            if paused {
+                REASON_PAUSED
+            } else {
+                REASON_NOT_PAUSED
+            }
+            .into(),
+        ),
+        message: paused.then(|| "the VMI's vCPUs are paused".to_string()),
+        last_transition_time: Some(now.clone()),
+    };
+    let mut meta = json!({"name": vmi.name});
+    if let Some(uid) = &vmi.uid {
+        // A precondition: never write to a newer VMI of the same name.
+        meta["uid"] = json!(uid);
+    }
+    let patch = json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachineInstance",
+        "metadata": meta,
+        "status": {"conditions": [cond]},
+    });
+    vmi.api
+        .patch_status(
+            &vmi.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_requests_parse() {
+        assert_eq!(
+            ControlRequest::parse("claim-7 unpause"),
+            Some(ControlRequest {
+                id: "claim-7".into(),
+                command: "unpause".into()
+            })
+        );
+        assert_eq!(
+            ControlRequest::parse("  a   pause "),
+            ControlRequest::parse("a pause")
+        );
+        assert_eq!(ControlRequest::parse("onlyid"), None);
+        assert_eq!(ControlRequest::parse("a b c"), None);
+        assert_eq!(ControlRequest::parse(""), None);
+        assert_eq!(result_id("claim-7 error boom"), Some("claim-7"));
+    }
+}

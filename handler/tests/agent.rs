@@ -1,0 +1,437 @@
+//! The node agent end to end: the real `virt-handler` binary (`--no-device-plugin`) against a
+//! real etcd + kube-apiserver (`tests/support`), running as the ServiceAccount of
+//! `deploy/handler.yaml` (impersonated, so its RBAC is what is tested), and a real
+//! `virt-launcher pod` process booting the built-in test guest on /dev/kvm.
+//!
+//! The test stands in for the kubelet: it creates the launcher pod object already bound to
+//! node `node-a` and lays out the kubelet's pod directory in a temp "kubelet root":
+//! `<root>/pods/<pod uid>/volumes/kubernetes.io~empty-dir/runtime` is a symlink to the
+//! directory the launcher uses as `MICROVIRT_ROOT` (in a real pod that directory is the same
+//! emptyDir, bind-mounted at /var/run/microvirt). It also plays the operator where needed
+//! (writes the VMI's Ready condition with the operator's field manager, sets control
+//! requests on the pod).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, ResourceExt};
+use microvirt_crds::vmi::{VirtualMachineInstance, VmiCondition};
+use microvirt_testsupport::{Cluster, ClusterOptions};
+use serde_json::json;
+
+const NS: &str = "t-agent";
+const NODE: &str = "node-a";
+const SA: &str = "system:serviceaccount:microvirt-node:virt-handler";
+const WAIT: Duration = Duration::from_secs(30);
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The `virt-launcher` binary of this workspace, built (debug) if needed.
+fn launcher_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("MICROVIRT_LAUNCHER_BIN") {
+        return PathBuf::from(p);
+    }
+    let root = workspace_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|t| if t.is_absolute() { t } else { root.join(t) })
+        .unwrap_or_else(|| root.join("target"));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(&root)
+        .env("CARGO_TARGET_DIR", &target)
+        .args(["build", "-p", "microvirt-launcher", "--bin", "virt-launcher"])
+        .output()
+        .expect("running cargo build");
+    assert!(
+        out.status.success(),
+        "building virt-launcher:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    target.join("debug/virt-launcher")
+}
+
+fn kubectl(kubeconfig: &Path, args: &[&str]) {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .expect("running kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A temp directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("mvh-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child process killed on drop; its stderr goes to a file for failure messages.
+struct Proc {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(cmd: &mut Command, log: PathBuf) -> Self {
+        let f = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(f)
+            .spawn()
+            .expect("spawning");
+        Self {
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    }
+
+    fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+async fn admin_client(kubeconfig: &Path) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(cfg).unwrap()
+}
+
+/// Polls `f` until it returns Some, at most [`WAIT`].
+async fn wait_for<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(t0.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn condition<'a>(vmi: &'a VirtualMachineInstance, t: &str) -> Option<&'a VmiCondition> {
+    vmi.status.as_ref()?.conditions.iter().find(|c| c.type_ == t)
+}
+
+async fn paused_is(vmis: &Api<VirtualMachineInstance>, name: &str, want: &str) -> Option<VmiCondition> {
+    let v = vmis.get(name).await.ok()?;
+    condition(&v, "Paused")
+        .filter(|c| c.status == want)
+        .cloned()
+}
+
+/// The launcher's state through its control socket (the client subcommand).
+fn launcher_state(bin: &Path, root: &Path) -> String {
+    let out = Command::new(bin)
+        .arg("status")
+        .env("MICROVIRT_ROOT", root)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["state"].as_str().unwrap_or("").to_string()
+}
+
+fn launcher_cmd(bin: &Path, root: &Path, cmd: &str) {
+    let out = Command::new(bin)
+        .arg(cmd)
+        .env("MICROVIRT_ROOT", root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "virt-launcher {cmd}: {out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
+    let bin = tokio::task::block_in_place(launcher_bin);
+    let cluster = tokio::task::block_in_place(|| {
+        Cluster::start(ClusterOptions::default()).expect("starting etcd + kube-apiserver")
+    });
+    let kc = cluster.kubeconfig_path();
+    let crds = workspace_root().join("crds").display().to_string();
+    kubectl(kc, &["apply", "-f", &crds]);
+    kubectl(
+        kc,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/virtualmachineinstances.microvirt.io",
+        ],
+    );
+    let deploy = workspace_root().join("deploy");
+    for f in ["namespace.yaml", "handler.yaml"] {
+        kubectl(kc, &["apply", "-f", &deploy.join(f).display().to_string()]);
+    }
+    kubectl(kc, &["create", "namespace", NS]);
+    let client = admin_client(kc).await;
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+
+    // The VMI, with a Ready condition owned by the operator's field manager.
+    let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "vm1"},
+        "spec": {"domain": {"memory": {"guest": "32Mi"}}}
+    }))
+    .unwrap();
+    let vmi = vmis.create(&PostParams::default(), &vmi).await.unwrap();
+    let vmi_uid = vmi.uid().unwrap();
+    let operator_status = json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachineInstance",
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True", "reason": "GuestBooted",
+                            "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+        }
+    });
+    let op = PatchParams::apply("microvirt-operator").force();
+    vmis.patch_status("vm1", &op, &Patch::Apply(&operator_status))
+        .await
+        .unwrap();
+
+    // The launcher pod as the operator creates it, already bound to our node.
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "virt-launcher-vm1",
+            "labels": {"app.kubernetes.io/name": "virt-launcher", "microvirt.io/vmi": "vm1"},
+            "annotations": {"microvirt.io/vmi-uid": vmi_uid}
+        },
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "compute", "image": "microvirt/virt-launcher:dev"}]
+        }
+    }))
+    .unwrap();
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let pod_uid = pod.uid().unwrap();
+
+    // The kubelet's layout on the node, and the launcher in it.
+    let tmp = TempDir::new("agent");
+    let runtime = tmp.0.join("rt");
+    std::fs::create_dir_all(runtime.join("vmi")).unwrap();
+    let empty_dirs = tmp
+        .0
+        .join("kubelet/pods")
+        .join(&pod_uid)
+        .join("volumes/kubernetes.io~empty-dir");
+    std::fs::create_dir_all(&empty_dirs).unwrap();
+    std::os::unix::fs::symlink(&runtime, empty_dirs.join("runtime")).unwrap();
+    let doc = json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "vm1", "namespace": NS, "uid": vmi_uid},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "domain": {"firmware": {"kernelBoot": {"kernelArgs": "testguest.scenario=halt-forever"}}}
+        },
+        "guestMemoryBytes": 33554432u64,
+        "vcpus": 1
+    });
+    std::fs::write(runtime.join("vmi/vmi.json"), doc.to_string()).unwrap();
+    let mut launcher = Proc::spawn(
+        Command::new(&bin)
+            .arg("pod")
+            .env("MICROVIRT_ROOT", &runtime)
+            .env("MICROVIRT_TERMINATION_LOG", tmp.0.join("termination-log")),
+        tmp.0.join("launcher.log"),
+    );
+
+    // virt-handler as its ServiceAccount.
+    let kubeconfig = std::fs::read_to_string(kc).unwrap();
+    let (head, tail) = kubeconfig.split_once("    token: ").unwrap();
+    let (token, rest) = tail.split_once('\n').unwrap();
+    let sa_kubeconfig = tmp.0.join("handler.kubeconfig");
+    std::fs::write(
+        &sa_kubeconfig,
+        format!("{head}    token: {token}\n    as: {SA}\n{rest}"),
+    )
+    .unwrap();
+    let mut handler = Proc::spawn(
+        Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+            .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
+            .arg("--kubelet-root")
+            .arg(tmp.0.join("kubelet"))
+            .env("KUBECONFIG", &sa_kubeconfig)
+            .env("RUST_LOG", "info,microvirt_handler=debug"),
+        tmp.0.join("handler.log"),
+    );
+    let diag = |h: &Proc, l: &Proc| format!("handler:\n{}\nlauncher:\n{}", h.log(), l.log());
+
+    // 1. Running guest: Paused=False appears; the operator's Ready condition stays.
+    let c = wait_for("Paused=False", || paused_is(&vmis, "vm1", "False")).await;
+    assert_eq!(c.reason.as_deref(), Some("NotPaused"), "{}", diag(&handler, &launcher));
+    let v = vmis.get("vm1").await.unwrap();
+    assert_eq!(condition(&v, "Ready").map(|c| c.status.as_str()), Some("True"));
+    // Boot time on the pod.
+    let ms = wait_for("boot-time annotation", || async {
+        pods.get("virt-launcher-vm1")
+            .await
+            .ok()?
+            .annotations()
+            .get("microvirt.io/boot-time-ms")
+            .cloned()
+    })
+    .await;
+    assert!(ms.parse::<u64>().is_ok(), "{ms}");
+    // Each manager owns only its entry.
+    let managers: Vec<String> = v
+        .managed_fields()
+        .iter()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(managers.contains(&"virt-handler".to_string()), "{managers:?}");
+    assert!(managers.contains(&"microvirt-operator".to_string()), "{managers:?}");
+
+    // 2. Paused from inside the pod (what `kubectl virt pause` does) → Paused=True.
+    let t0 = Instant::now();
+    launcher_cmd(&bin, &runtime, "pause");
+    let c = wait_for("Paused=True", || paused_is(&vmis, "vm1", "True")).await;
+    let pause_to_condition = t0.elapsed();
+    assert_eq!(c.reason.as_deref(), Some("PausedByUser"));
+    // The operator re-applies its status (without Paused): Paused stays.
+    vmis.patch_status("vm1", &op, &Patch::Apply(&operator_status))
+        .await
+        .unwrap();
+    let v = vmis.get("vm1").await.unwrap();
+    assert_eq!(condition(&v, "Paused").map(|c| c.status.as_str()), Some("True"));
+    assert_eq!(condition(&v, "Ready").map(|c| c.status.as_str()), Some("True"));
+
+    // 3. The warm-pool claim path: a control request on the pod resumes the launcher.
+    let t0 = Instant::now();
+    let req = json!({"metadata": {"annotations": {"microvirt.io/control-request": "claim-1 unpause"}}});
+    pods.patch("virt-launcher-vm1", &PatchParams::default(), &Patch::Merge(&req))
+        .await
+        .unwrap();
+    wait_for("launcher running", || async {
+        (launcher_state(&bin, &runtime) == "running").then_some(())
+    })
+    .await;
+    let request_to_running = t0.elapsed();
+    let result = wait_for("control result", || async {
+        pods.get("virt-launcher-vm1")
+            .await
+            .ok()?
+            .annotations()
+            .get("microvirt.io/control-result")
+            .cloned()
+    })
+    .await;
+    assert_eq!(result, "claim-1 ok", "{}", diag(&handler, &launcher));
+    wait_for("Paused=False after the claim", || {
+        paused_is(&vmis, "vm1", "False")
+    })
+    .await;
+    let request_to_condition = t0.elapsed();
+    eprintln!(
+        "latency: pause -> VMI Paused=True {:.1} ms; control request -> launcher running {:.1} ms, -> VMI Paused=False {:.1} ms",
+        pause_to_condition.as_secs_f64() * 1e3,
+        request_to_running.as_secs_f64() * 1e3,
+        request_to_condition.as_secs_f64() * 1e3
+    );
+
+    // 4. Bad requests are answered, not carried out.
+    for (raw, want) in [
+        ("r2 reboot", "r2 error unknown command \"reboot\""),
+        ("r3", "r3 error malformed request"),
+    ] {
+        let req = json!({"metadata": {"annotations": {"microvirt.io/control-request": raw}}});
+        pods.patch("virt-launcher-vm1", &PatchParams::default(), &Patch::Merge(&req))
+            .await
+            .unwrap();
+        let got = wait_for("error result", || async {
+            pods.get("virt-launcher-vm1")
+                .await
+                .ok()?
+                .annotations()
+                .get("microvirt.io/control-result")
+                .filter(|r| r.starts_with(raw.split(' ').next().unwrap()))
+                .cloned()
+        })
+        .await;
+        assert!(got.starts_with(want), "{got}");
+    }
+    assert_eq!(launcher_state(&bin, &runtime), "running");
+
+    // 5. A pause request, then the launcher exits while paused → Paused=False.
+    let req = json!({"metadata": {"annotations": {"microvirt.io/control-request": "p4 pause"}}});
+    pods.patch("virt-launcher-vm1", &PatchParams::default(), &Patch::Merge(&req))
+        .await
+        .unwrap();
+    wait_for("Paused=True by request", || paused_is(&vmis, "vm1", "True")).await;
+    launcher_cmd(&bin, &runtime, "stop");
+    assert_eq!(
+        tokio::task::block_in_place(|| launcher.wait_exit(WAIT)),
+        Some(5),
+        "{}",
+        diag(&handler, &launcher)
+    );
+    wait_for("Paused=False after exit", || paused_is(&vmis, "vm1", "False")).await;
+
+    // 6. SIGTERM: exit 0 with the API server up.
+    handler.signal(libc::SIGTERM);
+    let code = tokio::task::block_in_place(|| handler.wait_exit(WAIT));
+    assert_eq!(code, Some(0), "{}", handler.log());
+}
