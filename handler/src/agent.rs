@@ -363,30 +363,7 @@ impl TaskState {
 
     /// Writes what differs: the Paused condition, the boot-time annotation.
     async fn flush(&mut self) {
-        if let (Some(want), Some(vmi)) = (self.want_paused, self.vmi.as_ref()) {
-            if !self.vmi_read {
-                match read_paused(vmi).await {
-                    Ok(r) => {
-                        self.reported = r;
-                        self.vmi_read = true;
-                    }
-                    Err(e) => {
-                        tracing::warn!("reading VMI {}: {e}", vmi.name);
-                        return;
-                    }
-                }
-            }
-            if self.reported != Some(want) {
-                let now = Time(Timestamp::now());
-                match write_paused(vmi, want, &now).await {
-                    Ok(()) => {
-                        tracing::info!("VMI {}: Paused={}", vmi.name, cap(want));
-                        self.reported = Some(want);
-                    }
-                    Err(e) => tracing::warn!("VMI {}: writing Paused={}: {e}", vmi.name, cap(want)),
-                }
-            }
-        }
+        self.flush_paused().await;
         if let Some(ms) = self
             .want_boot_ms
             .filter(|ms| Some(*ms) != self.boot_ms_written)
@@ -465,41 +442,105 @@ fn merge_params() -> PatchParams {
     }
 }
 
-/// The VMI's current Paused condition: Some(paused), or None when it has none.
-async fn read_paused(vmi: &VmiRef) -> Result<Option<bool>, kube::Error> {
-    let v = vmi.api.get(&vmi.name).await?;
-    Ok(v.status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_PAUSED))
-        .map(|c| c.status == "True"))
+/// Whether an API error means the VMI is gone.
+fn not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
-/// Server-side apply of the Paused condition (owned by [`FIELD_MANAGER`]).
-async fn write_paused(vmi: &VmiRef, paused: bool, now: &Time) -> Result<(), kube::Error> {
-    let cond = VmiCondition {
-        type_: CONDITION_PAUSED.into(),
-        status: cap(paused).into(),
-        reason: Some(
-            if paused {
-                REASON_PAUSED
-            } else {
-                REASON_NOT_PAUSED
-            }
-            .into(),
-        ),
-        message: paused.then(|| "the VMI's vCPUs are paused".to_string()),
-        last_transition_time: Some(now.clone()),
-    };
-    let mut meta = json!({"name": vmi.name});
-    if let Some(uid) = &vmi.uid {
-        // A precondition: never write to a newer VMI of the same name.
-        meta["uid"] = json!(uid);
+impl TaskState {
+    /// Stops reporting for this launcher (its VMI is gone or was replaced).
+    fn forget_vmi(&mut self, why: &str) {
+        if let Some(v) = self.vmi.take() {
+            tracing::info!(
+                "VMI {}: {why}; no longer reporting for pod {}",
+                v.name,
+                self.pod_name
+            );
+        }
     }
+
+    /// Brings the VMI's Paused condition in line with the launcher.
+    ///
+    /// Server-side apply has no uid precondition (an applied `metadata.uid` is not checked), so
+    /// the VMI's uid is compared with the pod's `microvirt.io/vmi-uid` when the condition is
+    /// first read and on every object a write returns; a write that landed on a VMI re-created
+    /// under the same name (only possible when its finalizer was removed by hand while the old
+    /// pod still ran) is withdrawn at once.
+    async fn flush_paused(&mut self) {
+        let (Some(want), Some(vmi)) = (self.want_paused, self.vmi.as_ref()) else {
+            return;
+        };
+        if !self.vmi_read {
+            match vmi.api.get(&vmi.name).await {
+                Ok(v) => {
+                    if vmi.uid.is_some() && v.uid() != vmi.uid {
+                        self.forget_vmi("the VMI has another uid than the pod names");
+                        return;
+                    }
+                    self.reported = v
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_PAUSED))
+                        .map(|c| c.status == "True");
+                    self.vmi_read = true;
+                }
+                Err(e) if not_found(&e) => return self.forget_vmi("not found"),
+                Err(e) => {
+                    tracing::warn!("reading VMI {}: {e}", vmi.name);
+                    return;
+                }
+            }
+        }
+        if self.reported == Some(want) {
+            return;
+        }
+        let now = Time(Timestamp::now());
+        match apply_paused(vmi, Some(want), &now).await {
+            Ok(written) if vmi.uid.is_some() && written.uid() != vmi.uid => {
+                if let Err(e) = apply_paused(vmi, None, &now).await {
+                    tracing::warn!("VMI {}: withdrawing the Paused condition: {e}", vmi.name);
+                }
+                self.forget_vmi("re-created under the same name");
+            }
+            Ok(_) => {
+                tracing::info!("VMI {}: Paused={}", vmi.name, cap(want));
+                self.reported = Some(want);
+            }
+            Err(e) if not_found(&e) => self.forget_vmi("not found"),
+            Err(e) => tracing::warn!("VMI {}: writing Paused={}: {e}", vmi.name, cap(want)),
+        }
+    }
+}
+
+/// Server-side apply of the Paused condition (owned by [`FIELD_MANAGER`]); `None` applies no
+/// condition, which removes the entry this manager owns.
+async fn apply_paused(
+    vmi: &VmiRef,
+    paused: Option<bool>,
+    now: &Time,
+) -> Result<VirtualMachineInstance, kube::Error> {
+    let conditions: Vec<VmiCondition> = paused
+        .map(|paused| VmiCondition {
+            type_: CONDITION_PAUSED.into(),
+            status: cap(paused).into(),
+            reason: Some(
+                if paused {
+                    REASON_PAUSED
+                } else {
+                    REASON_NOT_PAUSED
+                }
+                .into(),
+            ),
+            message: paused.then(|| "the VMI's vCPUs are paused".to_string()),
+            last_transition_time: Some(now.clone()),
+        })
+        .into_iter()
+        .collect();
     let patch = json!({
         "apiVersion": "microvirt.io/v1alpha1",
         "kind": "VirtualMachineInstance",
-        "metadata": meta,
-        "status": {"conditions": [cond]},
+        "metadata": {"name": vmi.name},
+        "status": {"conditions": conditions},
     });
     vmi.api
         .patch_status(
@@ -507,8 +548,7 @@ async fn write_paused(vmi: &VmiRef, paused: bool, now: &Time) -> Result<(), kube
             &PatchParams::apply(FIELD_MANAGER).force(),
             &Patch::Apply(&patch),
         )
-        .await?;
-    Ok(())
+        .await
 }
 
 #[cfg(test)]

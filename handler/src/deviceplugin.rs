@@ -136,8 +136,7 @@ impl PluginConfig {
 
     /// Where the health check looks for the host path `dev`: `<check_root>/<dev>`.
     pub fn check_path(&self, dev: &Path) -> PathBuf {
-        self.check_root
-            .join(dev.strip_prefix("/").unwrap_or(dev))
+        self.check_root.join(dev.strip_prefix("/").unwrap_or(dev))
     }
 
     /// The plugin socket's path.

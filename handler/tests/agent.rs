@@ -46,7 +46,13 @@ fn launcher_bin() -> PathBuf {
     let out = Command::new(cargo)
         .current_dir(&root)
         .env("CARGO_TARGET_DIR", &target)
-        .args(["build", "-p", "microvirt-launcher", "--bin", "virt-launcher"])
+        .args([
+            "build",
+            "-p",
+            "microvirt-launcher",
+            "--bin",
+            "virt-launcher",
+        ])
         .output()
         .expect("running cargo build");
     assert!(
@@ -121,6 +127,7 @@ impl Proc {
         assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
     }
 
+    /// The exit status (`Some(code)`, or `None` when killed by a signal); panics after `limit`.
     fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
         let t0 = Instant::now();
         while t0.elapsed() < limit {
@@ -130,7 +137,16 @@ impl Proc {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        None
+        panic!("still running after {limit:?}; log:\n{}", self.log())
+    }
+
+    /// Waits until the log contains `line`.
+    fn wait_log(&self, line: &str) {
+        let t0 = Instant::now();
+        while !self.log().contains(line) {
+            assert!(t0.elapsed() < WAIT, "no {line:?} in the log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -168,10 +184,18 @@ where
 }
 
 fn condition<'a>(vmi: &'a VirtualMachineInstance, t: &str) -> Option<&'a VmiCondition> {
-    vmi.status.as_ref()?.conditions.iter().find(|c| c.type_ == t)
+    vmi.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == t)
 }
 
-async fn paused_is(vmis: &Api<VirtualMachineInstance>, name: &str, want: &str) -> Option<VmiCondition> {
+async fn paused_is(
+    vmis: &Api<VirtualMachineInstance>,
+    name: &str,
+    want: &str,
+) -> Option<VmiCondition> {
     let v = vmis.get(name).await.ok()?;
     condition(&v, "Paused")
         .filter(|c| c.status == want)
@@ -196,6 +220,64 @@ fn launcher_cmd(bin: &Path, root: &Path, cmd: &str) {
         .output()
         .unwrap();
     assert!(out.status.success(), "virt-launcher {cmd}: {out:?}");
+}
+
+/// Creates the launcher pod of VMI `name` (as the operator does, already bound to our node),
+/// lays out the kubelet's pod directory for it and starts `virt-launcher pod` in it.
+async fn launch(
+    pods: &Api<Pod>,
+    tmp: &Path,
+    bin: &Path,
+    name: &str,
+    vmi_uid: &str,
+) -> (Proc, PathBuf) {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": format!("virt-launcher-{name}"),
+            "labels": {"app.kubernetes.io/name": "virt-launcher", "microvirt.io/vmi": name},
+            "annotations": {"microvirt.io/vmi-uid": vmi_uid}
+        },
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "compute", "image": "microvirt/virt-launcher:dev"}]
+        }
+    }))
+    .unwrap();
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let pod_uid = pod.uid().unwrap();
+    let runtime = tmp.join(format!("rt-{name}"));
+    std::fs::create_dir_all(runtime.join("vmi")).unwrap();
+    let empty_dirs = tmp
+        .join("kubelet/pods")
+        .join(&pod_uid)
+        .join("volumes/kubernetes.io~empty-dir");
+    std::fs::create_dir_all(&empty_dirs).unwrap();
+    std::os::unix::fs::symlink(&runtime, empty_dirs.join("runtime")).unwrap();
+    let doc = json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": NS, "uid": vmi_uid},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "domain": {"firmware": {"kernelBoot": {"kernelArgs": "testguest.scenario=halt-forever"}}}
+        },
+        "guestMemoryBytes": 33554432u64,
+        "vcpus": 1
+    });
+    std::fs::write(runtime.join("vmi/vmi.json"), doc.to_string()).unwrap();
+    let launcher = Proc::spawn(
+        Command::new(bin)
+            .arg("pod")
+            .env("MICROVIRT_ROOT", &runtime)
+            .env(
+                "MICROVIRT_TERMINATION_LOG",
+                tmp.join(format!("termination-log-{name}")),
+            ),
+        tmp.join(format!("launcher-{name}.log")),
+    );
+    (launcher, runtime)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,53 +332,26 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
         .unwrap();
 
     // The launcher pod as the operator creates it, already bound to our node.
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "virt-launcher-vm1",
-            "labels": {"app.kubernetes.io/name": "virt-launcher", "microvirt.io/vmi": "vm1"},
-            "annotations": {"microvirt.io/vmi-uid": vmi_uid}
-        },
-        "spec": {
-            "nodeName": NODE,
-            "containers": [{"name": "compute", "image": "microvirt/virt-launcher:dev"}]
-        }
-    }))
-    .unwrap();
-    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
-    let pod_uid = pod.uid().unwrap();
-
-    // The kubelet's layout on the node, and the launcher in it.
     let tmp = TempDir::new("agent");
-    let runtime = tmp.0.join("rt");
-    std::fs::create_dir_all(runtime.join("vmi")).unwrap();
-    let empty_dirs = tmp
-        .0
-        .join("kubelet/pods")
-        .join(&pod_uid)
-        .join("volumes/kubernetes.io~empty-dir");
-    std::fs::create_dir_all(&empty_dirs).unwrap();
-    std::os::unix::fs::symlink(&runtime, empty_dirs.join("runtime")).unwrap();
-    let doc = json!({
+    let (mut launcher, runtime) = launch(&pods, &tmp.0, &bin, "vm1", &vmi_uid).await;
+    // A second VMI whose pod names another uid (as if the VMI had been re-created under the
+    // same name while the old pod still ran): the agent must leave that VMI alone.
+    let vmi2: VirtualMachineInstance = serde_json::from_value(json!({
         "apiVersion": "microvirt.io/v1alpha1",
         "kind": "VirtualMachineInstance",
-        "metadata": {"name": "vm1", "namespace": NS, "uid": vmi_uid},
-        "spec": {
-            "terminationGracePeriodSeconds": 2,
-            "domain": {"firmware": {"kernelBoot": {"kernelArgs": "testguest.scenario=halt-forever"}}}
-        },
-        "guestMemoryBytes": 33554432u64,
-        "vcpus": 1
-    });
-    std::fs::write(runtime.join("vmi/vmi.json"), doc.to_string()).unwrap();
-    let mut launcher = Proc::spawn(
-        Command::new(&bin)
-            .arg("pod")
-            .env("MICROVIRT_ROOT", &runtime)
-            .env("MICROVIRT_TERMINATION_LOG", tmp.0.join("termination-log")),
-        tmp.0.join("launcher.log"),
-    );
+        "metadata": {"name": "vm2"},
+        "spec": {"domain": {"memory": {"guest": "32Mi"}}}
+    }))
+    .unwrap();
+    vmis.create(&PostParams::default(), &vmi2).await.unwrap();
+    let (_launcher2, _) = launch(
+        &pods,
+        &tmp.0,
+        &bin,
+        "vm2",
+        "00000000-0000-0000-0000-000000000000",
+    )
+    .await;
 
     // virt-handler as its ServiceAccount.
     let kubeconfig = std::fs::read_to_string(kc).unwrap();
@@ -321,9 +376,17 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
 
     // 1. Running guest: Paused=False appears; the operator's Ready condition stays.
     let c = wait_for("Paused=False", || paused_is(&vmis, "vm1", "False")).await;
-    assert_eq!(c.reason.as_deref(), Some("NotPaused"), "{}", diag(&handler, &launcher));
+    assert_eq!(
+        c.reason.as_deref(),
+        Some("NotPaused"),
+        "{}",
+        diag(&handler, &launcher)
+    );
     let v = vmis.get("vm1").await.unwrap();
-    assert_eq!(condition(&v, "Ready").map(|c| c.status.as_str()), Some("True"));
+    assert_eq!(
+        condition(&v, "Ready").map(|c| c.status.as_str()),
+        Some("True")
+    );
     // Boot time on the pod.
     let ms = wait_for("boot-time annotation", || async {
         pods.get("virt-launcher-vm1")
@@ -335,6 +398,18 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     })
     .await;
     assert!(ms.parse::<u64>().is_ok(), "{ms}");
+    // vm2's launcher was followed (boot time on its pod) but its VMI was not written.
+    wait_for("vm2 boot-time annotation", || async {
+        pods.get("virt-launcher-vm2")
+            .await
+            .ok()?
+            .annotations()
+            .get("microvirt.io/boot-time-ms")
+            .cloned()
+    })
+    .await;
+    let v2 = vmis.get("vm2").await.unwrap();
+    assert!(condition(&v2, "Paused").is_none(), "{:?}", v2.status);
     // Each manager owns only its entry.
     let managers: Vec<String> = v
         .managed_fields()
@@ -342,8 +417,14 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
         .filter(|m| m.subresource.as_deref() == Some("status"))
         .filter_map(|m| m.manager.clone())
         .collect();
-    assert!(managers.contains(&"virt-handler".to_string()), "{managers:?}");
-    assert!(managers.contains(&"microvirt-operator".to_string()), "{managers:?}");
+    assert!(
+        managers.contains(&"virt-handler".to_string()),
+        "{managers:?}"
+    );
+    assert!(
+        managers.contains(&"microvirt-operator".to_string()),
+        "{managers:?}"
+    );
 
     // 2. Paused from inside the pod (what `kubectl virt pause` does) → Paused=True.
     let t0 = Instant::now();
@@ -356,15 +437,26 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
         .await
         .unwrap();
     let v = vmis.get("vm1").await.unwrap();
-    assert_eq!(condition(&v, "Paused").map(|c| c.status.as_str()), Some("True"));
-    assert_eq!(condition(&v, "Ready").map(|c| c.status.as_str()), Some("True"));
+    assert_eq!(
+        condition(&v, "Paused").map(|c| c.status.as_str()),
+        Some("True")
+    );
+    assert_eq!(
+        condition(&v, "Ready").map(|c| c.status.as_str()),
+        Some("True")
+    );
 
     // 3. The warm-pool claim path: a control request on the pod resumes the launcher.
     let t0 = Instant::now();
-    let req = json!({"metadata": {"annotations": {"microvirt.io/control-request": "claim-1 unpause"}}});
-    pods.patch("virt-launcher-vm1", &PatchParams::default(), &Patch::Merge(&req))
-        .await
-        .unwrap();
+    let req =
+        json!({"metadata": {"annotations": {"microvirt.io/control-request": "claim-1 unpause"}}});
+    pods.patch(
+        "virt-launcher-vm1",
+        &PatchParams::default(),
+        &Patch::Merge(&req),
+    )
+    .await
+    .unwrap();
     wait_for("launcher running", || async {
         (launcher_state(&bin, &runtime) == "running").then_some(())
     })
@@ -398,9 +490,13 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
         ("r3", "r3 error malformed request"),
     ] {
         let req = json!({"metadata": {"annotations": {"microvirt.io/control-request": raw}}});
-        pods.patch("virt-launcher-vm1", &PatchParams::default(), &Patch::Merge(&req))
-            .await
-            .unwrap();
+        pods.patch(
+            "virt-launcher-vm1",
+            &PatchParams::default(),
+            &Patch::Merge(&req),
+        )
+        .await
+        .unwrap();
         let got = wait_for("error result", || async {
             pods.get("virt-launcher-vm1")
                 .await
@@ -417,9 +513,13 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
 
     // 5. A pause request, then the launcher exits while paused → Paused=False.
     let req = json!({"metadata": {"annotations": {"microvirt.io/control-request": "p4 pause"}}});
-    pods.patch("virt-launcher-vm1", &PatchParams::default(), &Patch::Merge(&req))
-        .await
-        .unwrap();
+    pods.patch(
+        "virt-launcher-vm1",
+        &PatchParams::default(),
+        &Patch::Merge(&req),
+    )
+    .await
+    .unwrap();
     wait_for("Paused=True by request", || paused_is(&vmis, "vm1", "True")).await;
     launcher_cmd(&bin, &runtime, "stop");
     assert_eq!(
@@ -428,10 +528,38 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
         "{}",
         diag(&handler, &launcher)
     );
-    wait_for("Paused=False after exit", || paused_is(&vmis, "vm1", "False")).await;
+    wait_for("Paused=False after exit", || {
+        paused_is(&vmis, "vm1", "False")
+    })
+    .await;
 
-    // 6. SIGTERM: exit 0 with the API server up.
+    // 6. SIGTERM: exit 0 with the API server up, and with the API server hung (stopped).
+    let mut second = Proc::spawn(
+        Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+            .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
+            .arg("--kubelet-root")
+            .arg(tmp.0.join("kubelet"))
+            .env("KUBECONFIG", &sa_kubeconfig),
+        tmp.0.join("handler2.log"),
+    );
+    second.wait_log("node agent watching");
     handler.signal(libc::SIGTERM);
     let code = tokio::task::block_in_place(|| handler.wait_exit(WAIT));
     assert_eq!(code, Some(0), "{}", handler.log());
+    let apiserver = cluster.apiserver_pid().expect("apiserver pid") as i32;
+    /// Resumes the API server even if the test fails.
+    struct Cont(i32);
+    impl Drop for Cont {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on the test cluster's apiserver.
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    // SAFETY: kill(2) on the test cluster's apiserver; resumed by `Cont`.
+    assert_eq!(unsafe { libc::kill(apiserver, libc::SIGSTOP) }, 0);
+    let cont = Cont(apiserver);
+    second.signal(libc::SIGTERM);
+    let code = tokio::task::block_in_place(|| second.wait_exit(WAIT));
+    drop(cont);
+    assert_eq!(code, Some(0), "{}", second.log());
 }
