@@ -144,7 +144,11 @@ impl Proc {
     fn wait_log(&self, line: &str) {
         let t0 = Instant::now();
         while !self.log().contains(line) {
-            assert!(t0.elapsed() < WAIT, "no {line:?} in the log:\n{}", self.log());
+            assert!(
+                t0.elapsed() < WAIT,
+                "no {line:?} in the log:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -11,7 +11,9 @@
 //! | pod phase Unknown                                     | Unknown    |
 //! | pod gone after the VMI got past Pending               | Failed     |
 //!
-//! Ready comes from the pod's Ready condition (readiness probe = guest booted). `bootTimeMs` comes
+//! Ready comes from the pod's Ready condition (readiness probe = guest booted). `Paused` is the
+//! node agent's (virt-handler): kept as it is while the VMI runs, `False` once it is final.
+//! `bootTimeMs` comes
 //! from a `bootTimeMs=<n>` line of the launcher's termination message, or from the pod annotation
 //! `microvirt.io/boot-time-ms` when a node agent sets one.
 
