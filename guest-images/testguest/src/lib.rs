@@ -14,6 +14,8 @@ pub mod io;
 pub mod mem;
 pub mod mptable;
 pub mod net;
+pub mod netserve;
+pub mod packet;
 pub mod parse;
 pub mod serial;
 pub mod smp;

@@ -34,13 +34,13 @@ const DEFAULT_MANY: u64 = 32;
 const MANY_MAX: u64 = PING_BASE;
 const PAYLOAD_MAX: usize = 64;
 
-struct Net {
+pub(crate) struct Net {
     mmio: Mmio,
     rx: Virtqueue,
     tx: Virtqueue,
     rx_bufs: u64,
     tx_buf: u64,
-    mac: [u8; 6],
+    pub(crate) mac: [u8; 6],
     tsc_ms: u64,
 }
 
@@ -146,6 +146,75 @@ impl Net {
         }
         Some(f)
     }
+}
+
+impl Net {
+    /// Sends a whole Ethernet frame (at most a page minus the virtio-net header).
+    pub(crate) fn send_raw(&mut self, frame: &[u8]) -> bool {
+        let len = frame.len().min(4096 - HDR_LEN as usize);
+        for k in 0..HDR_LEN {
+            write8(self.tx_buf + k, 0);
+        }
+        // SAFETY: tx_buf is a page of identity-mapped RAM from the DMA arena that the device
+        // does not use while no TX chain is outstanding (`send*` waits for completion).
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                frame.as_ptr(),
+                (self.tx_buf + HDR_LEN) as usize as *mut u8,
+                len,
+            )
+        };
+        let b = Buf {
+            addr: self.tx_buf,
+            len: (HDR_LEN as usize + len) as u32,
+            write: false,
+        };
+        if self.tx.push_chain(0, &[b]).is_none() {
+            return false;
+        }
+        self.tx.notify();
+        let done = self.tx.wait_used(self.tsc_ms * 1000).is_some();
+        self.mmio.ack_interrupt();
+        done
+    }
+
+    /// Copies the next received frame (any type, without the virtio-net header) into `out`
+    /// within `ms`; returns its length (cut to `out.len()`). The buffer is re-posted at once.
+    pub(crate) fn recv_raw(&mut self, ms: u64, out: &mut [u8]) -> Option<usize> {
+        let (id, len) = self.rx.wait_used(self.tsc_ms.saturating_mul(ms).max(1))?;
+        self.mmio.ack_interrupt();
+        if id >= u32::from(RX_BUFS) {
+            return None;
+        }
+        let buf = self.rx_bufs + u64::from(id) * RX_BUF_LEN;
+        let total = u64::from(len).min(RX_BUF_LEN);
+        let n = (total.saturating_sub(HDR_LEN) as usize).min(out.len());
+        // SAFETY: the device returned buffer `id` (the used ring read fences), so its bytes
+        // are ours until it is re-posted below; it lies in identity-mapped RAM of the DMA arena
+        // and `HDR_LEN + n <= RX_BUF_LEN`.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                (buf + HDR_LEN) as usize as *const u8,
+                out.as_mut_ptr(),
+                n,
+            )
+        };
+        self.rx.make_available(id as u16);
+        self.rx.notify();
+        Some(n)
+    }
+}
+
+/// Brings up the first virtio-net device on the command line.
+pub(crate) fn open(bi: &BootInfo) -> Result<Net, &'static str> {
+    let (addrs, n) = virtio::devices_from_cmdline(bi);
+    let base = addrs[..n]
+        .iter()
+        .copied()
+        .find(|&a| Mmio { base: a }.probe() == Some(DEVICE_NET))
+        .ok_or("no device")?;
+    let mut arena = DmaArena::new(bi).ok_or("no RAM for DMA buffers")?;
+    init(Mmio { base }, &mut arena, tsc_per_ms().max(1)).map_err(|_| "init failed")
 }
 
 /// Formats `prefix <n>` into `buf`, returning the used part.

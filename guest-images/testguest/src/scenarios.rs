@@ -37,6 +37,7 @@ pub fn run(bi: &BootInfo) -> ! {
             crate::net::run(bi, false);
             reset()
         }
+        b"net-serve" => crate::netserve::run(bi),
         b"net-many" => {
             crate::net::run(bi, true);
             reset()
