@@ -285,14 +285,26 @@ pub fn desired_status(
         },
         now,
     );
-    // Paused belongs to the node agent (virt-handler), which asks the launcher: keep what it
-    // reported (the apply in the controller leaves it out, see `operator_owned`).
-    conditions.extend(
-        old.conditions
-            .iter()
-            .filter(|c| NODE_AGENT_CONDITIONS.contains(&c.type_.as_str()))
-            .cloned(),
-    );
+    if phase.is_final() {
+        // The launcher is gone: nothing is paused any more.
+        set_condition(
+            &mut conditions,
+            &old.conditions,
+            "Paused",
+            false,
+            "NotPaused",
+            now,
+        );
+    } else {
+        // Paused belongs to the node agent (virt-handler), which asks the launcher: keep what
+        // it reported (the apply in the controller leaves it out, see `operator_owned`).
+        conditions.extend(
+            old.conditions
+                .iter()
+                .filter(|c| NODE_AGENT_CONDITIONS.contains(&c.type_.as_str()))
+                .cloned(),
+        );
+    }
 
     VirtualMachineInstanceStatus {
         phase: Some(phase),
@@ -517,6 +529,42 @@ mod tests {
         );
         let ready = st3.condition("Ready").unwrap();
         assert_eq!(ready.last_transition_time, Some(t(300)));
+    }
+
+    #[test]
+    fn paused_belongs_to_the_node_agent_until_the_vmi_is_final() {
+        let mut v = vmi();
+        let p = pod(Some("n1"), running(), "Running", true);
+        let st = desired_status(&v, Some(&p), &t(100));
+        assert!(
+            st.condition("Paused").is_none(),
+            "the operator never invents Paused"
+        );
+        // The agent reported Paused=True: kept (so no write is needed), but never applied.
+        let mut with_paused = st.clone();
+        with_paused.conditions.push(VmiCondition {
+            type_: "Paused".into(),
+            status: "True".into(),
+            reason: Some("PausedByUser".into()),
+            message: None,
+            last_transition_time: Some(t(150)),
+        });
+        v.status = Some(with_paused.clone());
+        let st = desired_status(&v, Some(&p), &t(200));
+        assert_eq!(st, with_paused);
+        let applied = operator_owned(&st);
+        assert!(applied.condition("Paused").is_none());
+        assert!(applied.condition("Ready").is_some());
+        // Final: the launcher is gone, the operator reports Paused=False itself.
+        let done = pod(
+            Some("n1"),
+            terminated(0, "guest powered off"),
+            "Succeeded",
+            false,
+        );
+        let st = desired_status(&v, Some(&done), &t(300));
+        let applied = operator_owned(&st);
+        assert_eq!(applied.condition("Paused").unwrap().status, "False");
     }
 
     #[test]
