@@ -51,6 +51,8 @@ pub const CONTROL_SOCKET: &str = "control.sock";
 /// Reasons of the Paused condition.
 pub const REASON_PAUSED: &str = "PausedByUser";
 pub const REASON_NOT_PAUSED: &str = "NotPaused";
+/// Longest delay between retries of a failed API write.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Commands a control request may carry.
 pub const CONTROL_COMMANDS: &[&str] = &["pause", "unpause"];
 
@@ -298,8 +300,13 @@ async fn launcher_task(
         logged_wait = false;
         let pod = pod_rx.borrow_and_update().clone();
         st.control(&pod).await;
+        // Failed API writes are retried with a doubling delay (cfg.retry up to MAX_BACKOFF).
+        let mut backoff = cfg.retry;
         loop {
             let retry = st.pending();
+            if !retry {
+                backoff = cfg.retry;
+            }
             tokio::select! {
                 s = w.next() => match s {
                     Ok(s) => st.observe(&s),
@@ -320,7 +327,9 @@ async fn launcher_task(
                     let pod = pod_rx.borrow_and_update().clone();
                     st.control(&pod).await;
                 }
-                _ = tokio::time::sleep(cfg.retry), if retry => {}
+                _ = tokio::time::sleep(backoff), if retry => {
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
                 _ = shutdown.wait() => return,
             }
             st.flush().await;

@@ -67,7 +67,8 @@ struct Args {
     /// Watch launcher pods in this namespace only (default: all).
     #[arg(long)]
     namespace: Option<String>,
-    /// Delay before reconnecting to a launcher or retrying a failed write, in ms.
+    /// Delay before reconnecting to a launcher or retrying a failed write (doubling up to 5 s
+    /// while writes keep failing), in ms.
     #[arg(long, default_value_t = 200)]
     retry_ms: u64,
     /// Longest wait for the tasks to stop after the first signal, in ms.
