@@ -1,15 +1,18 @@
-//! Builds a VM paused (memory, kernel, devices, vCPUs), then runs it on the
-//! calling thread: the VMM thread runs the event loop (device I/O, control
-//! actions, vCPU exits) while each vCPU runs on its own thread.
+//! Builds a VM paused — from a kernel ([`Vmm::build`]) or from a snapshot ([`Vmm::restore`]) —
+//! then runs it on the calling thread: the VMM thread runs the event loop (device I/O, control
+//! actions, snapshots, vCPU exits) while each vCPU runs on its own thread.
 
 use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
-use kvm_ioctls::VmFd;
+use kvm_ioctls::{Kvm, VmFd};
+use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::x86_64::{boot, layout, mptable};
@@ -23,10 +26,16 @@ use crate::devices::legacy::i8042::I8042Device;
 use crate::devices::legacy::serial::{
     InputSource, SerialDevice, SerialInput, SerialOut, SocketConsole,
 };
-use crate::devices::virtio;
+use crate::devices::virtio::persist::{restore_device, AttachedDevice, DeviceState, PersistError};
+use crate::devices::virtio::{self, AttachContext, BlockConfig, NetConfig};
 use crate::lifecycle::{InvalidTransition, Lifecycle, VmState};
-use crate::timing::Clock;
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::machine::Machine;
+use crate::snapshot::host::{HostError, HostFacts};
+use crate::snapshot::state::MachineInfo;
+use crate::snapshot::{LoadedSnapshot, SnapshotError, SnapshotSummary, SnapshotWriter};
+use crate::timing::{cpu_time_us, Clock};
+use crate::vstate::memory::GuestRam;
+use crate::vstate::persist::{self as vpersist, VcpuCaps};
 use crate::vstate::vcpu::{
     self, ExitStats, Vcpu, VcpuCmd, VcpuContext, VcpuExitReason, VcpuHandle,
 };
@@ -70,6 +79,22 @@ pub enum VmmError {
     Lifecycle(#[from] InvalidTransition),
     #[error(transparent)]
     Virtio(#[from] virtio::VirtioError),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error("snapshot {dir}: {source}")]
+    Host { dir: String, source: HostError },
+    #[error("snapshot {dir}: {detail}")]
+    Mismatch { dir: String, detail: String },
+    #[error("snapshot {dir}: device {index}: {source}")]
+    RestoreDevice {
+        dir: String,
+        index: usize,
+        source: PersistError,
+    },
+    #[error("snapshot {dir}: {detail}")]
+    RestoreState { dir: String, detail: String },
+    #[error("KVM: {0}")]
+    Kvm(String),
 }
 
 /// How a VM run ended.
@@ -107,33 +132,76 @@ pub enum Action {
     Stop,
 }
 
-/// An action and where to send its outcome.
-type ActionRequest = (Action, Option<Sender<Result<VmState, String>>>);
+/// What the VMM thread is asked to do.
+enum Request {
+    Action(Action),
+    State,
+    Snapshot(SnapshotWriter),
+}
 
-/// A handle to send [`Action`]s to the VMM thread.
+enum Reply {
+    State(VmState),
+    Snapshot(SnapshotSummary),
+}
+
+/// A request and where to send its outcome.
+type Envelope = (Request, Option<Sender<Result<Reply, String>>>);
+
+/// A handle to send [`Action`]s (and snapshot requests) to the VMM thread.
 #[derive(Clone)]
 pub struct VmmController {
-    tx: Sender<ActionRequest>,
+    tx: Sender<Envelope>,
     evt: Arc<EventFd>,
+    overlay_devices: Arc<Vec<usize>>,
 }
 
 impl VmmController {
-    /// Sends `action` and waits for the VMM thread to carry it out; returns the new state.
-    pub fn request(&self, action: Action) -> Result<VmState, String> {
+    fn call(&self, req: Request) -> Result<Reply, String> {
         let (reply_tx, reply_rx) = channel();
         self.tx
-            .send((action, Some(reply_tx)))
+            .send((req, Some(reply_tx)))
             .map_err(|_| "the VM is gone".to_string())?;
         self.evt.write(1).map_err(|e| e.to_string())?;
         reply_rx.recv().map_err(|_| "the VM is gone".to_string())?
     }
 
+    /// Sends `action` and waits for the VMM thread to carry it out; returns the new state.
+    pub fn request(&self, action: Action) -> Result<VmState, String> {
+        match self.call(Request::Action(action))? {
+            Reply::State(s) => Ok(s),
+            Reply::Snapshot(_) => Err("unexpected reply".into()),
+        }
+    }
+
+    /// The VM's lifecycle state.
+    pub fn state(&self) -> Result<VmState, String> {
+        match self.call(Request::State)? {
+            Reply::State(s) => Ok(s),
+            Reply::Snapshot(_) => Err("unexpected reply".into()),
+        }
+    }
+
     /// Sends `action` without waiting.
     pub fn send(&self, action: Action) -> Result<(), String> {
         self.tx
-            .send((action, None))
+            .send((Request::Action(action), None))
             .map_err(|_| "the VM is gone".to_string())?;
         self.evt.write(1).map_err(|e| e.to_string())
+    }
+
+    /// Has the VMM thread write a snapshot through `files` (see [`crate::snapshot::create`],
+    /// which makes them): pauses a running VM and leaves it paused when the snapshot was
+    /// written; on failure a VM that was running runs again.
+    pub fn snapshot(&self, files: SnapshotWriter) -> Result<SnapshotSummary, String> {
+        match self.call(Request::Snapshot(files))? {
+            Reply::Snapshot(s) => Ok(s),
+            Reply::State(_) => Err("unexpected reply".into()),
+        }
+    }
+
+    /// Indices of the virtio devices whose disk overlay a snapshot copies (fixed at build).
+    pub fn overlay_devices(&self) -> &[usize] {
+        &self.overlay_devices
     }
 }
 
@@ -144,29 +212,55 @@ pub struct BuildOptions {
     pub start: Option<Clock>,
     /// Replaces where serial output goes (e.g. an in-memory buffer).
     pub serial_out: Option<SerialOut>,
-    /// Receives the boot-timer event.
+    /// Receives the boot-timer event; for a restored VM, the moment its vCPUs first run.
     pub boot_notify: Option<Sender<BootTime>>,
+}
+
+/// How to restore a VM from a snapshot ([`Vmm::restore`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreConfig {
+    /// The snapshot directory.
+    pub dir: PathBuf,
+    /// Replacements, in order, for the snapshot's disks (its virtio-blk devices in slot
+    /// order): image path, overlay path (the saved overlay is copied there), serial. Disks
+    /// without an entry keep the snapshot's configuration.
+    pub disks: Vec<BlockConfig>,
+    /// Replacements, in order, for the snapshot's NICs: the TAP to attach to.
+    pub nets: Vec<NetConfig>,
+    /// Where the console goes (the snapshot does not record it).
+    pub serial: SerialConfig,
+    /// When given, the snapshot's RAM must be this size.
+    pub expect_mem_mib: Option<u64>,
+    /// When given, the snapshot must have this many vCPUs.
+    pub expect_vcpus: Option<u64>,
 }
 
 /// Timestamps of a run, relative to the build start.
 #[derive(Clone, Debug, Default)]
 pub struct RunTimings {
+    /// Building (or restoring) the VM.
     pub build_us: u64,
     pub first_debug_port_us: Option<u64>,
     pub boot_timer: Option<BootTime>,
+    /// First KVM_RUN of any vCPU: the guest is running.
+    pub first_vcpu_entry_us: Option<u64>,
+    /// First return from KVM_RUN: the guest executed instructions.
+    pub first_vcpu_exit_us: Option<u64>,
 }
 
 /// The state the control subscriber acts on.
 struct Control {
     lifecycle: Lifecycle,
     vcpus: Vec<VcpuHandle>,
-    i8042: Arc<Mutex<I8042Device>>,
+    machine: Machine,
     reset_evt: Arc<EventFd>,
     vcpu_exit_evt: Arc<EventFd>,
     vcpu_exits: Receiver<(u8, VcpuExitReason)>,
     action_evt: Arc<EventFd>,
-    actions: Receiver<ActionRequest>,
+    actions: Receiver<Envelope>,
     exit: Option<ExitReason>,
+    /// A restored VM tells `boot_notify` when its vCPUs first run.
+    restored_notify: Option<(Clock, Sender<BootTime>)>,
 }
 
 const EV_RESET: u32 = 0;
@@ -177,6 +271,14 @@ impl Control {
     fn set_vcpus(&mut self, cmd: VcpuCmd) -> Result<(), String> {
         for v in &mut self.vcpus {
             v.command(cmd).map_err(|e| e.to_string())?;
+        }
+        if cmd == VcpuCmd::Resume {
+            if let Some((start, tx)) = self.restored_notify.take() {
+                let _ = tx.send(BootTime {
+                    wall_us: start.wall.elapsed().as_micros() as u64,
+                    cpu_us: cpu_time_us().saturating_sub(start.cpu_us),
+                });
+            }
         }
         Ok(())
     }
@@ -214,7 +316,8 @@ impl Control {
                         self.lifecycle.state()
                     ));
                 }
-                self.i8042
+                self.machine
+                    .i8042
                     .lock()
                     .expect("i8042 lock")
                     .trigger_ctrl_alt_del();
@@ -227,6 +330,46 @@ impl Control {
             }
         }
         Ok(self.lifecycle.state())
+    }
+
+    /// Pauses the VM if it runs, writes the snapshot and leaves the VM paused; on failure a VM
+    /// that was running runs again.
+    fn snapshot(&mut self, files: SnapshotWriter) -> Result<SnapshotSummary, String> {
+        let state = self.lifecycle.state();
+        if state == VmState::Stopped {
+            return Err("the VM is stopped".into());
+        }
+        let was_running = state == VmState::Running;
+        let paused_at = Instant::now();
+        if was_running {
+            self.apply(Action::Pause)?;
+        }
+        let result = self.machine.save(&mut self.vcpus, files);
+        match result {
+            Ok(mut s) => {
+                s.was_running = was_running;
+                if was_running {
+                    s.paused_us = paused_at.elapsed().as_micros() as u64;
+                }
+                log::info!(
+                    "snapshot written in {} ms: {} MiB of RAM, {} KiB touched, {} KiB memory file data, {} KiB overlays",
+                    s.write_us / 1000,
+                    s.ram_bytes >> 20,
+                    s.touched_bytes >> 10,
+                    s.memory_bytes >> 10,
+                    s.overlay_bytes >> 10
+                );
+                Ok(s)
+            }
+            Err(e) => {
+                if was_running {
+                    if let Err(r) = self.apply(Action::Resume) {
+                        log::error!("resuming after a failed snapshot: {r}");
+                    }
+                }
+                Err(format!("snapshot failed: {e}"))
+            }
+        }
     }
 }
 
@@ -265,11 +408,24 @@ impl MutEventSubscriber for Control {
             }
             EV_ACTION => {
                 let _ = self.action_evt.read();
-                while let Ok((action, reply)) = self.actions.try_recv() {
-                    let result = self.apply(action);
-                    if let Err(e) = &result {
-                        log::warn!("action {action:?} refused: {e}");
-                    }
+                while let Ok((req, reply)) = self.actions.try_recv() {
+                    let result = match req {
+                        Request::Action(action) => {
+                            let r = self.apply(action);
+                            if let Err(e) = &r {
+                                log::warn!("action {action:?} refused: {e}");
+                            }
+                            r.map(Reply::State)
+                        }
+                        Request::State => Ok(Reply::State(self.lifecycle.state())),
+                        Request::Snapshot(files) => {
+                            let r = self.snapshot(files);
+                            if let Err(e) = &r {
+                                log::warn!("{e}");
+                            }
+                            r.map(Reply::Snapshot)
+                        }
+                    };
                     if let Some(r) = reply {
                         let _ = r.send(result);
                     }
@@ -280,7 +436,7 @@ impl MutEventSubscriber for Control {
     }
 }
 
-/// A built VM, paused until [`Vmm::run`].
+/// A built VM, paused until [`Vmm::run`] (or [`Vmm::run_paused`] and a `Resume`).
 pub struct Vmm {
     control: Arc<Mutex<Control>>,
     event_manager: VmmEventManager,
@@ -290,9 +446,7 @@ pub struct Vmm {
     first_debug_port_us: Arc<Mutex<Option<u64>>>,
     boot_time: Arc<Mutex<Option<BootTime>>>,
     cmdline: String,
-    // Keep the VM and its memory alive for as long as vCPUs may run (dropped last).
-    _vm: Arc<VmFd>,
-    _mem: GuestMemoryMmap,
+    restored: bool,
 }
 
 fn compose_cmdline(cfg: &VmConfig, device_entries: &[String]) -> String {
@@ -315,6 +469,138 @@ fn compose_cmdline(cfg: &VmConfig, device_entries: &[String]) -> String {
     parts.join(" ")
 }
 
+/// Where the serial console's output goes and its input comes from.
+fn serial_io(
+    override_out: &Option<SerialOut>,
+    serial: &SerialConfig,
+) -> Result<(SerialOut, InputSource), VmmError> {
+    Ok(match (override_out, serial) {
+        (Some(out), _) => (out.clone(), InputSource::None),
+        (None, SerialConfig::Stdio) => (SerialOut::Stdout, InputSource::Stdin),
+        (None, SerialConfig::None) => (SerialOut::Sink, InputSource::None),
+        (None, SerialConfig::Unix(path)) => {
+            let shown = path.display().to_string();
+            let _ = std::fs::remove_file(path);
+            let listener = UnixListener::bind(path).map_err(|source| VmmError::SerialSocket {
+                path: shown.clone(),
+                source,
+            })?;
+            listener
+                .set_nonblocking(true)
+                .map_err(|source| VmmError::SerialSocket {
+                    path: shown,
+                    source,
+                })?;
+            let console = Arc::new(Mutex::new(SocketConsole::default()));
+            (
+                SerialOut::Socket(console.clone()),
+                InputSource::Socket { listener, console },
+            )
+        }
+    })
+}
+
+fn event_fd() -> Result<Arc<EventFd>, VmmError> {
+    EventFd::new(libc::EFD_NONBLOCK)
+        .map(Arc::new)
+        .map_err(|e| VmmError::Device(e.to_string()))
+}
+
+/// What building and restoring share once the VM, memory and virtio devices exist.
+struct Parts {
+    kvm: Kvm,
+    vm: Arc<VmFd>,
+    ram: GuestRam,
+    pio: Bus,
+    mmio: Bus,
+    event_manager: VmmEventManager,
+    virtio: Vec<AttachedDevice>,
+}
+
+/// The legacy devices; the serial and i8042 come from a snapshot when `saved` is given.
+struct Legacy {
+    serial: Arc<Mutex<SerialDevice>>,
+    i8042: Arc<Mutex<I8042Device>>,
+    reset_evt: Arc<EventFd>,
+    first_debug_port_us: Arc<Mutex<Option<u64>>>,
+    boot_time: Arc<Mutex<Option<BootTime>>>,
+}
+
+fn legacy_devices(
+    p: &mut Parts,
+    opts: &BuildOptions,
+    serial_cfg: &SerialConfig,
+    start: Clock,
+    saved: Option<&crate::snapshot::state::MicrovmState>,
+) -> Result<Legacy, VmmError> {
+    let vm = p.vm.clone();
+    let irq = |gsi: u32| -> Result<IrqLine, VmmError> {
+        let line = IrqLine::new(gsi).map_err(|e| VmmError::Device(format!("eventfd: {e}")))?;
+        vm.register_irqfd(line.eventfd(), gsi)
+            .map_err(|source| VmmError::Irqfd { gsi, source })?;
+        Ok(line)
+    };
+    let (serial_out, input) = serial_io(&opts.serial_out, serial_cfg)?;
+    let line = irq(layout::SERIAL_IRQ)?;
+    let (serial, drained) = match saved {
+        Some(s) => SerialDevice::from_state(line, serial_out, &s.serial),
+        None => SerialDevice::new(line, serial_out),
+    }
+    .map_err(|e| VmmError::Device(format!("serial: {e}")))?;
+    let serial = Arc::new(Mutex::new(serial));
+    let bus_err = |e: crate::devices::bus::BusError| VmmError::Device(e.to_string());
+    p.pio
+        .insert(serial.clone(), u64::from(layout::SERIAL_PORT), 8)
+        .map_err(bus_err)?;
+    p.event_manager
+        .add_subscriber(Arc::new(Mutex::new(SerialInput::new(
+            serial.clone(),
+            input,
+            drained,
+        ))));
+
+    let reset_evt = event_fd()?;
+    let mut i8042 = I8042Device::new(reset_evt.clone(), irq(layout::I8042_IRQ)?);
+    if let Some(s) = saved {
+        i8042.restore_state(&s.i8042);
+    }
+    let i8042 = Arc::new(Mutex::new(i8042));
+    p.pio
+        .insert(i8042.clone(), u64::from(layout::I8042_PORT), 5)
+        .map_err(bus_err)?;
+    let first_debug_port_us = Arc::new(Mutex::new(None));
+    p.pio
+        .insert(
+            Arc::new(Mutex::new(DebugPort::new(
+                start,
+                first_debug_port_us.clone(),
+            ))),
+            0x80,
+            1,
+        )
+        .map_err(bus_err)?;
+    let boot_time = Arc::new(Mutex::new(None));
+    let notify = if saved.is_some() {
+        None
+    } else {
+        opts.boot_notify.clone()
+    };
+    p.mmio
+        .insert(
+            Arc::new(Mutex::new(BootTimer::new(start, notify, boot_time.clone()))),
+            layout::BOOT_TIMER_ADDR,
+            layout::BOOT_TIMER_SIZE,
+        )
+        .map_err(bus_err)?;
+    Ok(Legacy {
+        serial,
+        i8042,
+        reset_evt,
+        first_debug_port_us,
+        boot_time,
+    })
+}
+
 impl Vmm {
     /// Builds the whole VM, paused: nothing guest-visible has run when this returns.
     pub fn build(cfg: &VmConfig, opts: BuildOptions) -> Result<Vmm, VmmError> {
@@ -324,12 +610,12 @@ impl Vmm {
         let mem_size = cfg.mem_mib << 20;
 
         let kvm = vm::open_kvm()?;
-        let mem = GuestMemoryMmap::from_ranges(&boot::memory_regions(mem_size)).map_err(|e| {
-            VmmError::GuestMemory {
-                mib: cfg.mem_mib,
-                detail: e.to_string(),
-            }
+        let regions = boot::memory_regions(mem_size);
+        let ram = GuestRam::create(&regions).map_err(|e| VmmError::GuestMemory {
+            mib: cfg.mem_mib,
+            detail: e.to_string(),
         })?;
+        let mem = ram.memory().clone();
         let vm = Arc::new(vm::create_vm(&kvm, &mem)?);
 
         // Kernel, initrd, command line, boot information, MP table.
@@ -338,25 +624,50 @@ impl Vmm {
             Some(p) => Some(boot::load_initrd(&mem, mem_size, p, &kernel)?),
             None => None,
         };
-        let mut event_manager =
-            VmmEventManager::new().map_err(|e| VmmError::EventLoop(e.to_string()))?;
-        let mut pio = Bus::new();
-        let mut mmio = Bus::new();
+        let mut p = Parts {
+            kvm,
+            vm,
+            ram,
+            pio: Bus::new(),
+            mmio: Bus::new(),
+            event_manager: VmmEventManager::new()
+                .map_err(|e| VmmError::EventLoop(e.to_string()))?,
+            virtio: Vec::new(),
+        };
 
         // virtio devices: the device manager assigns slots and IRQs, in config order.
         let mut mmio_mgr = MmioDeviceManager::new();
         for disk in &cfg.disks {
-            virtio::attach_block(
-                &vm,
+            let a = virtio::attach_block(
+                &p.vm,
                 &mem,
-                &mut mmio,
+                &mut p.mmio,
                 &mut mmio_mgr,
-                &mut event_manager,
+                &mut p.event_manager,
                 disk,
             )?;
+            p.virtio.push(AttachedDevice::Block {
+                slot: a.slot,
+                config: disk.clone(),
+                transport: a.transport,
+                device: a.device,
+            });
         }
         for net in &cfg.nets {
-            virtio::attach_net(&vm, &mem, &mut mmio, &mut mmio_mgr, &mut event_manager, net)?;
+            let a = virtio::attach_net(
+                &p.vm,
+                &mem,
+                &mut p.mmio,
+                &mut mmio_mgr,
+                &mut p.event_manager,
+                net,
+            )?;
+            p.virtio.push(AttachedDevice::Net {
+                slot: a.slot,
+                config: net.clone(),
+                transport: a.transport,
+                device: a.device,
+            });
         }
 
         let cmdline = compose_cmdline(cfg, &mmio_mgr.cmdline_entries());
@@ -364,151 +675,301 @@ impl Vmm {
         boot::write_boot_info(&mem, &kernel, mem_size, cmdline.len(), initrd)?;
         mptable::setup(&mem, vcpu_count)?;
 
-        // Legacy devices.
-        let irq = |gsi: u32| -> Result<IrqLine, VmmError> {
-            let line = IrqLine::new(gsi).map_err(|e| VmmError::Device(format!("eventfd: {e}")))?;
-            vm.register_irqfd(line.eventfd(), gsi)
-                .map_err(|source| VmmError::Irqfd { gsi, source })?;
-            Ok(line)
-        };
-        let (serial_out, input) = match (&opts.serial_out, &cfg.serial) {
-            (Some(out), _) => (out.clone(), InputSource::None),
-            (None, SerialConfig::Stdio) => (SerialOut::Stdout, InputSource::Stdin),
-            (None, SerialConfig::None) => (SerialOut::Sink, InputSource::None),
-            (None, SerialConfig::Unix(path)) => {
-                let shown = path.display().to_string();
-                let _ = std::fs::remove_file(path);
-                let listener =
-                    UnixListener::bind(path).map_err(|source| VmmError::SerialSocket {
-                        path: shown.clone(),
-                        source,
-                    })?;
-                listener
-                    .set_nonblocking(true)
-                    .map_err(|source| VmmError::SerialSocket {
-                        path: shown,
-                        source,
-                    })?;
-                let console = Arc::new(Mutex::new(SocketConsole::default()));
-                (
-                    SerialOut::Socket(console.clone()),
-                    InputSource::Socket { listener, console },
-                )
-            }
-        };
-        let (serial, drained) = SerialDevice::new(irq(layout::SERIAL_IRQ)?, serial_out)
-            .map_err(|e| VmmError::Device(format!("serial: {e}")))?;
-        let serial = Arc::new(Mutex::new(serial));
-        let bus_err = |e: crate::devices::bus::BusError| VmmError::Device(e.to_string());
-        pio.insert(serial.clone(), u64::from(layout::SERIAL_PORT), 8)
-            .map_err(bus_err)?;
-        event_manager.add_subscriber(Arc::new(Mutex::new(SerialInput::new(
-            serial, input, drained,
-        ))));
-
-        let reset_evt = Arc::new(
-            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Device(e.to_string()))?,
-        );
-        let i8042 = Arc::new(Mutex::new(I8042Device::new(
-            reset_evt.clone(),
-            irq(layout::I8042_IRQ)?,
-        )));
-        pio.insert(i8042.clone(), u64::from(layout::I8042_PORT), 5)
-            .map_err(bus_err)?;
-        let first_debug_port_us = Arc::new(Mutex::new(None));
-        pio.insert(
-            Arc::new(Mutex::new(DebugPort::new(
-                start,
-                first_debug_port_us.clone(),
-            ))),
-            0x80,
-            1,
-        )
-        .map_err(bus_err)?;
-        let boot_time = Arc::new(Mutex::new(None));
-        mmio.insert(
-            Arc::new(Mutex::new(BootTimer::new(
-                start,
-                opts.boot_notify,
-                boot_time.clone(),
-            ))),
-            layout::BOOT_TIMER_ADDR,
-            layout::BOOT_TIMER_SIZE,
-        )
-        .map_err(bus_err)?;
+        let legacy = legacy_devices(&mut p, &opts, &cfg.serial, start, None)?;
 
         // vCPUs, created paused.
         vcpu::install_kick_handler()?;
-        let base_cpuid = kvm
+        let base_cpuid = p
+            .kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(VmmError::Cpuid)?;
-        let stats = Arc::new(ExitStats::default());
+        let caps = VcpuCaps::probe(&p.kvm);
+        let msr_indices =
+            Arc::new(vpersist::msrs_to_save(&p.kvm).map_err(|e| VmmError::Kvm(e.to_string()))?);
+        let stats = Arc::new(ExitStats::new(start.wall));
+        let info = MachineInfo {
+            mem_mib: cfg.mem_mib,
+            vcpus: vcpu_count,
+            cmdline: cmdline.clone(),
+            memory_regions: regions.iter().map(|r| (r.0 .0, r.1 as u64)).collect(),
+        };
+        let host = HostFacts::probe(&p.kvm, caps).map_err(|e| VmmError::Kvm(e.to_string()))?;
         let ctx = VcpuContext {
-            vm: &vm,
+            vm: &p.vm,
             mem: &mem,
             base_cpuid: &base_cpuid,
             count: vcpu_count,
-            pio: Arc::new(pio),
-            mmio: Arc::new(mmio),
+            pio: Arc::new(p.pio.clone()),
+            mmio: Arc::new(p.mmio.clone()),
             stats: stats.clone(),
+            msr_indices,
+            caps,
         };
-        let (exit_tx, exit_rx) = channel();
-        let vcpu_exit_evt = Arc::new(
-            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Device(e.to_string()))?,
-        );
         let mut vcpus = Vec::with_capacity(vcpu_count as usize);
         for id in 0..vcpu_count {
             let boot = (id == 0).then_some((kernel.protocol, kernel.entry));
-            let v = Vcpu::new(&ctx, id, boot)?;
-            vcpus.push(v.start_paused(exit_tx.clone(), vcpu_exit_evt.clone())?);
+            vcpus.push(Vcpu::new(&ctx, id, boot)?);
+        }
+        log::debug!(
+            "built VM: {} vCPU(s), {} MiB, {:?} entry {:#x}",
+            vcpu_count,
+            cfg.mem_mib,
+            kernel.protocol,
+            kernel.entry,
+        );
+        Self::assemble(p, legacy, vcpus, host, info, start, stats, None)
+    }
+
+    /// Restores the VM saved in `rc.dir`, paused: the state of every vCPU and device is in
+    /// place and guest memory is mapped from the snapshot's memory file (private, loaded on
+    /// demand); nothing of the guest has run when this returns, and [`Vmm::run`] continues it
+    /// where it was. Every check (files, checksum, version, host CPU and KVM, memory size, disks,
+    /// overrides) happens before the guest could run; an error leaves nothing behind and the
+    /// snapshot's files as they were.
+    pub fn restore(rc: &RestoreConfig, opts: BuildOptions) -> Result<Vmm, VmmError> {
+        let start = opts.start.unwrap_or_else(Clock::now);
+        let snap = LoadedSnapshot::open(&rc.dir)?;
+        let st = &snap.state;
+        let dir = rc.dir.display().to_string();
+        let mismatch = |detail: String| VmmError::Mismatch {
+            dir: dir.clone(),
+            detail,
+        };
+        if let Some(m) = rc.expect_mem_mib.filter(|m| *m != st.machine.mem_mib) {
+            return Err(mismatch(format!(
+                "memory size mismatch: the snapshot has {} MiB, {m} MiB asked for",
+                st.machine.mem_mib
+            )));
+        }
+        if let Some(v) = rc
+            .expect_vcpus
+            .filter(|v| *v != u64::from(st.machine.vcpus))
+        {
+            return Err(mismatch(format!(
+                "vCPU count mismatch: the snapshot has {}, {v} asked for",
+                st.machine.vcpus
+            )));
+        }
+        let kvm = vm::open_kvm()?;
+        st.host
+            .check(&kvm, &st.vcpus[0].cpuid)
+            .map_err(|source| VmmError::Host {
+                dir: dir.clone(),
+                source,
+            })?;
+        let (n_disks, n_nets) = st.devices.iter().fold((0, 0), |(b, n), d| match d.device {
+            DeviceState::Block(_) => (b + 1, n),
+            DeviceState::Net(_) => (b, n + 1),
+        });
+        if rc.disks.len() > n_disks || rc.nets.len() > n_nets {
+            return Err(mismatch(format!(
+                "{} disk and {} NIC replacements given; the snapshot has {n_disks} disk(s) and {n_nets} NIC(s)",
+                rc.disks.len(),
+                rc.nets.len()
+            )));
+        }
+        // Which configuration each device gets; every disk image must exist before anything
+        // is built.
+        let mut plan: Vec<(Option<&BlockConfig>, Option<&NetConfig>)> = Vec::new();
+        let (mut bi, mut ni) = (0, 0);
+        for (i, d) in st.devices.iter().enumerate() {
+            match &d.device {
+                DeviceState::Block(b) => {
+                    let over = rc.disks.get(bi);
+                    bi += 1;
+                    let path = &over.unwrap_or(&b.config).path;
+                    if let Err(e) = std::fs::metadata(path) {
+                        return Err(VmmError::RestoreDevice {
+                            dir: dir.clone(),
+                            index: i,
+                            source: PersistError::Virtio(virtio::VirtioError::OpenImage {
+                                path: path.display().to_string(),
+                                source: e,
+                            }),
+                        });
+                    }
+                    plan.push((over, None));
+                }
+                DeviceState::Net(_) => {
+                    plan.push((None, rc.nets.get(ni)));
+                    ni += 1;
+                }
+            }
         }
 
-        let (action_tx, action_rx) = channel();
-        let action_evt = Arc::new(
-            EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Device(e.to_string()))?,
+        let regions: Vec<(GuestAddress, usize)> = st
+            .machine
+            .memory_regions
+            .iter()
+            .map(|&(a, l)| (GuestAddress(a), l as usize))
+            .collect();
+        let memory = snap.memory.try_clone().map_err(|e| VmmError::GuestMemory {
+            mib: st.machine.mem_mib,
+            detail: e.to_string(),
+        })?;
+        let ram = GuestRam::from_snapshot(memory, &regions).map_err(|e| VmmError::GuestMemory {
+            mib: st.machine.mem_mib,
+            detail: e.to_string(),
+        })?;
+        let mem = ram.memory().clone();
+        let vm = Arc::new(vm::create_vm(&kvm, &mem)?);
+        // Real time since the snapshot: the guest's clocks advance by it (vstate/persist.rs).
+        let elapsed_ns = vpersist::realtime_ns().saturating_sub(st.vm.realtime_ns);
+        vpersist::restore_vm(&vm, &st.vm, elapsed_ns).map_err(|e| VmmError::RestoreState {
+            dir: dir.clone(),
+            detail: e.to_string(),
+        })?;
+        let mut p = Parts {
+            kvm,
+            vm,
+            ram,
+            pio: Bus::new(),
+            mmio: Bus::new(),
+            event_manager: VmmEventManager::new()
+                .map_err(|e| VmmError::EventLoop(e.to_string()))?,
+            virtio: Vec::new(),
+        };
+        // Overlays written for this VM are removed again if the restore fails.
+        let mut written_overlays = OverlayCleanup(Vec::new());
+        let mut mmio_mgr = MmioDeviceManager::new();
+        for (i, (d, (block, net))) in st.devices.iter().zip(plan).enumerate() {
+            let saved_overlay = snap.overlay(i);
+            let mut ctx = AttachContext {
+                vm: &p.vm,
+                mem: &mem,
+                mmio_bus: &mut p.mmio,
+                mgr: &mut mmio_mgr,
+                evmgr: &mut p.event_manager,
+            };
+            let target_overlay = match &d.device {
+                DeviceState::Block(b) => block.unwrap_or(&b.config).overlay.clone(),
+                DeviceState::Net(_) => None,
+            };
+            if let Some(o) = target_overlay.filter(|o| !o.exists()) {
+                written_overlays.0.push(o);
+            }
+            let a =
+                restore_device(&mut ctx, i, d, block, saved_overlay, net).map_err(|source| {
+                    VmmError::RestoreDevice {
+                        dir: dir.clone(),
+                        index: i,
+                        source,
+                    }
+                })?;
+            p.virtio.push(a);
+        }
+        let legacy = legacy_devices(&mut p, &opts, &rc.serial, start, Some(st))?;
+
+        vcpu::install_kick_handler()?;
+        let base_cpuid = p
+            .kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(VmmError::Cpuid)?;
+        let caps = VcpuCaps::probe(&p.kvm);
+        let msr_indices =
+            Arc::new(vpersist::msrs_to_save(&p.kvm).map_err(|e| VmmError::Kvm(e.to_string()))?);
+        let stats = Arc::new(ExitStats::new(start.wall));
+        let ctx = VcpuContext {
+            vm: &p.vm,
+            mem: &mem,
+            base_cpuid: &base_cpuid,
+            count: st.machine.vcpus,
+            pio: Arc::new(p.pio.clone()),
+            mmio: Arc::new(p.mmio.clone()),
+            stats: stats.clone(),
+            msr_indices,
+            caps,
+        };
+        let tsc_scaling = p.kvm.check_extension(kvm_ioctls::Cap::TscControl);
+        let mut vcpus = Vec::with_capacity(st.vcpus.len());
+        for vs in &st.vcpus {
+            let khz = vs.tsc_khz.unwrap_or(0);
+            let v = Vcpu::restore(&ctx, vs, vpersist::tsc_ticks(elapsed_ns, khz), tsc_scaling)?;
+            vcpus.push(v);
+        }
+        let host = HostFacts::probe(&p.kvm, caps).map_err(|e| VmmError::Kvm(e.to_string()))?;
+        let info = st.machine.clone();
+        let notify = opts.boot_notify.clone().map(|tx| (start, tx));
+        let vmm = Self::assemble(p, legacy, vcpus, host, info, start, stats, notify)?;
+        written_overlays.0.clear();
+        log::debug!(
+            "restored VM from {}: {} vCPU(s), {} MiB, clocks advanced by {} ms",
+            rc.dir.display(),
+            st.machine.vcpus,
+            st.machine.mem_mib,
+            elapsed_ns / 1_000_000
         );
+        Ok(Vmm {
+            restored: true,
+            ..vmm
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        mut p: Parts,
+        legacy: Legacy,
+        vcpus: Vec<Vcpu>,
+        host: HostFacts,
+        info: MachineInfo,
+        start: Clock,
+        stats: Arc<ExitStats>,
+        restored_notify: Option<(Clock, Sender<BootTime>)>,
+    ) -> Result<Vmm, VmmError> {
+        let (exit_tx, exit_rx) = channel();
+        let vcpu_exit_evt = event_fd()?;
+        let mut handles = Vec::with_capacity(vcpus.len());
+        for v in vcpus {
+            handles.push(v.start_paused(exit_tx.clone(), vcpu_exit_evt.clone())?);
+        }
+        let cmdline = info.cmdline.clone();
+        let machine = Machine {
+            vm: p.vm.clone(),
+            ram: p.ram,
+            serial: legacy.serial,
+            i8042: legacy.i8042,
+            virtio: p.virtio,
+            host,
+            info,
+        };
+        let overlay_devices = Arc::new(machine.overlay_devices());
+        let (action_tx, action_rx) = channel();
+        let action_evt = event_fd()?;
         let control = Arc::new(Mutex::new(Control {
             lifecycle: Lifecycle::default(),
-            vcpus,
-            i8042,
-            reset_evt,
+            vcpus: handles,
+            machine,
+            reset_evt: legacy.reset_evt,
             vcpu_exit_evt,
             vcpu_exits: exit_rx,
             action_evt: action_evt.clone(),
             actions: action_rx,
             exit: None,
+            restored_notify,
         }));
-        event_manager.add_subscriber(control.clone());
+        p.event_manager.add_subscriber(control.clone());
         let timings = RunTimings {
             build_us: start.wall.elapsed().as_micros() as u64,
             ..Default::default()
         };
-        log::debug!(
-            "built VM: {} vCPU(s), {} MiB, {:?} entry {:#x}, in {} us",
-            vcpu_count,
-            cfg.mem_mib,
-            kernel.protocol,
-            kernel.entry,
-            timings.build_us
-        );
         Ok(Vmm {
             control,
-            event_manager,
+            event_manager: p.event_manager,
             controller: VmmController {
                 tx: action_tx,
                 evt: action_evt,
+                overlay_devices,
             },
             stats,
             timings,
-            first_debug_port_us,
-            boot_time,
+            first_debug_port_us: legacy.first_debug_port_us,
+            boot_time: legacy.boot_time,
             cmdline,
-            _vm: vm,
-            _mem: mem,
+            restored: false,
         })
     }
 
-    /// A handle other threads use to pause, resume or stop this VM.
+    /// A handle other threads use to pause, resume, stop or snapshot this VM.
     pub fn controller(&self) -> VmmController {
         self.controller.clone()
     }
@@ -518,12 +979,34 @@ impl Vmm {
         &self.cmdline
     }
 
+    /// Whether this VM came from a snapshot.
+    pub fn is_restored(&self) -> bool {
+        self.restored
+    }
+
+    /// How long building (or restoring) took, in microseconds.
+    pub fn build_us(&self) -> u64 {
+        self.timings.build_us
+    }
+
     /// Resumes the vCPUs and runs the event loop on this thread until the VM ends.
-    pub fn run(mut self) -> Result<(ExitReason, RunTimings), VmmError> {
+    pub fn run(self) -> Result<(ExitReason, RunTimings), VmmError> {
+        self.run_with(VmState::Running)
+    }
+
+    /// Runs the event loop with the vCPUs paused: the VM waits for a `Resume` action, which only
+    /// has to start the vCPUs (used for restores kept ready to go).
+    pub fn run_paused(self) -> Result<(ExitReason, RunTimings), VmmError> {
+        self.run_with(VmState::Paused)
+    }
+
+    fn run_with(mut self, first: VmState) -> Result<(ExitReason, RunTimings), VmmError> {
         {
             let mut c = self.control.lock().expect("control lock");
-            c.lifecycle.transition(VmState::Running)?;
-            c.set_vcpus(VcpuCmd::Resume).map_err(VmmError::EventLoop)?;
+            c.lifecycle.transition(first)?;
+            if first == VmState::Running {
+                c.set_vcpus(VcpuCmd::Resume).map_err(VmmError::EventLoop)?;
+            }
         }
         let reason = loop {
             if let Some(r) = self.control.lock().expect("control lock").exit.clone() {
@@ -542,7 +1025,20 @@ impl Vmm {
         }
         self.timings.first_debug_port_us = *self.first_debug_port_us.lock().expect("lock");
         self.timings.boot_timer = *self.boot_time.lock().expect("lock");
+        self.timings.first_vcpu_entry_us = self.stats.first_entry_us();
+        self.timings.first_vcpu_exit_us = self.stats.first_exit_us();
         Ok((reason, self.timings))
+    }
+}
+
+/// Removes overlay files a failed restore created.
+struct OverlayCleanup(Vec<PathBuf>);
+
+impl Drop for OverlayCleanup {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 

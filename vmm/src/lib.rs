@@ -2,16 +2,20 @@
 //!
 //! Layout follows one directory per concern: `arch/` (x86_64 boot and CPU setup),
 //! `vstate/` (KVM VM, vCPUs, guest memory), `devices/` (buses, legacy and virtio
-//! devices), `device_manager/` (assigns addresses and IRQs).
+//! devices), `device_manager/` (assigns addresses and IRQs), `snapshot/` (snapshot format,
+//! save and restore; `docs/snapshot.md`).
 
 pub mod arch;
 pub mod builder;
 pub mod config;
+pub mod control;
 pub mod device_manager;
 pub mod devices;
 pub mod lifecycle;
+pub mod machine;
+pub mod snapshot;
 pub mod timing;
 pub mod vstate;
 
-pub use builder::{Action, BuildOptions, ExitReason, Vmm, VmmController, VmmError};
+pub use builder::{Action, BuildOptions, ExitReason, RestoreConfig, Vmm, VmmController, VmmError};
 pub use config::{SerialConfig, VmConfig};

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! Built (paused, never run) --resume--> Running <--pause/resume--> Paused
-//!        \___________________ stop ______|____________________________/--> Stopped
+//!    \ \____________________ run paused (restored, waiting) __________/
+//!     \__________________ stop ______|____________________________/--> Stopped
 //! ```
 
 use std::fmt;
@@ -40,7 +41,7 @@ pub const fn valid_transition(from: VmState, to: VmState) -> bool {
     use VmState::*;
     matches!(
         (from, to),
-        (Built, Running)
+        (Built, Running | Paused)
             | (Running, Paused)
             | (Paused, Running)
             | (Built | Running | Paused, Stopped)
@@ -89,6 +90,7 @@ mod tests {
         let all = [Built, Running, Paused, Stopped];
         let allowed = [
             (Built, Running),
+            (Built, Paused),
             (Built, Stopped),
             (Running, Paused),
             (Running, Stopped),
@@ -110,10 +112,10 @@ mod tests {
     fn lifecycle_checks() {
         let mut l = Lifecycle::default();
         assert_eq!(
-            l.transition(Paused),
+            l.transition(Built),
             Err(InvalidTransition {
                 from: Built,
-                to: Paused
+                to: Built
             })
         );
         l.transition(Running).unwrap();

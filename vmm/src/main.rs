@@ -7,13 +7,17 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use vmm::timing::{monotonic_ns, Clock};
-use vmm::{Action, BuildOptions, ExitReason, VmConfig, Vmm};
+use vmm::{Action, BuildOptions, ExitReason, RestoreConfig, VmConfig, Vmm};
 
 const USAGE: &str = "\
 usage: microvm --kernel PATH [--initrd PATH] [--cmdline STR] [--mem-mib N] [--vcpus N]
                [--serial stdio|none|unix:PATH] [--no-default-cmdline] [--log-level LEVEL]
                [--disk path=IMG[,ro][,id=SERIAL][,overlay=PATH]]... [--net tap=NAME[,mac=MAC]]...
+               [--control-socket PATH]
        microvm --config FILE.json [same flags to override]
+       microvm --restore DIR [--paused] [--serial ...] [--disk ...]... [--net ...]...
+               [--mem-mib N] [--vcpus N] [--control-socket PATH] [--log-level LEVEL]
+       microvm control SOCKET REQUEST_JSON
 
 Boots PATH (ELF vmlinux with or without a PVH note, or bzImage) on /dev/kvm.
 Defaults: 128 MiB, 1 vCPU, serial console on stdin/stdout. Disks become
@@ -21,7 +25,17 @@ Defaults: 128 MiB, 1 vCPU, serial console on stdin/stdout. Disks become
 written); nets become eth0, eth1... over the named TAP devices. The guest's command line
 is the VMM's defaults followed by --cmdline. Exit status: 0 when the guest resets or
 powers off, 1 on a VM error, 2 on bad usage or a forced stop. SIGTERM/SIGINT ask the
-guest to shut down (Ctrl-Alt-Del); a second one stops the VM at once.";
+guest to shut down (Ctrl-Alt-Del); a second one stops the VM at once.
+
+--control-socket PATH serves the control protocol (JSON lines): {\"cmd\":\"state\"},
+pause, resume, shutdown, stop, and {\"cmd\":\"snapshot\",\"dir\":\"/abs/dir\"} (the VM
+stays paused; resume continues it). `microvm control SOCKET '{\"cmd\":\"resume\"}'` sends
+one request and prints the answer (exit 0 when ok).
+
+--restore DIR continues the VM saved in DIR (kernel, memory, devices come from there);
+--paused keeps it paused until a resume. --disk/--net given with --restore replace the
+snapshot's disks/NICs in order (image, overlay path, TAP); --mem-mib/--vcpus, when
+given, must match the snapshot. Snapshot format and guarantees: docs/snapshot.md.";
 
 struct Logger(log::LevelFilter);
 
@@ -43,17 +57,43 @@ impl log::Log for Logger {
     fn flush(&self) {}
 }
 
+/// What `microvm` was asked to start.
+enum Start {
+    Boot(VmConfig),
+    Restore { rc: RestoreConfig, paused: bool },
+}
+
 enum Cli {
-    Run(VmConfig, log::LevelFilter),
+    Run {
+        start: Start,
+        control_socket: Option<PathBuf>,
+        level: log::LevelFilter,
+    },
+    Control {
+        socket: PathBuf,
+        request: String,
+    },
     Help,
     Version,
 }
 
 fn parse_args(args: &[String]) -> Result<Cli, String> {
+    if args.first().map(String::as_str) == Some("control") {
+        return match &args[1..] {
+            [socket, request] => Ok(Cli::Control {
+                socket: PathBuf::from(socket),
+                request: request.clone(),
+            }),
+            _ => Err("control takes two arguments: SOCKET REQUEST_JSON".into()),
+        };
+    }
     let mut config: Option<VmConfig> = None;
     let mut overrides: Vec<(String, String)> = Vec::new();
     let mut no_default_cmdline = false;
     let mut level = log::LevelFilter::Info;
+    let mut restore: Option<PathBuf> = None;
+    let mut paused = false;
+    let mut control_socket = None;
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = |name: &str| {
@@ -72,6 +112,9 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
                     Some(serde_json::from_str(&text).map_err(|e| format!("config {path}: {e}"))?);
             }
             "--no-default-cmdline" => no_default_cmdline = true,
+            "--restore" => restore = Some(PathBuf::from(value("--restore")?)),
+            "--paused" => paused = true,
+            "--control-socket" => control_socket = Some(PathBuf::from(value("--control-socket")?)),
             "--log-level" => {
                 let v = value("--log-level")?;
                 level = v
@@ -85,6 +128,18 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
             }
             other => return Err(format!("unknown argument {other:?}")),
         }
+    }
+    if paused && restore.is_none() {
+        return Err("--paused only goes with --restore".into());
+    }
+    if let Some(dir) = restore {
+        return parse_restore(dir, overrides, config.is_some() || no_default_cmdline).map(|rc| {
+            Cli::Run {
+                start: Start::Restore { rc, paused },
+                control_socket,
+                level,
+            }
+        });
     }
     let mut cfg = config.unwrap_or_else(|| VmConfig::new(""));
     for (flag, v) in overrides {
@@ -114,7 +169,50 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
     if cfg.kernel.as_os_str().is_empty() {
         return Err("--kernel (or a config file with \"kernel\") is required".into());
     }
-    Ok(Cli::Run(cfg, level))
+    Ok(Cli::Run {
+        start: Start::Boot(cfg),
+        control_socket,
+        level,
+    })
+}
+
+/// `--restore DIR` with the flags that may go with it.
+fn parse_restore(
+    dir: PathBuf,
+    overrides: Vec<(String, String)>,
+    boot_config: bool,
+) -> Result<RestoreConfig, String> {
+    if boot_config {
+        return Err("--restore takes the kernel and command line from the snapshot: no --config or --no-default-cmdline".into());
+    }
+    let mut rc = RestoreConfig {
+        dir,
+        ..Default::default()
+    };
+    for (flag, v) in overrides {
+        let number = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| format!("{flag}: {v:?} is not a number"))
+        };
+        match flag.as_str() {
+            "--kernel" | "--initrd" | "--cmdline" => {
+                return Err(format!(
+                    "{flag} cannot be used with --restore (the snapshot has the guest's kernel and command line)"
+                ))
+            }
+            "--mem-mib" => rc.expect_mem_mib = Some(number(&v)?),
+            "--vcpus" => rc.expect_vcpus = Some(number(&v)?),
+            "--serial" => rc.serial = v.parse().map_err(|e| format!("--serial: {e}"))?,
+            "--disk" => rc
+                .disks
+                .push(v.parse().map_err(|e| format!("--disk {v}: {e}"))?),
+            "--net" => rc
+                .nets
+                .push(v.parse().map_err(|e| format!("--net {v}: {e}"))?),
+            _ => unreachable!("only listed flags are collected"),
+        }
+    }
+    Ok(rc)
 }
 
 static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
@@ -165,12 +263,41 @@ fn forward_signals(controller: vmm::VmmController) -> std::io::Result<()> {
     Ok(())
 }
 
+fn control_client(socket: &std::path::Path, request: &str) -> ExitCode {
+    let req: serde_json::Value = match serde_json::from_str(request) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("microvm: error: request is not JSON: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match vmm::control::request(socket, &req) {
+        Ok(v) => {
+            println!("{v}");
+            if v.get("ok") == Some(&serde_json::Value::Bool(true)) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("microvm: error: {}: {e}", socket.display());
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let start = Clock::now();
     let start_mono = monotonic_ns();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (cfg, level) = match parse_args(&args) {
-        Ok(Cli::Run(cfg, level)) => (cfg, level),
+    let (what, control_socket, level) = match parse_args(&args) {
+        Ok(Cli::Run {
+            start,
+            control_socket,
+            level,
+        }) => (start, control_socket, level),
+        Ok(Cli::Control { socket, request }) => return control_client(&socket, &request),
         Ok(Cli::Help) => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -187,23 +314,39 @@ fn main() -> ExitCode {
     log::set_max_level(level);
     let _ = log::set_boxed_logger(Box::new(Logger(level)));
 
-    let vmm = match Vmm::build(
-        &cfg,
-        BuildOptions {
-            start: Some(start),
-            ..Default::default()
-        },
-    ) {
+    let opts = BuildOptions {
+        start: Some(start),
+        ..Default::default()
+    };
+    let (built, paused) = match &what {
+        Start::Boot(cfg) => (Vmm::build(cfg, opts), false),
+        Start::Restore { rc, paused } => (Vmm::restore(rc, opts), *paused),
+    };
+    let vmm = match built {
         Ok(v) => v,
         Err(e) => {
             eprintln!("microvm: error: {e}");
             return ExitCode::from(1);
         }
     };
+    // The control socket's thread opens and renames snapshot files; the VMM thread (this one)
+    // only writes through the descriptors it is handed.
+    let _control = match &control_socket {
+        Some(p) => match vmm::control::serve(p, vmm.controller()) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("microvm: error: control socket {}: {e}", p.display());
+                return ExitCode::from(1);
+            }
+        },
+        None => None,
+    };
     if let Err(e) = forward_signals(vmm.controller()) {
         log::warn!("signals will not be forwarded: {e}");
     }
-    match vmm.run() {
+    let restored = vmm.is_restored();
+    let result = if paused { vmm.run_paused() } else { vmm.run() };
+    match result {
         Ok((reason, timings)) => {
             let _ = std::io::stdout().flush();
             // Optional reference point from a benchmark harness: CLOCK_MONOTONIC ns at spawn.
@@ -213,9 +356,12 @@ fn main() -> ExitCode {
                 .map(|t0| start_mono.saturating_sub(t0) / 1000);
             let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
             log::debug!(
-                "timings: spawn-to-main-us={} build-us={} first-guest-io-us={} boot-timer-us={} boot-timer-cpu-us={}",
+                "timings: spawn-to-main-us={} {}-us={} first-vcpu-entry-us={} first-vcpu-exit-us={} first-guest-io-us={} boot-timer-us={} boot-timer-cpu-us={}",
                 opt(spawn_offset_us),
+                if restored { "restore" } else { "build" },
                 timings.build_us,
+                opt(timings.first_vcpu_entry_us),
+                opt(timings.first_vcpu_exit_us),
                 opt(timings.first_debug_port_us),
                 opt(timings.boot_timer.map(|b| b.wall_us)),
                 opt(timings.boot_timer.map(|b| b.cpu_us)),

@@ -60,7 +60,8 @@ impl TestVm {
         let cfg: BlockConfig = cfg.parse().unwrap();
         let mut bus = self.bus.lock().unwrap();
         let ev = self.evmgr.as_mut().expect("attach before start");
-        virtio::attach_block(&self.vm, &self.mem, &mut bus, &mut self.mgr, ev, &cfg).map(|s| s.addr)
+        virtio::attach_block(&self.vm, &self.mem, &mut bus, &mut self.mgr, ev, &cfg)
+            .map(|a| a.slot.addr)
     }
 
     fn attach_net(&mut self, cfg: &NetConfig) -> u64 {
@@ -68,6 +69,7 @@ impl TestVm {
         let ev = self.evmgr.as_mut().expect("attach before start");
         virtio::attach_net(&self.vm, &self.mem, &mut bus, &mut self.mgr, ev, cfg)
             .unwrap()
+            .slot
             .addr
     }
 

@@ -16,6 +16,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 use crate::arch::x86_64::{cpuid, regs};
 use crate::devices::bus::Bus;
 use crate::vstate::memory::GuestMemoryMmap;
+use crate::vstate::persist::{self, StateError, VcpuCaps, VcpuState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VcpuError {
@@ -33,7 +34,15 @@ pub enum VcpuError {
     Signal(vmm_sys_util::errno::Error),
     #[error("vCPU {0} thread is gone")]
     ThreadGone(u8),
+    #[error("vCPU {id} state: {source}")]
+    State { id: u8, source: StateError },
+    #[error("vCPU {id}: the snapshot's TSC runs at {saved} kHz, this host's at {here} kHz, and KVM cannot scale it")]
+    TscFrequency { id: u8, saved: u32, here: u32 },
 }
+
+/// How far the host's TSC frequency may be from a snapshot's without scaling (parts per
+/// million; crystal tolerances of machines of one model).
+pub const TSC_KHZ_TOLERANCE_PPM: u64 = 250;
 
 /// Why a vCPU stopped running the guest.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,10 +56,52 @@ pub enum VcpuExitReason {
 }
 
 /// Counters shared by all vCPUs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ExitStats {
     pub unknown_pio: AtomicU64,
     pub unknown_mmio: AtomicU64,
+    /// Time base of the two instants below.
+    start: std::time::Instant,
+    /// Microseconds from `start` to the first KVM_RUN of any vCPU (u64::MAX: not yet).
+    first_entry_us: AtomicU64,
+    /// Microseconds from `start` to the first return from KVM_RUN: the guest ran.
+    first_exit_us: AtomicU64,
+}
+
+impl ExitStats {
+    /// Counters whose instants are measured from `start`.
+    pub fn new(start: std::time::Instant) -> Self {
+        Self {
+            unknown_pio: AtomicU64::new(0),
+            unknown_mmio: AtomicU64::new(0),
+            start,
+            first_entry_us: AtomicU64::new(u64::MAX),
+            first_exit_us: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    fn mark(slot: &AtomicU64, start: std::time::Instant) {
+        if slot.load(Ordering::Relaxed) == u64::MAX {
+            let us = start.elapsed().as_micros() as u64;
+            let _ = slot.compare_exchange(u64::MAX, us, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// First KVM_RUN entry, in microseconds from the start.
+    pub fn first_entry_us(&self) -> Option<u64> {
+        Some(self.first_entry_us.load(Ordering::Relaxed)).filter(|&v| v != u64::MAX)
+    }
+
+    /// First KVM_RUN exit, in microseconds from the start.
+    pub fn first_exit_us(&self) -> Option<u64> {
+        Some(self.first_exit_us.load(Ordering::Relaxed)).filter(|&v| v != u64::MAX)
+    }
+}
+
+impl Default for ExitStats {
+    fn default() -> Self {
+        Self::new(std::time::Instant::now())
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +109,8 @@ pub enum VcpuCmd {
     Resume,
     Pause,
     Stop,
+    /// Read the vCPU's KVM state (only while paused); answered on the state channel.
+    SaveState,
 }
 
 /// A configured vCPU, not yet running.
@@ -67,6 +120,8 @@ pub struct Vcpu {
     pio: Arc<Bus>,
     mmio: Arc<Bus>,
     stats: Arc<ExitStats>,
+    msr_indices: Arc<Vec<u32>>,
+    caps: VcpuCaps,
 }
 
 /// Everything the vCPUs need from the VM.
@@ -78,6 +133,9 @@ pub struct VcpuContext<'a> {
     pub pio: Arc<Bus>,
     pub mmio: Arc<Bus>,
     pub stats: Arc<ExitStats>,
+    /// MSRs a snapshot saves.
+    pub msr_indices: Arc<Vec<u32>>,
+    pub caps: VcpuCaps,
 }
 
 impl Vcpu {
@@ -105,13 +163,49 @@ impl Vcpu {
             regs::setup_regs(&fd, protocol, entry).map_err(r)?;
             regs::setup_sregs(ctx.mem, &fd, protocol).map_err(r)?;
         }
-        Ok(Self {
+        Ok(Self::with_fd(ctx, id, fd))
+    }
+
+    fn with_fd(ctx: &VcpuContext<'_>, id: u8, fd: VcpuFd) -> Self {
+        Self {
             id,
             fd,
             pio: ctx.pio.clone(),
             mmio: ctx.mmio.clone(),
             stats: ctx.stats.clone(),
-        })
+            msr_indices: ctx.msr_indices.clone(),
+            caps: ctx.caps,
+        }
+    }
+
+    /// Creates vCPU `state.id` and writes the saved state into it (the TSC advanced by
+    /// `tsc_delta` ticks). It has never run when this returns.
+    /// The vCPU runs its TSC at the saved frequency: KVM scales it when it can
+    /// (`tsc_scaling`); otherwise the host's may differ by at most [`TSC_KHZ_TOLERANCE_PPM`].
+    pub fn restore(
+        ctx: &VcpuContext<'_>,
+        state: &VcpuState,
+        tsc_delta: u64,
+        tsc_scaling: bool,
+    ) -> Result<Self, VcpuError> {
+        let id = state.id;
+        let fd = ctx
+            .vm
+            .create_vcpu(u64::from(id))
+            .map_err(|source| VcpuError::Create { id, source })?;
+        if let (Some(saved), Ok(here)) = (state.tsc_khz, fd.get_tsc_khz()) {
+            let diff_ppm = u64::from(saved.abs_diff(here)) * 1_000_000 / u64::from(saved.max(1));
+            if diff_ppm > TSC_KHZ_TOLERANCE_PPM {
+                if !tsc_scaling {
+                    return Err(VcpuError::TscFrequency { id, saved, here });
+                }
+                fd.set_tsc_khz(saved)
+                    .map_err(|_| VcpuError::TscFrequency { id, saved, here })?;
+            }
+        }
+        persist::restore_vcpu(&fd, state, tsc_delta)
+            .map_err(|source| VcpuError::State { id, source })?;
+        Ok(Self::with_fd(ctx, id, fd))
     }
 
     fn describe_state(&self) -> String {
@@ -141,7 +235,10 @@ impl Vcpu {
 
     /// One KVM_RUN. `Ok(None)` means keep running.
     fn run_once(&mut self) -> Option<VcpuExitReason> {
-        let exit = match self.fd.run() {
+        ExitStats::mark(&self.stats.first_entry_us, self.stats.start);
+        let result = self.fd.run();
+        ExitStats::mark(&self.stats.first_exit_us, self.stats.start);
+        let exit = match result {
             Ok(exit) => exit,
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => return None,
             Err(e) => return Some(VcpuExitReason::Fault(format!("KVM_RUN failed: {e}"))),
@@ -226,15 +323,17 @@ impl Vcpu {
         let id = self.id;
         let (cmd_tx, cmd_rx) = channel();
         let (ack_tx, ack_rx) = channel();
+        let (state_tx, state_rx) = channel();
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{id}"))
-            .spawn(move || self.thread_main(cmd_rx, ack_tx, exits, exit_evt))
+            .spawn(move || self.thread_main(cmd_rx, ack_tx, state_tx, exits, exit_evt))
             .map_err(|source| VcpuError::Spawn { id, source })?;
         Ok(VcpuHandle {
             id,
             thread: Some(thread),
             cmd: cmd_tx,
             ack: ack_rx,
+            states: state_rx,
         })
     }
 
@@ -242,6 +341,7 @@ impl Vcpu {
         mut self,
         cmds: Receiver<VcpuCmd>,
         ack: Sender<VcpuCmd>,
+        states: Sender<Result<VcpuState, VcpuError>>,
         exits: Sender<(u8, VcpuExitReason)>,
         exit_evt: Arc<EventFd>,
     ) {
@@ -263,8 +363,30 @@ impl Vcpu {
                     return;
                 }
                 Some(VcpuCmd::Pause) => {
+                    if running {
+                        // Tell a guest using kvm-clock that it is being stopped, so a long
+                        // pause does not look like a soft lockup (EINVAL without kvm-clock).
+                        let _ = self.fd.kvmclock_ctrl();
+                    }
                     running = false;
                     let _ = ack.send(VcpuCmd::Pause);
+                    continue;
+                }
+                Some(VcpuCmd::SaveState) => {
+                    let r = if running {
+                        Err(VcpuError::State {
+                            id: self.id,
+                            source: StateError::List("state of a running vCPU"),
+                        })
+                    } else {
+                        persist::save_vcpu(&self.fd, self.id, &self.msr_indices, self.caps).map_err(
+                            |source| VcpuError::State {
+                                id: self.id,
+                                source,
+                            },
+                        )
+                    };
+                    let _ = states.send(r);
                     continue;
                 }
                 Some(VcpuCmd::Resume) => {
@@ -298,6 +420,7 @@ pub struct VcpuHandle {
     thread: Option<JoinHandle<()>>,
     cmd: Sender<VcpuCmd>,
     ack: Receiver<VcpuCmd>,
+    states: Receiver<Result<VcpuState, VcpuError>>,
 }
 
 impl VcpuHandle {
@@ -305,10 +428,23 @@ impl VcpuHandle {
         self.id
     }
 
+    /// Reads the vCPU's KVM state on its thread. The vCPU must be paused.
+    pub fn save_state(&mut self) -> Result<VcpuState, VcpuError> {
+        self.cmd
+            .send(VcpuCmd::SaveState)
+            .map_err(|_| VcpuError::ThreadGone(self.id))?;
+        self.states
+            .recv()
+            .map_err(|_| VcpuError::ThreadGone(self.id))?
+    }
+
     /// Sends `cmd` and waits for the thread to acknowledge it. Pause and Stop may find
     /// the thread inside KVM_RUN, so it is kicked out with a signal until it answers;
     /// Resume only ever reaches a thread waiting for commands.
     pub fn command(&mut self, cmd: VcpuCmd) -> Result<(), VcpuError> {
+        if cmd == VcpuCmd::SaveState {
+            return self.save_state().map(|_| ());
+        }
         self.cmd
             .send(cmd)
             .map_err(|_| VcpuError::ThreadGone(self.id))?;

@@ -4,4 +4,5 @@ pub mod cpuid;
 pub mod gdt;
 pub mod layout;
 pub mod mptable;
+pub mod msr;
 pub mod regs;

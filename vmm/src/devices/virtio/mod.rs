@@ -19,6 +19,7 @@
 pub mod block;
 pub mod mmio;
 pub mod net;
+pub mod persist;
 pub mod testing;
 
 use std::os::fd::AsRawFd;
@@ -90,6 +91,8 @@ pub enum VirtioError {
     Bus(#[from] BusError),
     #[error("cannot add the device to the event loop: {0}")]
     EventLoop(event_manager::Error),
+    #[error("restoring {0}")]
+    Restore(String),
 }
 
 /// Interrupt state shared by the transport (vCPU threads) and the device
@@ -141,6 +144,13 @@ impl VirtioInterrupt {
     /// Current InterruptStatus register value.
     pub fn status(&self) -> u32 {
         self.status.load(Ordering::SeqCst)
+    }
+
+    /// Restores InterruptStatus and NEEDS_RESET without raising the interrupt (the interrupt
+    /// controllers' own saved state says whether one is pending).
+    pub fn restore(&self, status: u32, needs_reset: bool) {
+        self.status.store(status, Ordering::SeqCst);
+        self.needs_reset.store(needs_reset, Ordering::SeqCst);
     }
 
     /// InterruptACK register write.
@@ -196,6 +206,10 @@ pub trait VirtioDevice: Send {
     fn queue_events(&self) -> &[EventFd];
     /// The interrupt state shared with the transport.
     fn interrupt(&self) -> &Arc<VirtioInterrupt>;
+    /// While active: the device's own queues, whose ring positions are the live ones.
+    fn live_queues(&self) -> Option<Vec<mmio::QueueSnapshot>> {
+        None
+    }
 }
 
 /// Why a device refused activation.
@@ -217,15 +231,30 @@ impl<T: VirtioDevice + MutEventSubscriber> VirtioSubscriberDevice for T {}
 /// The event manager type the VMM event-loop thread runs.
 pub type VmmEventManager = EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>;
 
+/// A device attached to the VM: its slot, its transport on the MMIO bus and the device.
+pub struct Attached<D> {
+    pub slot: MmioSlot,
+    pub transport: Arc<Mutex<mmio::MmioTransport>>,
+    pub device: Arc<Mutex<D>>,
+}
+
+/// What attaching a device touches.
+pub struct AttachContext<'a> {
+    pub vm: &'a VmFd,
+    pub mem: &'a GuestMemoryMmap,
+    pub mmio_bus: &'a mut Bus,
+    pub mgr: &'a mut MmioDeviceManager,
+    pub evmgr: &'a mut VmmEventManager,
+}
+
 /// Attach one virtio-blk disk (see [`BlockConfig`]).
 ///
 /// Opens the image (read-only when `ro`, with a copy-on-write overlay when
 /// `overlay=` is set), creates the device and its MMIO transport, takes the
 /// next MMIO slot and GSI from `mgr`, registers the irqfd and the queue
 /// ioeventfds with KVM, inserts the transport into `mmio_bus` and adds the
-/// device to the event loop. Returns the slot the device got. Nothing is
-/// committed to `mgr` (and so to the kernel command line) unless every step
-/// succeeded.
+/// device to the event loop. Nothing is committed to `mgr` (and so to the
+/// kernel command line) unless every step succeeded.
 pub fn attach_block(
     vm: &VmFd,
     mem: &GuestMemoryMmap,
@@ -233,20 +262,23 @@ pub fn attach_block(
     mgr: &mut MmioDeviceManager,
     evmgr: &mut VmmEventManager,
     cfg: &BlockConfig,
-) -> Result<MmioSlot, VirtioError> {
+) -> Result<Attached<block::BlockDevice>, VirtioError> {
     let slot = mgr.peek_next()?;
     let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
     let dev = block::BlockDevice::from_config(cfg, irq)?;
-    let name = format!("virtio-blk({})", cfg.path.display());
-    attach_device(
+    let mut ctx = AttachContext {
         vm,
         mem,
         mmio_bus,
         mgr,
         evmgr,
+    };
+    attach_device(
+        &mut ctx,
         Arc::new(Mutex::new(dev)),
         slot,
-        name,
+        block_name(cfg),
+        None,
     )
 }
 
@@ -262,45 +294,57 @@ pub fn attach_net(
     mgr: &mut MmioDeviceManager,
     evmgr: &mut VmmEventManager,
     cfg: &NetConfig,
-) -> Result<MmioSlot, VirtioError> {
+) -> Result<Attached<net::NetDevice>, VirtioError> {
     let slot = mgr.peek_next()?;
     let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
     let dev = net::NetDevice::from_config(cfg, irq)?;
-    let name = format!("virtio-net({})", cfg.tap);
-    attach_device(
+    let mut ctx = AttachContext {
         vm,
         mem,
         mmio_bus,
         mgr,
         evmgr,
+    };
+    attach_device(
+        &mut ctx,
         Arc::new(Mutex::new(dev)),
         slot,
-        name,
+        net_name(cfg),
+        None,
     )
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attach_device<D: VirtioSubscriberDevice + 'static>(
-    vm: &VmFd,
-    mem: &GuestMemoryMmap,
-    mmio_bus: &mut Bus,
-    mgr: &mut MmioDeviceManager,
-    evmgr: &mut VmmEventManager,
+pub(crate) fn block_name(cfg: &BlockConfig) -> String {
+    format!("virtio-blk({})", cfg.path.display())
+}
+
+pub(crate) fn net_name(cfg: &NetConfig) -> String {
+    format!("virtio-net({})", cfg.tap)
+}
+
+/// Wires `dev` into the VM at `slot` (which must be `ctx.mgr`'s next one): irqfd, queue
+/// ioeventfds, a transport on the MMIO bus — fresh, or in the snapshot's `restore` state — and
+/// the event loop.
+pub(crate) fn attach_device<D: VirtioSubscriberDevice + 'static>(
+    ctx: &mut AttachContext<'_>,
     dev: Arc<Mutex<D>>,
     slot: MmioSlot,
     name: String,
-) -> Result<MmioSlot, VirtioError> {
+    restore: Option<&mmio::MmioTransportState>,
+) -> Result<Attached<D>, VirtioError> {
     {
         let d = dev.lock().expect("fresh device lock");
         let irq = d.interrupt().irq();
-        vm.register_irqfd(irq.eventfd(), slot.irq)
+        ctx.vm
+            .register_irqfd(irq.eventfd(), slot.irq)
             .map_err(|source| VirtioError::Irqfd {
                 gsi: slot.irq,
                 source,
             })?;
         let notify = slot.addr + mmio::REG_QUEUE_NOTIFY;
         for (i, evt) in d.queue_events().iter().enumerate() {
-            vm.register_ioevent(evt, &IoEventAddress::Mmio(notify), i as u32)
+            ctx.vm
+                .register_ioevent(evt, &IoEventAddress::Mmio(notify), i as u32)
                 .map_err(|source| VirtioError::Ioeventfd {
                     addr: notify,
                     queue: i,
@@ -315,13 +359,23 @@ fn attach_device<D: VirtioSubscriberDevice + 'static>(
         );
     }
     let vdev: Arc<Mutex<dyn VirtioDevice>> = dev.clone();
-    let transport = mmio::MmioTransport::new(mem.clone(), vdev);
-    mmio_bus.insert(Arc::new(Mutex::new(transport)), slot.addr, slot.len)?;
-    let sub: Arc<Mutex<dyn MutEventSubscriber + Send>> = dev;
-    evmgr.add_subscriber(sub);
+    let transport = match restore {
+        None => mmio::MmioTransport::new(ctx.mem.clone(), vdev),
+        Some(state) => mmio::MmioTransport::restore(ctx.mem.clone(), vdev, state)
+            .map_err(|e| VirtioError::Restore(format!("{name}: {e}")))?,
+    };
+    let transport = Arc::new(Mutex::new(transport));
+    ctx.mmio_bus
+        .insert(transport.clone(), slot.addr, slot.len)?;
+    let sub: Arc<Mutex<dyn MutEventSubscriber + Send>> = dev.clone();
+    ctx.evmgr.add_subscriber(sub);
     // Cannot fail: `slot` came from `peek_next` and nothing was allocated since.
-    mgr.commit(slot, name)?;
-    Ok(slot)
+    ctx.mgr.commit(slot, name)?;
+    Ok(Attached {
+        slot,
+        transport,
+        device: dev,
+    })
 }
 
 /// Collect the descriptors of a chain, detecting chains the iterator cut

@@ -12,6 +12,7 @@ use super::overlay::Overlay;
 use super::request::{self, BlockContext, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG};
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;
+use crate::devices::virtio::mmio::QueueSnapshot;
 use crate::devices::virtio::{
     read_config_bytes, ActivateError, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_BLOCK,
     VIRTIO_F_VERSION_1,
@@ -191,9 +192,27 @@ impl VirtioDevice for BlockDevice {
     fn interrupt(&self) -> &Arc<VirtioInterrupt> {
         &self.interrupt
     }
+    fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
+        self.active
+            .as_ref()
+            .map(|(_, q)| vec![QueueSnapshot::from(q)])
+    }
 }
 
 impl BlockDevice {
+    /// FLUSH the backend (snapshots: every completed write is on disk).
+    pub fn flush_disk(&mut self) -> Result<(), super::DiskError> {
+        self.disk.flush()
+    }
+
+    pub(super) fn disk_mut(&mut self) -> &mut dyn DiskBackend {
+        self.disk.as_mut()
+    }
+
+    pub(super) fn set_broken(&mut self, broken: bool) {
+        self.broken = broken;
+    }
+
     /// The queue the device is processing, if active (tests, benches).
     pub fn active_queue(&self) -> Option<&Queue> {
         self.active.as_ref().map(|(_, q)| q)

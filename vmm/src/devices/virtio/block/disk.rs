@@ -37,6 +37,8 @@ pub enum DiskError {
     ReadOnly,
     #[error("overlay {path}: {reason}")]
     Overlay { path: String, reason: String },
+    #[error("the disk has no copy-on-write overlay to save")]
+    NotAnOverlay,
 }
 
 /// Storage behind a virtio-blk device. Offsets and lengths are in bytes and
@@ -57,6 +59,11 @@ pub trait DiskBackend: Send {
     fn discard(&mut self, offset: u64, len: u64) -> Result<(), DiskError>;
     /// Make `len` bytes at `offset` read as zero.
     fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), DiskError>;
+    /// Copy-on-write overlays: flush, then write the overlay file's whole contents to `out`
+    /// (a snapshot keeps it). Other backends hold the user's data and have nothing to save.
+    fn save_overlay(&mut self, _out: &File) -> Result<u64, DiskError> {
+        Err(DiskError::NotAnOverlay)
+    }
 }
 
 pub(crate) fn check_range(offset: u64, len: u64, capacity: u64) -> Result<(), DiskError> {

@@ -10,6 +10,7 @@ pub mod device;
 pub mod disk;
 pub mod event_handler;
 pub mod overlay;
+pub mod persist;
 pub mod request;
 
 use std::fmt;

@@ -66,6 +66,22 @@ impl Overlay {
     /// Open `base` read-only and `overlay_path` (created if missing)
     /// read-write.
     pub fn open(base_path: &Path, overlay_path: &Path) -> Result<Self, DiskError> {
+        let overlay = open_overlay_file(overlay_path)?;
+        Self::with_file(base_path, overlay, overlay_path)
+    }
+
+    /// Open `base` read-only and make `overlay_path` a copy of the overlay `saved` (a snapshot's
+    /// copy of this disk's overlay; sparse, as `saved` is). The copy is made only once the
+    /// overlay file is locked, so an overlay another VM uses is never overwritten.
+    pub fn restore(base_path: &Path, overlay_path: &Path, saved: &File) -> Result<Self, DiskError> {
+        let overlay = open_overlay_file(overlay_path)?;
+        overlay.set_len(0)?;
+        copy_sparse(saved, &overlay)?;
+        Self::with_file(base_path, overlay, overlay_path)
+    }
+
+    /// Checks (or, when empty, initialises) the locked `overlay` against the base image.
+    fn with_file(base_path: &Path, overlay: File, overlay_path: &Path) -> Result<Self, DiskError> {
         let base = open_image(base_path, true)?;
         let base_len = base.metadata()?.len();
         let capacity = base_len / SECTOR_SIZE * SECTOR_SIZE;
@@ -74,17 +90,6 @@ impl Overlay {
             path: path.clone(),
             reason,
         };
-        let overlay = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(overlay_path)
-            .map_err(|source| DiskError::Open {
-                path: path.clone(),
-                source,
-            })?;
-        lock_file(&overlay, overlay_path, true)?;
         // Refuse an overlay that is the base itself (same inode).
         {
             use std::os::unix::fs::MetadataExt;
@@ -167,6 +172,14 @@ impl Overlay {
         }
     }
 
+    /// Writes the overlay's complete, flushed contents (header, bitmap, data) to `out`, as a
+    /// sparse copy. Uses only the descriptors it is given.
+    pub fn save_to(&mut self, out: &File) -> Result<u64, DiskError> {
+        self.flush()?;
+        out.set_len(0)?;
+        Ok(copy_sparse(&self.overlay, out)?)
+    }
+
     /// Number of sectors stored in the overlay.
     pub fn allocated_sectors(&self) -> u64 {
         self.bitmap.iter().map(|b| u64::from(b.count_ones())).sum()
@@ -193,6 +206,45 @@ impl Overlay {
         self.set_allocated(sector, 1);
         Ok(())
     }
+}
+
+/// Opens (creating it when missing) and exclusively locks an overlay file.
+fn open_overlay_file(overlay_path: &Path) -> Result<File, DiskError> {
+    let overlay = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(overlay_path)
+        .map_err(|source| DiskError::Open {
+            path: overlay_path.display().to_string(),
+            source,
+        })?;
+    lock_file(&overlay, overlay_path, true)?;
+    Ok(overlay)
+}
+
+/// Copies `src` into the empty file `dst`: only `src`'s data extents are written, holes stay
+/// holes; `dst` ends up as long as `src`. Returns the bytes copied.
+pub fn copy_sparse(src: &File, dst: &File) -> std::io::Result<u64> {
+    let len = src.metadata()?.len();
+    let extents = crate::vstate::memory::data_extents(src, 0, len)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut copied = 0u64;
+    for (start, end) in extents {
+        let end = end.min(len);
+        let mut pos = start;
+        while pos < end {
+            let n = ((end - pos) as usize).min(buf.len());
+            read_full_at(src, &mut buf[..n], pos)?;
+            dst.write_all_at(&buf[..n], pos)?;
+            pos += n as u64;
+            copied += n as u64;
+        }
+    }
+    dst.set_len(len)?;
+    Ok(copied)
 }
 
 /// `read_exact_at`, but bytes past end-of-file read as zero.
@@ -287,6 +339,10 @@ impl DiskBackend for Overlay {
 
     fn discard(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
         self.write_zeroes(offset, len)
+    }
+
+    fn save_overlay(&mut self, out: &File) -> Result<u64, DiskError> {
+        self.save_to(out)
     }
 
     fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {

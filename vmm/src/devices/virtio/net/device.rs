@@ -12,6 +12,7 @@ use super::frames::{self, NetStats, RxState};
 use super::tap::{FrameIo, Tap, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use super::{MacAddr, NetConfig};
 use crate::devices::interrupt::IrqLine;
+use crate::devices::virtio::mmio::QueueSnapshot;
 use crate::devices::virtio::{
     read_config_bytes, ActivateError, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_NET,
     VIRTIO_F_VERSION_1,
@@ -227,6 +228,25 @@ impl NetDevice {
         self.rx.pending.is_some()
     }
 
+    /// The frame waiting for a receive buffer.
+    pub fn rx_pending_frame(&self) -> Option<&[u8]> {
+        self.rx.pending_frame()
+    }
+
+    /// Restore: counters, the broken flag and a frame still waiting for a buffer.
+    pub(super) fn restore_runtime(
+        &mut self,
+        stats: NetStats,
+        broken: bool,
+        rx_pending: Option<&[u8]>,
+    ) {
+        self.stats = stats;
+        self.broken = broken;
+        if let Some(f) = rx_pending {
+            self.rx.set_pending(f);
+        }
+    }
+
     pub fn is_broken(&self) -> bool {
         self.broken
     }
@@ -285,6 +305,11 @@ impl VirtioDevice for NetDevice {
     }
     fn interrupt(&self) -> &Arc<VirtioInterrupt> {
         &self.interrupt
+    }
+    fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
+        self.active
+            .as_ref()
+            .map(|(_, rx, tx)| vec![QueueSnapshot::from(rx), QueueSnapshot::from(tx)])
     }
 }
 

@@ -134,6 +134,18 @@ impl RxState {
     pub fn clear(&mut self) {
         self.pending = None;
     }
+
+    /// The frame waiting for a receive chain.
+    pub fn pending_frame(&self) -> Option<&[u8]> {
+        self.pending.map(|n| &self.buf[..n])
+    }
+
+    /// Makes `frame` (cut to [`MAX_FRAME_LEN`]) the frame waiting for a receive chain.
+    pub fn set_pending(&mut self, frame: &[u8]) {
+        let n = frame.len().min(self.buf.len());
+        self.buf[..n].copy_from_slice(&frame[..n]);
+        self.pending = Some(n);
+    }
 }
 
 /// Counters (monotonic).

@@ -8,6 +8,7 @@
 pub mod device;
 pub mod event_handler;
 pub mod frames;
+pub mod persist;
 pub mod tap;
 
 use std::fmt;

@@ -1,0 +1,83 @@
+//! Snapshot state of a virtio-net device.
+//!
+//! Saved: the configuration (TAP name, MAC), offered and acked features (the offloads the TAP
+//! is told to produce follow the acked ones), counters, the broken flag and a received frame
+//! still waiting for a guest buffer. Restore may attach to a different TAP (each clone has its
+//! own); it must support the offloads the guest acked. Frames still queued inside the host's
+//! TAP, or on the wire, are not part of the VM and are not saved.
+
+use serde::{Deserialize, Serialize};
+
+use super::device::{NetDevice, NetDeviceState};
+use super::tap::Tap;
+use super::NetConfig;
+use crate::devices::interrupt::IrqLine;
+use crate::devices::virtio::persist::PersistError;
+use crate::devices::virtio::{VirtioDevice, VirtioError};
+use crate::snapshot::blob;
+
+/// A virtio-net device in a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetState {
+    pub config: NetConfig,
+    pub device: NetDeviceState,
+    /// A frame taken from the TAP that no receive buffer has taken yet.
+    #[serde(default, with = "opt_bytes")]
+    pub rx_pending: Option<Vec<u8>>,
+}
+
+mod opt_bytes {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct B(#[serde(with = "super::blob::bytes")] Vec<u8>);
+
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        v.as_ref().map(|b| B(b.clone())).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        Ok(Option::<B>::deserialize(d)?.map(|b| b.0))
+    }
+}
+
+impl NetDevice {
+    /// The device's part of a snapshot.
+    pub fn save(&self, config: &NetConfig) -> NetState {
+        NetState {
+            config: config.clone(),
+            device: self.state(),
+            rx_pending: self.rx_pending_frame().map(<[u8]>::to_vec),
+        }
+    }
+
+    /// Attaches to the TAP `cfg` names and gives the device the saved `state`. The MAC is the
+    /// guest's (from the snapshot); `cfg.mac`, when given, must be the same.
+    pub fn restore(cfg: &NetConfig, irq: IrqLine, state: &NetState) -> Result<Self, PersistError> {
+        if let Some(m) = cfg.mac.filter(|m| Some(*m) != state.device.mac) {
+            return Err(PersistError::Mac {
+                asked: m.to_string(),
+                saved: state
+                    .device
+                    .mac
+                    .map_or_else(|| "none".to_string(), |m| m.to_string()),
+            });
+        }
+        let tap = Tap::open(&cfg.tap).map_err(VirtioError::Tap)?;
+        let mut dev = NetDevice::new(Box::new(tap), state.device.mac, irq)?;
+        if state.device.acked_features & !dev.avail_features() != 0 {
+            return Err(PersistError::Features {
+                what: format!("TAP {}", cfg.tap),
+                acked: state.device.acked_features,
+                offered: dev.avail_features(),
+            });
+        }
+        dev.set_acked_features(state.device.acked_features);
+        dev.restore_runtime(
+            state.device.stats,
+            state.device.needs_reset,
+            state.rx_pending.as_deref(),
+        );
+        Ok(dev)
+    }
+}

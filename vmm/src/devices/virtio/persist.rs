@@ -1,0 +1,237 @@
+//! Snapshot state of the virtio devices: per device its MMIO slot, the transport registers and
+//! queues (`mmio.rs`), and the device's own state (`block/persist.rs`, `net/persist.rs`).
+
+use std::fs::File;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use super::block::persist::BlockState;
+use super::block::{BlockConfig, BlockDevice};
+use super::mmio::{MmioTransport, MmioTransportState};
+use super::net::persist::NetState;
+use super::net::{NetConfig, NetDevice};
+use super::{attach_device, block_name, net_name, AttachContext, VirtioError};
+use crate::device_manager::mmio::MmioSlot;
+use crate::devices::interrupt::IrqLine;
+
+/// Why a device could not be saved or restored.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    #[error(transparent)]
+    Virtio(#[from] VirtioError),
+    #[error("disk {path} has {actual} bytes, the snapshot's disk had {expected}")]
+    DiskCapacity {
+        path: String,
+        actual: u64,
+        expected: u64,
+    },
+    #[error("disk {path}: the snapshot's disk was {}", if *expected { "read-only" } else { "writable" })]
+    DiskReadOnly { path: String, expected: bool },
+    #[error("{what} does not offer features {acked:#x} the guest acked (offers {offered:#x})")]
+    Features {
+        what: String,
+        acked: u64,
+        offered: u64,
+    },
+    #[error("MAC {asked} asked for, but the guest's NIC has MAC {saved}")]
+    Mac { asked: String, saved: String },
+    #[error("device {index}: the snapshot has it at {saved:#x}/GSI {saved_irq}, this VM at {here:#x}/GSI {here_irq}")]
+    Slot {
+        index: usize,
+        saved: u64,
+        saved_irq: u32,
+        here: u64,
+        here_irq: u32,
+    },
+    #[error("disk {0}: the snapshot has no copy of its overlay")]
+    NoOverlayCopy(usize),
+    #[error(
+        "disk {0} wrote to a copy-on-write overlay: the restored disk needs one too (overlay=PATH)"
+    )]
+    OverlayRequired(usize),
+    #[error("saving the overlay of {path}: {source}")]
+    SaveOverlay { path: String, source: VirtioError },
+}
+
+/// One device's kind-specific state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum DeviceState {
+    Block(BlockState),
+    Net(NetState),
+}
+
+/// One virtio device in a snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VirtioDeviceState {
+    pub slot: MmioSlot,
+    pub transport: MmioTransportState,
+    pub device: DeviceState,
+}
+
+/// A virtio device as the VMM holds it.
+pub enum AttachedDevice {
+    Block {
+        slot: MmioSlot,
+        config: BlockConfig,
+        transport: Arc<Mutex<MmioTransport>>,
+        device: Arc<Mutex<BlockDevice>>,
+    },
+    Net {
+        slot: MmioSlot,
+        config: NetConfig,
+        transport: Arc<Mutex<MmioTransport>>,
+        device: Arc<Mutex<NetDevice>>,
+    },
+}
+
+impl AttachedDevice {
+    /// Finishes the guest's outstanding work so the rings hold nothing half done: every
+    /// request already queued is completed, written data is flushed to the disk, queued frames
+    /// are sent. Runs on the VMM thread with the vCPUs paused.
+    pub fn quiesce(&self) -> Result<(), VirtioError> {
+        match self {
+            AttachedDevice::Block { device, .. } => {
+                let mut d = device.lock().expect("virtio-blk lock");
+                d.process_queue();
+                d.flush_disk()?;
+            }
+            AttachedDevice::Net { device, .. } => {
+                let mut d = device.lock().expect("virtio-net lock");
+                d.process_tx();
+                d.process_rx();
+            }
+        }
+        Ok(())
+    }
+
+    /// The device's state. `overlay_file` names the snapshot's copy of a disk overlay.
+    pub fn save(&self, overlay_file: Option<String>) -> VirtioDeviceState {
+        match self {
+            AttachedDevice::Block {
+                slot,
+                config,
+                transport,
+                device,
+            } => VirtioDeviceState {
+                slot: *slot,
+                transport: transport.lock().expect("transport lock").state(),
+                device: DeviceState::Block(BlockState {
+                    config: config.clone(),
+                    device: device.lock().expect("virtio-blk lock").state(),
+                    overlay_file,
+                }),
+            },
+            AttachedDevice::Net {
+                slot,
+                config,
+                transport,
+                device,
+            } => VirtioDeviceState {
+                slot: *slot,
+                transport: transport.lock().expect("transport lock").state(),
+                device: DeviceState::Net(device.lock().expect("virtio-net lock").save(config)),
+            },
+        }
+    }
+
+    /// A disk with a copy-on-write overlay: writes the overlay to `out`.
+    pub fn save_overlay(&self, out: &File) -> Result<u64, PersistError> {
+        match self {
+            AttachedDevice::Block { config, device, .. } => device
+                .lock()
+                .expect("virtio-blk lock")
+                .save_overlay(out)
+                .map_err(|source| PersistError::SaveOverlay {
+                    path: config.path.display().to_string(),
+                    source,
+                }),
+            AttachedDevice::Net { .. } => Err(PersistError::Virtio(VirtioError::Disk(
+                super::block::DiskError::NotAnOverlay,
+            ))),
+        }
+    }
+
+    pub fn slot(&self) -> MmioSlot {
+        match self {
+            AttachedDevice::Block { slot, .. } | AttachedDevice::Net { slot, .. } => *slot,
+        }
+    }
+
+    /// Whether this is a disk with a copy-on-write overlay.
+    pub fn has_overlay(&self) -> bool {
+        matches!(self, AttachedDevice::Block { config, .. } if config.overlay.is_some())
+    }
+}
+
+/// Re-creates device `index` of a snapshot in `state`, at the same slot, with its saved
+/// configuration or the override (`block` for a disk, `net` for a NIC). `saved_overlay` is the
+/// snapshot's copy of a disk's overlay.
+pub fn restore_device(
+    ctx: &mut AttachContext<'_>,
+    index: usize,
+    state: &VirtioDeviceState,
+    block: Option<&BlockConfig>,
+    saved_overlay: Option<&File>,
+    net: Option<&NetConfig>,
+) -> Result<AttachedDevice, PersistError> {
+    let slot = ctx.mgr.peek_next().map_err(VirtioError::Slot)?;
+    if slot != state.slot {
+        return Err(PersistError::Slot {
+            index,
+            saved: state.slot.addr,
+            saved_irq: state.slot.irq,
+            here: slot.addr,
+            here_irq: slot.irq,
+        });
+    }
+    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
+    match &state.device {
+        DeviceState::Block(b) => {
+            let cfg = block.unwrap_or(&b.config);
+            if b.config.overlay.is_some() {
+                if cfg.overlay.is_none() {
+                    return Err(PersistError::OverlayRequired(index));
+                }
+                if saved_overlay.is_none() {
+                    return Err(PersistError::NoOverlayCopy(index));
+                }
+            }
+            let dev = BlockDevice::restore(cfg, saved_overlay, irq, &b.device)?;
+            let a = attach_device(
+                ctx,
+                Arc::new(Mutex::new(dev)),
+                slot,
+                block_name(cfg),
+                Some(&state.transport),
+            )?;
+            Ok(AttachedDevice::Block {
+                slot,
+                config: cfg.clone(),
+                transport: a.transport,
+                device: a.device,
+            })
+        }
+        DeviceState::Net(n) => {
+            let cfg = net.unwrap_or(&n.config);
+            let dev = NetDevice::restore(cfg, irq, n)?;
+            let a = attach_device(
+                ctx,
+                Arc::new(Mutex::new(dev)),
+                slot,
+                net_name(cfg),
+                Some(&state.transport),
+            )?;
+            Ok(AttachedDevice::Net {
+                slot,
+                config: NetConfig {
+                    tap: cfg.tap.clone(),
+                    mac: n.device.mac,
+                },
+                transport: a.transport,
+                device: a.device,
+            })
+        }
+    }
+}

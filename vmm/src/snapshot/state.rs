@@ -1,0 +1,37 @@
+//! The serde payload of the state file: everything about a paused VM except guest memory
+//! (the memory file) and disk contents.
+
+use serde::{Deserialize, Serialize};
+
+use super::host::HostFacts;
+use crate::devices::legacy::i8042::I8042State;
+use crate::devices::legacy::serial::SerialState;
+use crate::devices::virtio::persist::VirtioDeviceState;
+use crate::vstate::memory::DumpStats;
+use crate::vstate::persist::{VcpuState, VmState};
+
+/// The machine as configured: what restore rebuilds before applying state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineInfo {
+    pub mem_mib: u64,
+    pub vcpus: u8,
+    /// The command line the guest booted with (informational: it lives in guest memory).
+    pub cmdline: String,
+    /// Guest RAM regions `(guest address, length)`, stored back to back in the memory file.
+    pub memory_regions: Vec<(u64, u64)>,
+}
+
+/// The whole payload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MicrovmState {
+    pub host: HostFacts,
+    pub machine: MachineInfo,
+    pub vm: VmState,
+    pub vcpus: Vec<VcpuState>,
+    pub serial: SerialState,
+    pub i8042: I8042State,
+    /// virtio devices in slot order.
+    pub devices: Vec<VirtioDeviceState>,
+    /// What writing the memory file did (informational).
+    pub memory: DumpStats,
+}

@@ -1,0 +1,456 @@
+//! KVM state of the VM and its vCPUs, for snapshots.
+//!
+//! vCPU state is read on the vCPU's own thread while it is paused, in the order KVM needs:
+//! MP state first (reading it makes KVM process pending INIT/SIPI, which changes the other
+//! registers), vCPU events last. Restore writes, on a freshly created vCPU before it ever runs:
+//! CPUID → MP state → regs → sregs (APIC base) → xsave → xcrs → debug regs → LAPIC → MSRs (TSC
+//! first, TSC deadline last) → vCPU events, then KVM_KVMCLOCK_CTRL.
+//!
+//! Time: the snapshot records the host's CLOCK_REALTIME next to the VM's kvm-clock and each
+//! vCPU's TSC. Restore advances both by the real time that passed since (the TSC by that many
+//! nanoseconds at the saved TSC frequency), so the guest's clocks — and with them its wall clock
+//! — read the same as the host's, as after a suspend, and timers that expired in between fire.
+//! KVM_KVMCLOCK_CTRL tells a guest using kvm-clock that it was stopped, so its soft-lockup
+//! watchdog does not fire for the gap.
+
+use kvm_bindings::{
+    kvm_clock_data, kvm_cpuid_entry2, kvm_irqchip, kvm_msr_entry, kvm_pit_state2, CpuId, Msrs,
+    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_MAX_CPUID_ENTRIES,
+};
+use kvm_ioctls::{VcpuFd, VmFd};
+use serde::{Deserialize, Serialize};
+
+use crate::arch::x86_64::msr;
+use crate::snapshot::blob::Blob;
+
+/// Why reading or writing KVM state failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{what}: {source}")]
+    Kvm {
+        what: &'static str,
+        source: kvm_ioctls::Error,
+    },
+    #[error("building the {0} list")]
+    List(&'static str),
+    #[error("KVM refused MSR {index:#x} on restore ({set} of {total} written)")]
+    MsrRefused {
+        index: u32,
+        set: usize,
+        total: usize,
+    },
+}
+
+fn kvm(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> StateError {
+    move |source| StateError::Kvm { what, source }
+}
+
+/// One CPUID leaf as the guest sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuidEntry {
+    pub function: u32,
+    pub index: u32,
+    pub flags: u32,
+    pub eax: u32,
+    pub ebx: u32,
+    pub ecx: u32,
+    pub edx: u32,
+}
+
+impl From<&kvm_cpuid_entry2> for CpuidEntry {
+    fn from(e: &kvm_cpuid_entry2) -> Self {
+        Self {
+            function: e.function,
+            index: e.index,
+            flags: e.flags,
+            eax: e.eax,
+            ebx: e.ebx,
+            ecx: e.ecx,
+            edx: e.edx,
+        }
+    }
+}
+
+impl From<&CpuidEntry> for kvm_cpuid_entry2 {
+    fn from(e: &CpuidEntry) -> Self {
+        Self {
+            function: e.function,
+            index: e.index,
+            flags: e.flags,
+            eax: e.eax,
+            ebx: e.ebx,
+            ecx: e.ecx,
+            edx: e.edx,
+            ..Default::default()
+        }
+    }
+}
+
+/// One MSR value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MsrEntry {
+    pub index: u32,
+    pub data: u64,
+}
+
+/// Everything KVM holds about one vCPU. Optional parts are there when KVM has the capability
+/// (recorded in the snapshot's host facts, required at restore).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VcpuState {
+    pub id: u8,
+    pub cpuid: Vec<CpuidEntry>,
+    pub mp_state: Blob<kvm_bindings::kvm_mp_state>,
+    pub regs: Blob<kvm_bindings::kvm_regs>,
+    pub sregs: Blob<kvm_bindings::kvm_sregs>,
+    pub xsave: Option<Blob<kvm_bindings::kvm_xsave>>,
+    pub xcrs: Option<Blob<kvm_bindings::kvm_xcrs>>,
+    pub debugregs: Option<Blob<kvm_bindings::kvm_debugregs>>,
+    pub lapic: Blob<kvm_bindings::kvm_lapic_state>,
+    pub msrs: Vec<MsrEntry>,
+    pub events: Option<Blob<kvm_bindings::kvm_vcpu_events>>,
+    /// The vCPU's TSC frequency.
+    pub tsc_khz: Option<u32>,
+}
+
+/// Which optional vCPU state KVM offers here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VcpuCaps {
+    pub xsave: bool,
+    pub xcrs: bool,
+    pub debugregs: bool,
+    pub events: bool,
+    pub tsc_khz: bool,
+}
+
+impl VcpuCaps {
+    pub fn probe(k: &kvm_ioctls::Kvm) -> Self {
+        use kvm_ioctls::Cap;
+        Self {
+            xsave: k.check_extension(Cap::Xsave),
+            xcrs: k.check_extension(Cap::Xcrs),
+            debugregs: k.check_extension(Cap::Debugregs),
+            events: k.check_extension(Cap::VcpuEvents),
+            tsc_khz: k.check_extension(Cap::GetTscKhz),
+        }
+    }
+}
+
+/// The MSR indices to save: KVM's index list filtered by [`msr::should_save`].
+pub fn msrs_to_save(k: &kvm_ioctls::Kvm) -> Result<Vec<u32>, StateError> {
+    let list = k
+        .get_msr_index_list()
+        .map_err(kvm("KVM_GET_MSR_INDEX_LIST"))?;
+    Ok(list
+        .as_slice()
+        .iter()
+        .copied()
+        .filter(|&i| msr::should_save(i))
+        .collect())
+}
+
+/// Reads the MSRs in `indices`; ones KVM lists but cannot read on this vCPU are left out.
+fn get_msrs(fd: &VcpuFd, indices: &[u32]) -> Result<Vec<MsrEntry>, StateError> {
+    let mut want: Vec<u32> = indices.to_vec();
+    loop {
+        let entries: Vec<kvm_msr_entry> = want
+            .iter()
+            .map(|&index| kvm_msr_entry {
+                index,
+                ..Default::default()
+            })
+            .collect();
+        let mut msrs = Msrs::from_entries(&entries).map_err(|_| StateError::List("MSR"))?;
+        let n = fd.get_msrs(&mut msrs).map_err(kvm("KVM_GET_MSRS"))?;
+        if n == want.len() {
+            return Ok(msrs
+                .as_slice()
+                .iter()
+                .map(|e| MsrEntry {
+                    index: e.index,
+                    data: e.data,
+                })
+                .collect());
+        }
+        log::debug!("MSR {:#x} is listed but not readable; not saved", want[n]);
+        want.remove(n);
+    }
+}
+
+/// Saves vCPU state; call on the vCPU's thread with the vCPU out of KVM_RUN.
+pub fn save_vcpu(
+    fd: &VcpuFd,
+    id: u8,
+    msr_indices: &[u32],
+    caps: VcpuCaps,
+) -> Result<VcpuState, StateError> {
+    let mp_state = fd.get_mp_state().map_err(kvm("KVM_GET_MP_STATE"))?;
+    let regs = fd.get_regs().map_err(kvm("KVM_GET_REGS"))?;
+    let sregs = fd.get_sregs().map_err(kvm("KVM_GET_SREGS"))?;
+    let xsave = if caps.xsave {
+        Some(Blob(fd.get_xsave().map_err(kvm("KVM_GET_XSAVE"))?))
+    } else {
+        None
+    };
+    let xcrs = if caps.xcrs {
+        Some(Blob(fd.get_xcrs().map_err(kvm("KVM_GET_XCRS"))?))
+    } else {
+        None
+    };
+    let debugregs = if caps.debugregs {
+        Some(Blob(fd.get_debug_regs().map_err(kvm("KVM_GET_DEBUGREGS"))?))
+    } else {
+        None
+    };
+    let lapic = fd.get_lapic().map_err(kvm("KVM_GET_LAPIC"))?;
+    let msrs = get_msrs(fd, msr_indices)?;
+    let cpuid = fd
+        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm("KVM_GET_CPUID2"))?;
+    let tsc_khz = if caps.tsc_khz {
+        fd.get_tsc_khz().ok()
+    } else {
+        None
+    };
+    let events = if caps.events {
+        Some(Blob(
+            fd.get_vcpu_events().map_err(kvm("KVM_GET_VCPU_EVENTS"))?,
+        ))
+    } else {
+        None
+    };
+    Ok(VcpuState {
+        id,
+        cpuid: cpuid.as_slice().iter().map(CpuidEntry::from).collect(),
+        mp_state: Blob(mp_state),
+        regs: Blob(regs),
+        sregs: Blob(sregs),
+        xsave,
+        xcrs,
+        debugregs,
+        lapic: Blob(lapic),
+        msrs,
+        events,
+        tsc_khz,
+    })
+}
+
+const APIC_LVTT: usize = 0x320;
+const LVTT_MASKED: u32 = 1 << 16;
+const LVTT_MODE_MASK: u32 = 3 << 17;
+const LVTT_MODE_TSC_DEADLINE: u32 = 2 << 17;
+
+fn lapic_reg(l: &kvm_bindings::kvm_lapic_state, off: usize) -> u32 {
+    let mut b = [0u8; 4];
+    for (i, v) in b.iter_mut().enumerate() {
+        *v = l.regs[off + i] as u8;
+    }
+    u32::from_le_bytes(b)
+}
+
+/// The MSRs to write back, in restore order, with the TSC advanced by `tsc_delta` ticks.
+/// A TSC-deadline timer that was armed reads back as 0 when it had already fired into the
+/// LAPIC; writing 0 would disarm it and the guest could wait forever for its tick, so it is set
+/// to the (restored) TSC instead: the timer fires right away.
+pub fn restore_msrs(state: &VcpuState, tsc_delta: u64) -> Vec<MsrEntry> {
+    let mut msrs = state.msrs.clone();
+    let mut tsc = None;
+    for m in &mut msrs {
+        if m.index == msr::MSR_IA32_TSC {
+            m.data = m.data.wrapping_add(tsc_delta);
+            tsc = Some(m.data);
+        }
+    }
+    let lvtt = lapic_reg(&state.lapic.0, APIC_LVTT);
+    let deadline_mode = lvtt & LVTT_MODE_MASK == LVTT_MODE_TSC_DEADLINE && lvtt & LVTT_MASKED == 0;
+    if let Some(tsc) = tsc.filter(|_| deadline_mode) {
+        for m in &mut msrs {
+            if m.index == msr::MSR_IA32_TSC_DEADLINE && m.data == 0 {
+                m.data = tsc;
+            }
+        }
+    }
+    msrs.sort_by_key(|m| msr::restore_order(m.index));
+    msrs
+}
+
+/// Writes `state` into a freshly created vCPU (never run), in KVM's order.
+pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState, tsc_delta: u64) -> Result<(), StateError> {
+    let entries: Vec<kvm_cpuid_entry2> = state.cpuid.iter().map(Into::into).collect();
+    let cpuid = CpuId::from_entries(&entries).map_err(|_| StateError::List("CPUID"))?;
+    fd.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+    fd.set_mp_state(state.mp_state.0)
+        .map_err(kvm("KVM_SET_MP_STATE"))?;
+    fd.set_regs(&state.regs.0).map_err(kvm("KVM_SET_REGS"))?;
+    fd.set_sregs(&state.sregs.0).map_err(kvm("KVM_SET_SREGS"))?;
+    if let Some(x) = &state.xsave {
+        // SAFETY: `x.0` is a complete legacy `kvm_xsave` (4 KiB region) as KVM_GET_XSAVE
+        // returned it; KVM_SET_XSAVE reads exactly that much.
+        unsafe { fd.set_xsave(&x.0) }.map_err(kvm("KVM_SET_XSAVE"))?;
+    }
+    if let Some(x) = &state.xcrs {
+        fd.set_xcrs(&x.0).map_err(kvm("KVM_SET_XCRS"))?;
+    }
+    if let Some(d) = &state.debugregs {
+        fd.set_debug_regs(&d.0).map_err(kvm("KVM_SET_DEBUGREGS"))?;
+    }
+    fd.set_lapic(&state.lapic.0).map_err(kvm("KVM_SET_LAPIC"))?;
+    let msrs = restore_msrs(state, tsc_delta);
+    let entries: Vec<kvm_msr_entry> = msrs
+        .iter()
+        .map(|m| kvm_msr_entry {
+            index: m.index,
+            data: m.data,
+            ..Default::default()
+        })
+        .collect();
+    let list = Msrs::from_entries(&entries).map_err(|_| StateError::List("MSR"))?;
+    let set = fd.set_msrs(&list).map_err(kvm("KVM_SET_MSRS"))?;
+    if set != entries.len() {
+        return Err(StateError::MsrRefused {
+            index: entries[set].index,
+            set,
+            total: entries.len(),
+        });
+    }
+    if let Some(e) = &state.events {
+        fd.set_vcpu_events(&e.0)
+            .map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
+    }
+    // Only a guest that enabled kvm-clock can be told; EINVAL otherwise.
+    if let Err(e) = fd.kvmclock_ctrl() {
+        log::debug!(
+            "vcpu{}: KVM_KVMCLOCK_CTRL: {e} (guest without kvm-clock)",
+            state.id
+        );
+    }
+    Ok(())
+}
+
+/// The VM-wide KVM state: interrupt controllers, PIT and kvm-clock.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VmState {
+    pub pic_master: Blob<kvm_irqchip>,
+    pub pic_slave: Blob<kvm_irqchip>,
+    pub ioapic: Blob<kvm_irqchip>,
+    pub pit: Blob<kvm_pit_state2>,
+    pub clock: Blob<kvm_clock_data>,
+    /// Host CLOCK_REALTIME (ns since the epoch) when `clock` was read.
+    pub realtime_ns: u64,
+}
+
+fn get_chip(vm: &VmFd, chip_id: u32) -> Result<Blob<kvm_irqchip>, StateError> {
+    let mut c = kvm_irqchip {
+        chip_id,
+        ..Default::default()
+    };
+    vm.get_irqchip(&mut c).map_err(kvm("KVM_GET_IRQCHIP"))?;
+    Ok(Blob(c))
+}
+
+/// Host CLOCK_REALTIME in nanoseconds.
+pub fn realtime_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Saves the VM state; the vCPUs must be paused.
+pub fn save_vm(vm: &VmFd) -> Result<VmState, StateError> {
+    let clock = vm.get_clock().map_err(kvm("KVM_GET_CLOCK"))?;
+    let realtime_ns = realtime_ns();
+    Ok(VmState {
+        pic_master: get_chip(vm, KVM_IRQCHIP_PIC_MASTER)?,
+        pic_slave: get_chip(vm, KVM_IRQCHIP_PIC_SLAVE)?,
+        ioapic: get_chip(vm, KVM_IRQCHIP_IOAPIC)?,
+        pit: Blob(vm.get_pit2().map_err(kvm("KVM_GET_PIT2"))?),
+        clock: Blob(clock),
+        realtime_ns,
+    })
+}
+
+/// Writes the VM state into a VM that has its irqchip and PIT, with kvm-clock advanced by
+/// `elapsed_ns`.
+pub fn restore_vm(vm: &VmFd, state: &VmState, elapsed_ns: u64) -> Result<(), StateError> {
+    for chip in [&state.pic_master, &state.pic_slave, &state.ioapic] {
+        vm.set_irqchip(&chip.0).map_err(kvm("KVM_SET_IRQCHIP"))?;
+    }
+    vm.set_pit2(&state.pit.0).map_err(kvm("KVM_SET_PIT2"))?;
+    let clock = kvm_clock_data {
+        clock: state.clock.0.clock.wrapping_add(elapsed_ns),
+        // KVM_CLOCK_REALTIME and friends are outputs of KVM_GET_CLOCK; the advance is ours.
+        flags: 0,
+        ..Default::default()
+    };
+    vm.set_clock(&clock).map_err(kvm("KVM_SET_CLOCK"))?;
+    Ok(())
+}
+
+/// TSC ticks in `ns` nanoseconds at `khz`.
+pub fn tsc_ticks(ns: u64, khz: u32) -> u64 {
+    (u128::from(ns) * u128::from(khz) / 1_000_000) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvm_bindings::{kvm_lapic_state, kvm_mp_state, kvm_regs, kvm_sregs};
+
+    fn state_with(lvtt: u32, msrs: Vec<MsrEntry>) -> VcpuState {
+        let mut lapic = kvm_lapic_state::default();
+        for (i, b) in lvtt.to_le_bytes().iter().enumerate() {
+            lapic.regs[APIC_LVTT + i] = *b as std::os::raw::c_char;
+        }
+        VcpuState {
+            id: 0,
+            cpuid: vec![],
+            mp_state: Blob(kvm_mp_state::default()),
+            regs: Blob(kvm_regs::default()),
+            sregs: Blob(kvm_sregs::default()),
+            xsave: None,
+            xcrs: None,
+            debugregs: None,
+            lapic: Blob(lapic),
+            msrs,
+            events: None,
+            tsc_khz: Some(2_000_000),
+        }
+    }
+
+    #[test]
+    fn tsc_advances_and_a_fired_deadline_is_rearmed() {
+        let m = |index, data| MsrEntry { index, data };
+        let s = state_with(
+            LVTT_MODE_TSC_DEADLINE | 0xec,
+            vec![
+                m(msr::MSR_IA32_TSC_DEADLINE, 0),
+                m(msr::MSR_LSTAR, 5),
+                m(msr::MSR_IA32_TSC, 1000),
+            ],
+        );
+        let out = restore_msrs(&s, 500);
+        assert_eq!(
+            out,
+            vec![
+                m(msr::MSR_IA32_TSC, 1500),
+                m(msr::MSR_LSTAR, 5),
+                m(msr::MSR_IA32_TSC_DEADLINE, 1500)
+            ]
+        );
+        // An armed deadline keeps its value (in the past now: it fires at once).
+        let s = state_with(
+            LVTT_MODE_TSC_DEADLINE,
+            vec![m(msr::MSR_IA32_TSC, 10), m(msr::MSR_IA32_TSC_DEADLINE, 20)],
+        );
+        assert_eq!(restore_msrs(&s, 100)[1].data, 20);
+        // Not in deadline mode (or masked): a zero deadline stays zero.
+        let s = state_with(
+            LVTT_MODE_TSC_DEADLINE | LVTT_MASKED,
+            vec![m(msr::MSR_IA32_TSC, 10), m(msr::MSR_IA32_TSC_DEADLINE, 0)],
+        );
+        assert_eq!(restore_msrs(&s, 100)[1].data, 0);
+        assert_eq!(tsc_ticks(1_000_000_000, 2_500_000), 2_500_000_000);
+        let j = serde_json::to_string(&s).unwrap();
+        let back: VcpuState = serde_json::from_str(&j).unwrap();
+        assert_eq!(back, s);
+    }
+}
