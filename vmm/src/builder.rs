@@ -752,7 +752,7 @@ impl Vmm {
         }
         let kvm = vm::open_kvm()?;
         st.host
-            .check(&kvm, &st.vcpus[0].cpuid)
+            .check(&kvm)
             .map_err(|source| VmmError::Host {
                 dir: dir.clone(),
                 source,

@@ -71,6 +71,16 @@ fn trailing_numbers_in_payloads() {
     assert_eq!(trailing_number(b""), None);
 }
 
+#[test]
+fn stream_frame_numbers() {
+    assert_eq!(two_numbers(b"microvirt ack 12 3\0\0", b"microvirt ack "), Some((12, 3)));
+    assert_eq!(two_numbers(b"microvirt ack 0 0", b"microvirt ack "), Some((0, 0)));
+    assert_eq!(two_numbers(b"microvirt ack 12", b"microvirt ack "), None);
+    assert_eq!(two_numbers(b"microvirt ack x 1", b"microvirt ack "), None);
+    assert_eq!(two_numbers(b"microvirt ack 1 2x", b"microvirt ack "), None);
+    assert_eq!(two_numbers(b"microvirt pong 1 2", b"microvirt ack "), None);
+}
+
 fn feed(bytes: &[u8]) -> Option<usize> {
     let mut d = CtrlAltDel::default();
     bytes.iter().position(|&b| d.feed(b))

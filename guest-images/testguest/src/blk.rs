@@ -11,14 +11,14 @@ use crate::virtio::{
 };
 
 const F_RO: u64 = 1 << 5;
-const F_FLUSH: u64 = 1 << 9;
+pub(crate) const F_FLUSH: u64 = 1 << 9;
 
-const T_IN: u32 = 0;
-const T_OUT: u32 = 1;
-const T_FLUSH: u32 = 4;
+pub(crate) const T_IN: u32 = 0;
+pub(crate) const T_OUT: u32 = 1;
+pub(crate) const T_FLUSH: u32 = 4;
 const T_GET_ID: u32 = 8;
 
-const SECTOR: u64 = 512;
+pub(crate) const SECTOR: u64 = 512;
 /// Sectors written and read back: 1..=8, one request.
 const FIRST: u64 = 1;
 const COUNT: u64 = 8;
@@ -29,27 +29,27 @@ const HOSTILE_ADDR: u64 = 0xff_0000_0000;
 const REQUEST_TIMEOUT_MS: u64 = 2000;
 
 /// 64-bit word `w` (0..64) of sector `s` in the test pattern.
-fn pattern(s: u64, w: u64) -> u64 {
+pub(crate) fn pattern(s: u64, w: u64) -> u64 {
     0x6d76_0000_0000_0000 ^ (s << 32) ^ (w << 8) ^ s.wrapping_mul(0x9e37_79b9)
 }
-const WORDS: u64 = SECTOR / 8;
+pub(crate) const WORDS: u64 = SECTOR / 8;
 
-struct Blk {
-    mmio: Mmio,
-    q: Virtqueue,
+pub(crate) struct Blk {
+    pub(crate) mmio: Mmio,
+    pub(crate) q: Virtqueue,
     /// Request header (16 bytes) at +0, status byte at +0x100, id at +0x200.
-    req: u64,
-    tsc_ms: u64,
+    pub(crate) req: u64,
+    pub(crate) tsc_ms: u64,
 }
 
 /// Outcome of one request.
-enum Done {
+pub(crate) enum Done {
     Status(u8),
     Timeout,
 }
 
 impl Blk {
-    fn request(&mut self, ty: u32, sector: u64, data: Option<Buf>) -> Done {
+    pub(crate) fn request(&mut self, ty: u32, sector: u64, data: Option<Buf>) -> Done {
         write32(self.req, ty);
         write32(self.req + 4, 0);
         write64(self.req + 8, sector);

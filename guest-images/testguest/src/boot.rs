@@ -13,10 +13,10 @@
 //!
 //! `ap_tramp_start..ap_tramp_end` is real-mode code that the BSP copies to a page below 1 MiB and
 //! points the SIPI vector at. Each AP switches to long mode on the same page tables, increments
-//! [`AP_COUNT`] and halts forever.
+//! [`AP_COUNT`] and halts forever (or, with [`AP_SPIN`] set, counts in [`CPU_COUNTERS`]).
 
 use core::arch::global_asm;
-use core::sync::atomic::AtomicU32;
+use core::sync::atomic::{AtomicU32, AtomicU64};
 
 /// Boot kind passed to `rust_entry` by `_start_pvh`.
 pub const BOOT_PVH: u64 = 1;
@@ -26,6 +26,17 @@ pub const BOOT_LINUX64: u64 = 2;
 /// Number of APs that reached long mode.
 #[no_mangle]
 pub static AP_COUNT: AtomicU32 = AtomicU32::new(0);
+
+/// Set (before the APs start) to make every AP count in [`CPU_COUNTERS`] instead of halting.
+#[no_mangle]
+pub static AP_SPIN: AtomicU32 = AtomicU32::new(0);
+
+/// One counter per CPU (index = check-in order, the BSP is 0), for the `counter` scenario.
+#[no_mangle]
+pub static CPU_COUNTERS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+
+/// Most CPUs the counters cover.
+pub const MAX_CPUS: usize = 32;
 
 const STACK_SIZE: usize = 32 * 1024;
 
@@ -196,7 +207,16 @@ ap_pm32:
 
     .code64
 ap_long:
-    lock incl AP_COUNT(%rip)
+    mov $1, %eax
+    lock xaddl %eax, AP_COUNT(%rip)     /* eax = this AP's index - 1 */
+    cmpl $0, AP_SPIN(%rip)
+    je 7f
+    cmp ${max_ap_index}, %eax           /* no counter past the table: halt */
+    ja 7f
+    lea CPU_COUNTERS(%rip), %rdx
+8:  incq 8(%rdx,%rax,8)                 /* counter: CPU_COUNTERS[index], index 1.. */
+    pause
+    jmp 8b
 7:  cli
     hlt
     jmp 7b
@@ -276,5 +296,6 @@ guest_pd:
     stack_size = const STACK_SIZE,
     boot_pvh = const BOOT_PVH,
     boot_linux64 = const BOOT_LINUX64,
+    max_ap_index = const MAX_CPUS - 2,
     options(att_syntax)
 );

@@ -35,23 +35,23 @@ const MANY_MAX: u64 = PING_BASE;
 const PAYLOAD_MAX: usize = 64;
 
 pub(crate) struct Net {
-    mmio: Mmio,
+    pub(crate) mmio: Mmio,
     rx: Virtqueue,
     tx: Virtqueue,
     rx_bufs: u64,
     tx_buf: u64,
     pub(crate) mac: [u8; 6],
-    tsc_ms: u64,
+    pub(crate) tsc_ms: u64,
 }
 
 /// A received frame's payload (first `PAYLOAD_MAX` bytes), for our ethertype only.
-struct Frame {
+pub(crate) struct Frame {
     payload: [u8; PAYLOAD_MAX],
     len: usize,
 }
 
 impl Frame {
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         &self.payload[..self.len]
     }
     /// The decimal number after the last space (trailing NULs/padding ignored).
@@ -61,7 +61,7 @@ impl Frame {
 }
 
 impl Net {
-    fn send(&mut self, payload: &[u8]) -> bool {
+    pub(crate) fn send(&mut self, payload: &[u8]) -> bool {
         let frame = self.tx_buf + HDR_LEN;
         for k in 0..HDR_LEN {
             write8(self.tx_buf + k, 0);
@@ -102,7 +102,7 @@ impl Net {
 
     /// Next frame of our ethertype within `ms`; other frames are dropped. Buffers are
     /// re-posted as soon as they are read.
-    fn recv(&mut self, ms: u64) -> Option<Frame> {
+    pub(crate) fn recv(&mut self, ms: u64) -> Option<Frame> {
         let t0 = crate::io::rdtsc();
         let limit = self.tsc_ms.saturating_mul(ms);
         loop {
@@ -240,7 +240,7 @@ fn message<'a>(buf: &'a mut [u8; 40], prefix: &[u8], n: u64) -> &'a [u8] {
     &buf[..len]
 }
 
-fn init(mmio: Mmio, arena: &mut DmaArena, tsc_ms: u64) -> Result<Net, InitError> {
+pub(crate) fn init(mmio: Mmio, arena: &mut DmaArena, tsc_ms: u64) -> Result<Net, InitError> {
     mmio.begin_init(F_MAC)?;
     let mut rx = mmio.setup_queue(0, arena)?;
     let tx = mmio.setup_queue(1, arena)?;

@@ -117,3 +117,16 @@ impl Keys {
         false
     }
 }
+
+/// `<prefix><a> <b>` (frame padding after `b` ignored): the two decimal numbers.
+pub fn two_numbers(b: &[u8], prefix: &[u8]) -> Option<(u64, u64)> {
+    let rest = b.strip_prefix(prefix)?;
+    let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
+    let rest = &rest[..end];
+    let sp = rest.iter().position(|&c| c == b' ')?;
+    let (a, b) = (&rest[..sp], &rest[sp + 1..]);
+    if a.is_empty() || !a.iter().all(u8::is_ascii_digit) || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some((parse_num(a)?, parse_num(b)?))
+}

@@ -42,6 +42,11 @@ pub fn run(bi: &BootInfo) -> ! {
             crate::net::run(bi, true);
             reset()
         }
+        b"counter" => crate::snap::counter(bi),
+        b"stream" => {
+            crate::snap::stream(bi);
+            reset()
+        }
         b"halt-forever" => {
             println!("halting");
             halt_forever()

@@ -375,6 +375,12 @@ impl Virtqueue {
         Some((id, len))
     }
 
+    /// The device's used index and the driver's count of used elements taken: equal when
+    /// the device returned exactly what the driver consumed.
+    pub fn used_indices(&self) -> (u16, u16) {
+        (read16(self.used + 2), self.used_idx)
+    }
+
     /// Polls for a used element for at most `timeout_ticks` TSC ticks.
     pub fn wait_used(&mut self, timeout_ticks: u64) -> Option<(u32, u32)> {
         let t0 = rdtsc();

@@ -20,6 +20,9 @@ pub struct HostFacts {
     pub cpu_stepping: u32,
     /// The KVM capabilities the saved state relies on (names as in the KVM API).
     pub kvm_caps: Vec<String>,
+    /// The feature leaves of KVM_GET_SUPPORTED_CPUID (what a guest booted here may have been
+    /// shown and may use).
+    pub cpu_features: Vec<CpuidEntry>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -117,9 +120,18 @@ fn supported_cpuid(kvm: &Kvm) -> Result<Vec<CpuidEntry>, HostError> {
 impl HostFacts {
     /// The facts of this host, for a snapshot that used `vcpu_caps`.
     pub fn probe(kvm: &Kvm, vcpu_caps: VcpuCaps) -> Result<Self, HostError> {
-        let (cpu_vendor, cpu_family, cpu_model, cpu_stepping) =
-            cpu_identity(&supported_cpuid(kvm)?);
+        let supported = supported_cpuid(kvm)?;
+        let (cpu_vendor, cpu_family, cpu_model, cpu_stepping) = cpu_identity(&supported);
+        let cpu_features = supported
+            .into_iter()
+            .filter(|e| {
+                FEATURE_REGS
+                    .iter()
+                    .any(|f| f.0 == e.function && f.1 == e.index)
+            })
+            .collect();
         Ok(Self {
+            cpu_features,
             cpu_vendor,
             cpu_family,
             cpu_model,
@@ -138,8 +150,9 @@ impl HostFacts {
         )
     }
 
-    /// Checks that this host (`kvm`) can run a guest that saw `guest_cpuid`.
-    pub fn check(&self, kvm: &Kvm, guest_cpuid: &[CpuidEntry]) -> Result<(), HostError> {
+    /// Checks that this host (`kvm`) can run the guest: same CPU, every CPU feature KVM
+    /// offered at snapshot time offered here too, the KVM capabilities present.
+    pub fn check(&self, kvm: &Kvm) -> Result<(), HostError> {
         let here_cpuid = supported_cpuid(kvm)?;
         let (vendor, family, model, _) = cpu_identity(&here_cpuid);
         if (vendor.as_str(), family, model)
@@ -156,12 +169,12 @@ impl HostFacts {
                 _ => return Err(HostError::KvmCap(name.clone())),
             }
         }
-        check_features(&here_cpuid, guest_cpuid)
+        check_features(&here_cpuid, &self.cpu_features)
     }
 }
 
-/// Feature registers whose bits the guest may rely on, with the bits the VMM sets on its own
-/// (not taken from the host): leaf 1 ECX.31 hypervisor, EDX.28 HTT.
+/// Feature registers whose bits a guest may rely on, with bits that do not describe the CPU
+/// (leaf 1 ECX.31 hypervisor, EDX.28 HTT: the VMM sets them itself).
 const FEATURE_REGS: &[(u32, u32, usize, &str, u32)] = &[
     (0x1, 0, 2, "ecx", 1 << 31),
     (0x1, 0, 3, "edx", 1 << 28),
@@ -177,8 +190,9 @@ fn reg(e: &CpuidEntry, i: usize) -> u32 {
     [e.eax, e.ebx, e.ecx, e.edx][i]
 }
 
-/// Every feature bit the guest saw must be supported here.
-pub fn check_features(host: &[CpuidEntry], guest: &[CpuidEntry]) -> Result<(), HostError> {
+/// Every feature bit in `saved` must be in `host` too.
+pub fn check_features(host: &[CpuidEntry], saved: &[CpuidEntry]) -> Result<(), HostError> {
+    let guest = saved;
     let find = |t: &[CpuidEntry], f: u32, i: u32| {
         t.iter().find(|e| e.function == f && e.index == i).copied()
     };
