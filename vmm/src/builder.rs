@@ -751,12 +751,10 @@ impl Vmm {
             )));
         }
         let kvm = vm::open_kvm()?;
-        st.host
-            .check(&kvm)
-            .map_err(|source| VmmError::Host {
-                dir: dir.clone(),
-                source,
-            })?;
+        st.host.check(&kvm).map_err(|source| VmmError::Host {
+            dir: dir.clone(),
+            source,
+        })?;
         let (n_disks, n_nets) = st.devices.iter().fold((0, 0), |(b, n), d| match d.device {
             DeviceState::Block(_) => (b + 1, n),
             DeviceState::Net(_) => (b, n + 1),

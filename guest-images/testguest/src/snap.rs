@@ -6,7 +6,8 @@
 //!   every `testguest.counter_every` (default 2000) of its own increments. First it prints
 //!   `counter: addr=<address of the counters> cpus=<n>`. With `testguest.touch_mib=N` it first
 //!   writes one word into every 4 KiB page of N MiB from 16 MiB (`touch: N MiB`), so the guest
-//!   has a known working set.
+//!   has a known working set; with `testguest.reread=1` as well, every line ends with
+//!   ` mem=<hex sum of those words>` read back from memory.
 //! * `stream`: requests numbered 0..K-1 (`testguest.stream_count`, default 300) on the first
 //!   virtio-blk and the first virtio-net device (either may be absent): request i writes sector
 //!   i with a pattern, then sends `microvirt req <i> <try>` and waits up to 300 ms for
@@ -36,16 +37,17 @@ fn param(bi: &BootInfo, key: &str, default: u64) -> u64 {
     bi.param(key).and_then(parse_num).unwrap_or(default)
 }
 
-/// Writes one non-zero word per page of `testguest.touch_mib` MiB.
-fn touch(bi: &BootInfo) {
+/// Writes one non-zero word (its own address | 1) per page of `testguest.touch_mib` MiB;
+/// returns the bytes touched.
+fn touch(bi: &BootInfo) -> u64 {
     let mib = param(bi, "testguest.touch_mib", 0);
     if mib == 0 {
-        return;
+        return 0;
     }
     let len = mib << 20;
     if !bi.in_ram(TOUCH_BASE, len) || TOUCH_BASE + len > crate::io::MAPPED_END {
         println!("touch: {} MiB does not fit in RAM", mib);
-        return;
+        return 0;
     }
     let mut a = TOUCH_BASE;
     while a < TOUCH_BASE + len {
@@ -55,10 +57,24 @@ fn touch(bi: &BootInfo) {
         a += 4096;
     }
     println!("touch: {} MiB", mib);
+    len
+}
+
+/// Sum of the words [`touch`] wrote, read back from memory.
+fn touched_sum(len: u64) -> u64 {
+    let mut sum = 0u64;
+    let mut a = TOUCH_BASE;
+    while a < TOUCH_BASE + len {
+        // SAFETY: the range [`touch`] checked and wrote.
+        sum = sum.wrapping_add(unsafe { core::ptr::read_volatile(a as usize as *const u64) });
+        a += 4096;
+    }
+    sum
 }
 
 pub fn counter(bi: &BootInfo) -> ! {
-    touch(bi);
+    let touched = touch(bi);
+    let reread = touched > 0 && param(bi, "testguest.reread", 0) == 1;
     let cpus = (1 + AP_COUNT.load(Ordering::Acquire) as usize).min(CPU_COUNTERS.len());
     println!(
         "counter: addr={:#x} cpus={}",
@@ -76,6 +92,9 @@ pub fn counter(bi: &BootInfo) -> ! {
         print!("counter: seq={}", seq);
         for (i, c) in CPU_COUNTERS[..cpus].iter().enumerate() {
             print!(" cpu{}={}", i, c.load(Ordering::Relaxed));
+        }
+        if reread {
+            print!(" mem={:x}", touched_sum(touched));
         }
         println!();
     }

@@ -1,0 +1,798 @@
+//! Snapshot and restore of a running VM, end to end with `microvm` and the test guest on
+//! /dev/kvm: the guest continues where it was (counters in memory and registers of every
+//! vCPU), disk and network requests in flight are neither lost nor repeated, clones share the
+//! memory file, and bad snapshots or targets fail cleanly.
+
+mod common;
+mod virtio_common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::hash::Hasher;
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use common::guest;
+use virtio_common::{Netns, ETH_P};
+
+const MICROVM: &str = env!("CARGO_BIN_EXE_microvm");
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A `microvm` process whose console is read line by line; killed when dropped.
+struct Proc {
+    child: Child,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command) -> Proc {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn microvm");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(l) = line else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err = child.stderr.take().unwrap();
+        let e = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                e.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Proc {
+            child,
+            lines: rx,
+            seen: Vec::new(),
+            stderr,
+        }
+    }
+
+    fn microvm(args: &[&str]) -> Proc {
+        let mut c = Command::new(MICROVM);
+        c.args(args);
+        Proc::spawn(c)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn context(&self) -> String {
+        format!(
+            "console:\n{}\nstderr:\n{}",
+            self.seen.join("\n"),
+            self.stderr.lock().unwrap()
+        )
+    }
+
+    /// Waits for a console line matching `pred`; returns it.
+    fn wait_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + WAIT;
+        if let Some(l) = self.seen.iter().find(|l| pred(l)) {
+            return l.clone();
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if pred(&l) {
+                        return l;
+                    }
+                }
+                Err(_) => panic!("never saw {what}; {}", self.context()),
+            }
+        }
+    }
+
+    /// Lines that arrived so far.
+    fn drain(&mut self) -> &[String] {
+        while let Ok(l) = self.lines.try_recv() {
+            self.seen.push(l);
+        }
+        &self.seen
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                // Collect the rest of the console.
+                while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(500)) {
+                    self.seen.push(l);
+                }
+                return s;
+            }
+            if Instant::now() > deadline {
+                panic!("microvm did not exit; {}", self.context());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("mv-snap-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    fn s(&self, name: &str) -> String {
+        self.path(name).display().to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn control(sock: &Path, req: Value) -> Value {
+    vmm::control::request(sock, &req).unwrap_or_else(|e| panic!("control {req}: {e}"))
+}
+
+fn wait_socket(sock: &Path) {
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t.elapsed() < WAIT,
+            "control socket {} never appeared",
+            sock.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn snapshot(sock: &Path, dir: &Path) -> Value {
+    let a = control(
+        sock,
+        json!({"cmd": "snapshot", "dir": dir.display().to_string()}),
+    );
+    assert_eq!(a["ok"], true, "snapshot failed: {a}");
+    assert_eq!(a["state"], "paused");
+    a
+}
+
+/// `counter: seq=<n> cpu0=<c> ...` → (n, [c0, c1, ...], mem sum).
+fn parse_counter(l: &str) -> Option<(u64, Vec<u64>, Option<u64>)> {
+    let rest = l.strip_prefix("counter: seq=")?;
+    let mut it = rest.split_whitespace();
+    let seq = it.next()?.parse().ok()?;
+    let mut cpus = Vec::new();
+    let mut mem = None;
+    for f in it {
+        if let Some(v) = f.strip_prefix("mem=") {
+            mem = Some(u64::from_str_radix(v, 16).ok()?);
+        } else {
+            let (k, v) = f.split_once('=')?;
+            if !k.starts_with("cpu") {
+                return None;
+            }
+            cpus.push(v.parse().ok()?);
+        }
+    }
+    Some((seq, cpus, mem))
+}
+
+/// Complete counter lines with `cpus` counters.
+fn counters(lines: &[String], cpus: usize) -> Vec<(u64, Vec<u64>, Option<u64>)> {
+    lines
+        .iter()
+        .filter_map(|l| parse_counter(l))
+        .filter(|c| c.1.len() == cpus)
+        .collect()
+}
+
+fn counters_addr(p: &mut Proc) -> u64 {
+    let l = p.wait_line("the counters' address", |l| l.starts_with("counter: addr="));
+    let v = l
+        .strip_prefix("counter: addr=0x")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap();
+    u64::from_str_radix(v, 16).unwrap()
+}
+
+/// The counters as saved in the memory file (guest RAM at 0 is file offset 0).
+fn saved_counters(mem: &Path, addr: u64, cpus: usize) -> Vec<u64> {
+    let f = File::open(mem).unwrap();
+    (0..cpus)
+        .map(|i| {
+            let mut b = [0u8; 8];
+            f.read_exact_at(&mut b, addr + 8 * i as u64).unwrap();
+            u64::from_le_bytes(b)
+        })
+        .collect()
+}
+
+/// Hash, length and modification time of every file in `dir`.
+fn fingerprint(dir: &Path) -> BTreeMap<String, (u64, u64, std::time::SystemTime)> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        if !e.file_type().unwrap().is_file() {
+            continue;
+        }
+        let mut f = File::open(e.path()).unwrap();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            h.write(&buf[..n]);
+        }
+        let m = e.metadata().unwrap();
+        out.insert(
+            e.file_name().to_string_lossy().into_owned(),
+            (h.finish(), m.len(), m.modified().unwrap()),
+        );
+    }
+    out
+}
+
+/// Boots the counter guest, takes a snapshot once it has printed a few lines, and returns
+/// (the paused original, the last complete line it printed, the counters in the memory file).
+fn counter_snapshot(
+    t: &TempDir,
+    vcpus: u8,
+    extra_cmdline: &str,
+) -> (Proc, Vec<u64>, Vec<u64>, u64) {
+    let kernel = guest().pvh.display().to_string();
+    let sock = t.path("orig.sock");
+    let cmdline = format!("testguest.scenario=counter {extra_cmdline}");
+    let vc = vcpus.to_string();
+    let mut orig = Proc::microvm(&[
+        "--kernel",
+        &kernel,
+        "--vcpus",
+        &vc,
+        "--cmdline",
+        &cmdline,
+        "--control-socket",
+        &sock.display().to_string(),
+    ]);
+    let addr = counters_addr(&mut orig);
+    orig.wait_line("counter line 5", |l| l.starts_with("counter: seq=5 "));
+    let snap = t.path("snap");
+    let a = snapshot(&sock, &snap);
+    assert_eq!(a["ramBytes"], 128u64 << 20);
+    // Paused: no more output.
+    std::thread::sleep(Duration::from_millis(200));
+    let before = counters(orig.drain(), usize::from(vcpus));
+    std::thread::sleep(Duration::from_millis(300));
+    let after = counters(orig.drain(), usize::from(vcpus));
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "the VM ran on after the snapshot"
+    );
+    let last = after.last().expect("counter lines").clone();
+    let saved = saved_counters(&snap.join("memory"), addr, usize::from(vcpus));
+    (
+        orig,
+        last.1.into_iter().chain([last.0]).collect(),
+        saved,
+        addr,
+    )
+}
+
+fn counter_continues(vcpus: u8) {
+    let t = TempDir::new(&format!("counter{vcpus}"));
+    let n = usize::from(vcpus);
+    let (orig, last, saved, _) = counter_snapshot(&t, vcpus, "");
+    let last_seq = last[n];
+    let snap = t.path("snap");
+    for i in 0..n {
+        assert!(
+            saved[i] >= last[i],
+            "cpu{i}: memory file has {} below the last printed {}",
+            saved[i],
+            last[i]
+        );
+    }
+    drop(orig);
+    let files = fingerprint(&snap);
+
+    let mut clone = Proc::microvm(&["--restore", &snap.display().to_string()]);
+    clone.wait_line("three counter lines", |l| {
+        parse_counter(l).is_some_and(|c| c.0 >= last_seq + 4)
+    });
+    let lines = counters(clone.drain(), n);
+    assert!(
+        !clone
+            .seen
+            .iter()
+            .any(|l| l.contains("microvirt-testguest:")),
+        "the restored guest booted again:\n{}",
+        clone.seen.join("\n")
+    );
+    let first = &lines[0];
+    assert!(
+        first.0 == last_seq + 1 || first.0 == last_seq + 2,
+        "the clone's first line has seq {} after {last_seq}: {}",
+        first.0,
+        clone.context()
+    );
+    for i in 0..n {
+        assert!(
+            first.1[i] >= saved[i],
+            "cpu{i} restarted: {} < saved {}",
+            first.1[i],
+            saved[i]
+        );
+        let end = &lines.last().unwrap().1;
+        assert!(end[i] > first.1[i], "cpu{i} does not run after restore");
+    }
+    drop(clone);
+    assert_eq!(fingerprint(&snap), files, "the snapshot's files changed");
+}
+
+#[test]
+fn restore_continues_the_counter_with_1_vcpu() {
+    counter_continues(1);
+}
+
+#[test]
+fn restore_continues_the_counters_of_4_vcpus() {
+    counter_continues(4);
+}
+
+/// Restored paused, the guest waits for `resume`; a snapshot of the restored VM restores
+/// again (the memory of a restored VM lives in the old file plus its own pages), and the
+/// guest's clocks advance by the real time between snapshot and restore.
+#[test]
+fn paused_restore_resume_resnapshot_and_clock_advance() {
+    let t = TempDir::new("paused");
+    let (orig, last, _, _) = counter_snapshot(&t, 1, "");
+    drop(orig);
+    let snap = t.path("snap");
+    let sock = t.path("clone.sock");
+    std::thread::sleep(Duration::from_millis(1500));
+    let t0 = Instant::now();
+    let mut clone = Proc::microvm(&[
+        "--restore",
+        &snap.display().to_string(),
+        "--paused",
+        "--control-socket",
+        &sock.display().to_string(),
+    ]);
+    wait_socket(&sock);
+    assert_eq!(control(&sock, json!({"cmd": "state"}))["state"], "paused");
+    // Snapshot the restored VM before it ran: its clocks were advanced at restore.
+    let snap2 = t.path("snap2");
+    snapshot(&sock, &snap2);
+    let gap = t0.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        counters(clone.drain(), 1).is_empty(),
+        "a paused restore ran the guest: {}",
+        clone.context()
+    );
+    let a = control(&sock, json!({"cmd": "resume"}));
+    assert_eq!(a["state"], "running", "{a}");
+    clone.wait_line("counter after resume", |l| {
+        parse_counter(l).is_some_and(|c| c.0 >= last[1] + 3)
+    });
+    // Snapshot the running clone, restore that: it continues again.
+    let snap3 = t.path("snap3");
+    snapshot(&sock, &snap3);
+    let last3 = counters(clone.drain(), 1).last().unwrap().0;
+    drop(clone);
+    let mut clone2 = Proc::microvm(&["--restore", &snap3.display().to_string()]);
+    clone2.wait_line("counter from the second snapshot", |l| {
+        parse_counter(l).is_some_and(|c| c.0 >= last3 + 2)
+    });
+    let first2 = counters(clone2.drain(), 1)[0].0;
+    assert!(
+        first2 == last3 + 1 || first2 == last3 + 2,
+        "seq {first2} after {last3}"
+    );
+
+    // The clock: kvm-clock and the TSC of snap2 are ahead of snap's by about the time that
+    // passed between taking snap and restoring it.
+    let state = |d: &Path| -> Value {
+        let b = std::fs::read(d.join("vmstate")).unwrap();
+        let (_, payload) = vmm::snapshot::format::decode(&b).unwrap();
+        serde_json::from_slice(payload).unwrap()
+    };
+    let (s1, s2) = (state(&snap), state(&snap2));
+    let realtime_gap =
+        s2["vm"]["realtime_ns"].as_u64().unwrap() - s1["vm"]["realtime_ns"].as_u64().unwrap();
+    let clock = |s: &Value| -> u64 {
+        use base64::Engine;
+        let b = base64::engine::general_purpose::STANDARD
+            .decode(s["vm"]["clock"].as_str().unwrap())
+            .unwrap();
+        u64::from_le_bytes(b[..8].try_into().unwrap())
+    };
+    let clock_gap = clock(&s2).wrapping_sub(clock(&s1));
+    assert!(
+        realtime_gap >= 1_500_000_000 && realtime_gap < 1_500_000_000 + 30_000_000_000,
+        "realtime gap {realtime_gap}"
+    );
+    // kvm-clock stood still while the guest was away except for the advance (and the few
+    // milliseconds the paused clone existed before snap2 was read).
+    let slack = gap.as_nanos() as u64 + 200_000_000;
+    assert!(
+        clock_gap + 200_000_000 >= realtime_gap && clock_gap <= realtime_gap + slack,
+        "kvm-clock advanced {clock_gap} ns for {realtime_gap} ns of real time"
+    );
+    let tsc = |s: &Value| -> u64 {
+        s["vcpus"][0]["msrs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["index"] == 0x10)
+            .map(|m| m["data"].as_u64().unwrap())
+            .unwrap()
+    };
+    let khz = s1["vcpus"][0]["tsc_khz"].as_u64().expect("TSC frequency");
+    let tsc_gap_ns = (tsc(&s2) - tsc(&s1)) as u128 * 1_000_000 / u128::from(khz);
+    assert!(
+        tsc_gap_ns as u64 + 200_000_000 >= realtime_gap,
+        "TSC advanced {tsc_gap_ns} ns for {realtime_gap} ns of real time"
+    );
+}
+
+/// Smaps totals (kB) of the mapping of `file` in process `pid`.
+fn smaps_of(pid: u32, file: &Path) -> BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let name = file.display().to_string();
+    let mut out = BTreeMap::new();
+    let mut inside = false;
+    for l in text.lines() {
+        let header = l.split_whitespace().next().is_some_and(|f| {
+            f.contains('-') && f.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+        });
+        if header {
+            inside = l.ends_with(&name);
+            continue;
+        }
+        if inside {
+            if let Some((k, v)) = l.split_once(':') {
+                if let Some(kb) = v.trim().strip_suffix(" kB") {
+                    *out.entry(k.to_string()).or_default() += kb.trim().parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Ten VMs restored from one snapshot at once run independently, share the memory file's
+/// pages (page cache), and never change it.
+#[test]
+fn ten_clones_from_one_snapshot_share_its_memory_file() {
+    let t = TempDir::new("clones");
+    const MIB: u64 = 8;
+    let (orig, last, _, _) = counter_snapshot(
+        &t,
+        1,
+        &format!("testguest.touch_mib={MIB} testguest.reread=1 testguest.counter_every=200"),
+    );
+    drop(orig);
+    let snap = t.path("snap");
+    let mem = snap.join("memory");
+    let files = fingerprint(&snap);
+    let expected_sum =
+        (0..MIB * 256).fold(0u64, |s, p| s.wrapping_add(((16 << 20) + p * 4096) | 1));
+    let mut clones: Vec<(Proc, PathBuf)> = (0..10)
+        .map(|i| {
+            let sock = t.path(&format!("c{i}.sock"));
+            let p = Proc::microvm(&[
+                "--restore",
+                &snap.display().to_string(),
+                "--control-socket",
+                &sock.display().to_string(),
+            ]);
+            (p, sock)
+        })
+        .collect();
+    for (c, _) in clones.iter_mut() {
+        c.wait_line("two lines from the clone", |l| {
+            parse_counter(l).is_some_and(|c| c.0 >= last[1] + 3)
+        });
+        for (seq, _, sum) in counters(&c.seen, 1) {
+            assert_eq!(sum, Some(expected_sum), "clone memory differs at seq {seq}");
+        }
+    }
+    // Independent: pausing one leaves the others running.
+    let (first, rest) = clones.split_at_mut(1);
+    assert_eq!(
+        control(&first[0].1, json!({"cmd": "pause"}))["state"],
+        "paused"
+    );
+    let paused_at = counters(first[0].0.drain(), 1).len();
+    let others: Vec<u64> = rest
+        .iter_mut()
+        .map(|(c, _)| counters(c.drain(), 1).last().unwrap().0)
+        .collect();
+    for ((c, _), seq) in rest.iter_mut().zip(others) {
+        c.wait_line("progress while another clone is paused", |l| {
+            parse_counter(l).is_some_and(|x| x.0 >= seq + 2)
+        });
+    }
+    assert_eq!(counters(first[0].0.drain(), 1).len(), paused_at);
+
+    // Shared: every clone maps the file; its pages are in each clone's RSS once, but the
+    // proportional share counts them once over all ten.
+    let mut total_rss = 0;
+    let mut total_pss = 0;
+    for (c, _) in &clones {
+        let m = smaps_of(c.pid(), &mem);
+        let rss = m.get("Rss").copied().unwrap_or(0);
+        let pss = m.get("Pss").copied().unwrap_or(0);
+        let shared = m.get("Shared_Clean").copied().unwrap_or(0);
+        eprintln!(
+            "clone {}: memory file mapping Rss {rss} kB Pss {pss} kB Shared_Clean {shared} kB",
+            c.pid()
+        );
+        assert!(
+            rss >= MIB * 1024,
+            "the clone did not read its memory: {m:?}"
+        );
+        assert!(shared >= MIB * 1024, "pages not shared: {m:?}");
+        assert!(
+            pss * 3 < rss,
+            "PSS {pss} kB not well below RSS {rss} kB: {m:?}"
+        );
+        total_rss += rss;
+        total_pss += pss;
+    }
+    eprintln!("ten clones: memory file Rss {total_rss} kB, Pss {total_pss} kB in total");
+    assert!(total_pss * 4 < total_rss, "Pss {total_pss} Rss {total_rss}");
+    drop(clones);
+    assert_eq!(fingerprint(&snap), files, "a clone changed the snapshot");
+}
+
+/// AF_PACKET responder in `ns` on every interface: answers `microvirt req <i> <t>` with
+/// `microvirt ack <i> <t>` on the interface it came in on and records (interface, i, t).
+fn stream_responder(
+    ns: &str,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Vec<(i32, u64, u64)>> {
+    let ns = ns.to_string();
+    let (ready_tx, ready_rx) = channel();
+    let h = std::thread::spawn(move || {
+        let nsf = File::open(format!("/var/run/netns/{ns}")).unwrap();
+        // SAFETY: setns on this thread only, with an fd we own.
+        assert_eq!(
+            unsafe { libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) },
+            0
+        );
+        // SAFETY: plain socket syscall.
+        let s = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(ETH_P.to_be())) };
+        assert!(s >= 0);
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 50_000,
+        };
+        // SAFETY: valid timeval pointer and size.
+        unsafe {
+            libc::setsockopt(
+                s,
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as u32,
+            )
+        };
+        ready_tx.send(()).unwrap();
+        let mut log = Vec::new();
+        let mut buf = [0u8; 2048];
+        while !stop.load(Ordering::SeqCst) {
+            // SAFETY: zeroed sockaddr_ll is valid; recvfrom fills it.
+            let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+            let mut flen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            // SAFETY: buf and from are valid for the given lengths.
+            let n = unsafe {
+                libc::recvfrom(
+                    s,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    0,
+                    &mut from as *mut _ as *mut libc::sockaddr,
+                    &mut flen,
+                )
+            };
+            if n < 14 || from.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+                continue;
+            }
+            let f = &buf[..n as usize];
+            let Some(rest) = f[14..].strip_prefix(b"microvirt req ") else {
+                continue;
+            };
+            let text: String = rest
+                .iter()
+                .take_while(|b| b.is_ascii_digit() || **b == b' ')
+                .map(|&b| b as char)
+                .collect();
+            let mut nums = text.split_whitespace().map(|v| v.parse::<u64>().unwrap());
+            let (i, t) = (nums.next().unwrap(), nums.next().unwrap());
+            log.push((from.sll_ifindex, i, t));
+            let mut reply = Vec::new();
+            reply.extend_from_slice(&f[6..12]);
+            reply.extend_from_slice(&[0x02, 0, 0, 0, 0, 0x99]);
+            reply.extend_from_slice(&ETH_P.to_be_bytes());
+            reply.extend_from_slice(format!("microvirt ack {i} {t}").as_bytes());
+            reply.resize(60, 0);
+            let mut to = from;
+            to.sll_protocol = ETH_P.to_be();
+            // SAFETY: reply and `to` are valid for their lengths.
+            unsafe {
+                libc::sendto(
+                    s,
+                    reply.as_ptr().cast(),
+                    reply.len(),
+                    0,
+                    &to as *const _ as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                )
+            };
+        }
+        // SAFETY: closing our socket.
+        unsafe { libc::close(s) };
+        log
+    });
+    ready_rx.recv_timeout(WAIT).expect("responder ready");
+    h
+}
+
+fn ifindex(ns: &Netns, name: &str) -> i32 {
+    let out = Command::new("ip")
+        .args(["-n", &ns.name, "-o", "link", "show", name])
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    s.split(':').next().unwrap().trim().parse().unwrap()
+}
+
+fn in_netns(ns: &Netns, args: &[&str]) -> Proc {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &ns.name, MICROVM]).args(args);
+    Proc::spawn(c)
+}
+
+/// A disk under writes and a NIC under traffic across snapshot and restore (onto another
+/// TAP and another overlay): every request completes exactly once.
+#[test]
+fn disk_writes_and_network_traffic_survive_restore_exactly_once() {
+    let id = std::process::id() % 100_000;
+    let t = TempDir::new("stream");
+    let ns = Netns::new(&format!("mvsns{id}"));
+    let (tap_a, tap_b) = (format!("mvsa{id}"), format!("mvsb{id}"));
+    for tap in [&tap_a, &tap_b] {
+        ns.ip(&["tuntap", "add", "dev", tap, "mode", "tap", "vnet_hdr"]);
+        ns.ip(&["link", "set", tap, "up"]);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let responder = stream_responder(&ns.name, stop.clone());
+    let base = t.path("base.img");
+    std::fs::write(&base, vec![0u8; 1 << 20]).unwrap();
+    let base_before = fingerprint(&t.0)["base.img"];
+    const K: u64 = 300;
+    let kernel = guest().pvh.display().to_string();
+    let sock = t.path("orig.sock");
+    let cmdline = format!("testguest.scenario=stream testguest.stream_count={K}");
+    let mut orig = in_netns(
+        &ns,
+        &[
+            "--kernel",
+            &kernel,
+            "--disk",
+            &format!("path={},overlay={}", base.display(), t.s("o1.ovl")),
+            "--net",
+            &format!("tap={tap_a},mac=52:54:00:00:00:07"),
+            "--cmdline",
+            &cmdline,
+            "--control-socket",
+            &sock.display().to_string(),
+        ],
+    );
+    orig.wait_line("stream start", |l| {
+        l.starts_with("stream: start count=300 blk=1 net=1")
+    });
+    orig.wait_line("stream progress", |l| l == "stream: 100");
+    let snap = t.path("snap");
+    let a = snapshot(&sock, &snap);
+    assert!(a["overlayBytes"].as_u64().unwrap() > 0, "{a}");
+    assert!(snap.join("disk0.overlay").is_file());
+    drop(orig);
+    let mut clone = in_netns(
+        &ns,
+        &[
+            "--restore",
+            &snap.display().to_string(),
+            "--disk",
+            &format!("path={},overlay={}", base.display(), t.s("o2.ovl")),
+            "--net",
+            &format!("tap={tap_b}"),
+        ],
+    );
+    let done = clone.wait_line("the stream's end", |l| l.starts_with("stream: done"));
+    eprintln!("clone: {done}");
+    let st = clone.wait_exit(WAIT);
+    stop.store(true, Ordering::SeqCst);
+    let log = responder.join().unwrap();
+    assert!(st.success(), "clone failed: {}", clone.context());
+    assert!(
+        done.starts_with(&format!("stream: done {K} blk=ok net=ok "))
+            && done.contains(" dup_rx=0 "),
+        "{}",
+        clone.context()
+    );
+    assert!(
+        !clone.seen.iter().any(|l| l.starts_with("stream: start")),
+        "the clone started over: {}",
+        clone.context()
+    );
+    // Every request reached the network, no transmission twice.
+    let mut seen = BTreeSet::new();
+    for &(_, i, t) in &log {
+        assert!(seen.insert((i, t)), "request {i} try {t} transmitted twice");
+    }
+    let numbers: BTreeSet<u64> = log.iter().map(|e| e.1).collect();
+    assert_eq!(numbers, (0..K).collect(), "requests missing on the wire");
+    // Before the snapshot on the original's TAP, afterwards on the clone's.
+    let (ia, ib) = (ifindex(&ns, &tap_a), ifindex(&ns, &tap_b));
+    let max_a = log.iter().filter(|e| e.0 == ia).map(|e| e.1).max().unwrap();
+    let min_b = log.iter().filter(|e| e.0 == ib).map(|e| e.1).min().unwrap();
+    assert!(
+        max_a >= 100 && min_b <= max_a + 1 && min_b >= max_a,
+        "tapA up to {max_a}, tapB from {min_b}"
+    );
+    assert_eq!(
+        fingerprint(&t.0)["base.img"],
+        base_before,
+        "the base image changed"
+    );
+    for tap in [&tap_a, &tap_b] {
+        let _ = Command::new("ip")
+            .args(["-n", &ns.name, "link", "del", tap])
+            .status();
+    }
+}
