@@ -1,0 +1,266 @@
+//! Shared by the snapshot tests: a `microvm` process read line by line, temp directories,
+//! control requests, the counter guest's output, file fingerprints.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::hash::Hasher;
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub const MICROVM: &str = env!("CARGO_BIN_EXE_microvm");
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// A `microvm` process whose console is read line by line; killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    lines: Receiver<String>,
+    pub seen: Vec<String>,
+    pub stderr: Arc<Mutex<String>>,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command) -> Proc {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn microvm");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(l) = line else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err = child.stderr.take().unwrap();
+        let e = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                e.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Proc {
+            child,
+            lines: rx,
+            seen: Vec::new(),
+            stderr,
+        }
+    }
+
+    pub fn microvm(args: &[&str]) -> Proc {
+        let mut c = Command::new(MICROVM);
+        c.args(args);
+        Proc::spawn(c)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn context(&self) -> String {
+        format!(
+            "console:\n{}\nstderr:\n{}",
+            self.seen.join("\n"),
+            self.stderr.lock().unwrap()
+        )
+    }
+
+    /// Waits for a console line matching `pred`; returns it.
+    pub fn wait_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + WAIT;
+        if let Some(l) = self.seen.iter().find(|l| pred(l)) {
+            return l.clone();
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if pred(&l) {
+                        return l;
+                    }
+                }
+                Err(_) => panic!("never saw {what}; {}", self.context()),
+            }
+        }
+    }
+
+    /// Lines that arrived so far.
+    pub fn drain(&mut self) -> &[String] {
+        while let Ok(l) = self.lines.try_recv() {
+            self.seen.push(l);
+        }
+        &self.seen
+    }
+
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                // Collect the rest of the console.
+                while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(500)) {
+                    self.seen.push(l);
+                }
+                return s;
+            }
+            if Instant::now() > deadline {
+                panic!("microvm did not exit; {}", self.context());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A directory removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("mv-snap-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+    pub fn s(&self, name: &str) -> String {
+        self.path(name).display().to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn control(sock: &Path, req: Value) -> Value {
+    vmm::control::request(sock, &req).unwrap_or_else(|e| panic!("control {req}: {e}"))
+}
+
+pub fn wait_socket(sock: &Path) {
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t.elapsed() < WAIT,
+            "control socket {} never appeared",
+            sock.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+pub fn snapshot(sock: &Path, dir: &Path) -> Value {
+    let a = control(
+        sock,
+        json!({"cmd": "snapshot", "dir": dir.display().to_string()}),
+    );
+    assert_eq!(a["ok"], true, "snapshot failed: {a}");
+    assert_eq!(a["state"], "paused");
+    a
+}
+
+/// `counter: seq=<n> cpu0=<c> ...` → (n, [c0, c1, ...], mem sum).
+pub fn parse_counter(l: &str) -> Option<(u64, Vec<u64>, Option<u64>)> {
+    let rest = l.strip_prefix("counter: seq=")?;
+    let mut it = rest.split_whitespace();
+    let seq = it.next()?.parse().ok()?;
+    let mut cpus = Vec::new();
+    let mut mem = None;
+    for f in it {
+        if let Some(v) = f.strip_prefix("mem=") {
+            mem = Some(u64::from_str_radix(v, 16).ok()?);
+        } else {
+            let (k, v) = f.split_once('=')?;
+            if !k.starts_with("cpu") {
+                return None;
+            }
+            cpus.push(v.parse().ok()?);
+        }
+    }
+    Some((seq, cpus, mem))
+}
+
+/// Complete counter lines with `cpus` counters.
+pub fn counters(lines: &[String], cpus: usize) -> Vec<(u64, Vec<u64>, Option<u64>)> {
+    lines
+        .iter()
+        .filter_map(|l| parse_counter(l))
+        .filter(|c| c.1.len() == cpus)
+        .collect()
+}
+
+pub fn counters_addr(p: &mut Proc) -> u64 {
+    let l = p.wait_line("the counters' address", |l| l.starts_with("counter: addr="));
+    let v = l
+        .strip_prefix("counter: addr=0x")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap();
+    u64::from_str_radix(v, 16).unwrap()
+}
+
+/// The counters as saved in the memory file (guest RAM at 0 is file offset 0).
+pub fn saved_counters(mem: &Path, addr: u64, cpus: usize) -> Vec<u64> {
+    let f = File::open(mem).unwrap();
+    (0..cpus)
+        .map(|i| {
+            let mut b = [0u8; 8];
+            f.read_exact_at(&mut b, addr + 8 * i as u64).unwrap();
+            u64::from_le_bytes(b)
+        })
+        .collect()
+}
+
+/// Hash, length and modification time of every file in `dir`.
+pub fn fingerprint(dir: &Path) -> BTreeMap<String, (u64, u64, std::time::SystemTime)> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        if !e.file_type().unwrap().is_file() {
+            continue;
+        }
+        let mut f = File::open(e.path()).unwrap();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            h.write(&buf[..n]);
+        }
+        let m = e.metadata().unwrap();
+        out.insert(
+            e.file_name().to_string_lossy().into_owned(),
+            (h.finish(), m.len(), m.modified().unwrap()),
+        );
+    }
+    out
+}
