@@ -6,11 +6,11 @@ use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
-use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
+use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
@@ -30,14 +30,14 @@ use crate::devices::virtio::persist::{restore_device, AttachedDevice, DeviceStat
 use crate::devices::virtio::{self, AttachContext, BlockConfig, NetConfig};
 use crate::lifecycle::{InvalidTransition, Lifecycle, VmState};
 use crate::machine::Machine;
-use crate::snapshot::host::{HostError, HostFacts};
+use crate::snapshot::host::HostError;
 use crate::snapshot::state::MachineInfo;
 use crate::snapshot::{LoadedSnapshot, SnapshotError, SnapshotSummary, SnapshotWriter};
 use crate::timing::{cpu_time_us, Clock};
 use crate::vstate::memory::GuestRam;
-use crate::vstate::persist::{self as vpersist, VcpuCaps};
+use crate::vstate::persist as vpersist;
 use crate::vstate::vcpu::{
-    self, ExitStats, Vcpu, VcpuCmd, VcpuContext, VcpuExitReason, VcpuHandle,
+    self, ExitStats, SaveSpec, Vcpu, VcpuCmd, VcpuContext, VcpuExitReason, VcpuHandle,
 };
 use crate::vstate::vm;
 
@@ -683,17 +683,14 @@ impl Vmm {
             .kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(VmmError::Cpuid)?;
-        let caps = VcpuCaps::probe(&p.kvm);
-        let msr_indices =
-            Arc::new(vpersist::msrs_to_save(&p.kvm).map_err(|e| VmmError::Kvm(e.to_string()))?);
         let stats = Arc::new(ExitStats::new(start.wall));
+        let save_spec = Arc::new(OnceLock::new());
         let info = MachineInfo {
             mem_mib: cfg.mem_mib,
             vcpus: vcpu_count,
             cmdline: cmdline.clone(),
             memory_regions: regions.iter().map(|r| (r.0 .0, r.1 as u64)).collect(),
         };
-        let host = HostFacts::probe(&p.kvm, caps).map_err(|e| VmmError::Kvm(e.to_string()))?;
         let ctx = VcpuContext {
             vm: &p.vm,
             mem: &mem,
@@ -702,8 +699,7 @@ impl Vmm {
             pio: Arc::new(p.pio.clone()),
             mmio: Arc::new(p.mmio.clone()),
             stats: stats.clone(),
-            msr_indices,
-            caps,
+            save_spec: save_spec.clone(),
         };
         let mut vcpus = Vec::with_capacity(vcpu_count as usize);
         for id in 0..vcpu_count {
@@ -717,7 +713,7 @@ impl Vmm {
             kernel.protocol,
             kernel.entry,
         );
-        Self::assemble(p, legacy, vcpus, host, info, start, stats, None)
+        Self::assemble(p, legacy, vcpus, save_spec, info, start, stats, None)
     }
 
     /// Restores the VM saved in `rc.dir`, paused: the state of every vCPU and device is in
@@ -859,24 +855,19 @@ impl Vmm {
         let legacy = legacy_devices(&mut p, &opts, &rc.serial, start, Some(st))?;
 
         vcpu::install_kick_handler()?;
-        let base_cpuid = p
-            .kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(VmmError::Cpuid)?;
-        let caps = VcpuCaps::probe(&p.kvm);
-        let msr_indices =
-            Arc::new(vpersist::msrs_to_save(&p.kvm).map_err(|e| VmmError::Kvm(e.to_string()))?);
+        // Restored vCPUs take their CPUID from the snapshot.
+        let no_cpuid = CpuId::new(0).map_err(|e| VmmError::Kvm(format!("CPUID table: {e:?}")))?;
         let stats = Arc::new(ExitStats::new(start.wall));
+        let save_spec = Arc::new(OnceLock::new());
         let ctx = VcpuContext {
             vm: &p.vm,
             mem: &mem,
-            base_cpuid: &base_cpuid,
+            base_cpuid: &no_cpuid,
             count: st.machine.vcpus,
             pio: Arc::new(p.pio.clone()),
             mmio: Arc::new(p.mmio.clone()),
             stats: stats.clone(),
-            msr_indices,
-            caps,
+            save_spec: save_spec.clone(),
         };
         let tsc_scaling = p.kvm.check_extension(kvm_ioctls::Cap::TscControl);
         let mut vcpus = Vec::with_capacity(st.vcpus.len());
@@ -885,10 +876,9 @@ impl Vmm {
             let v = Vcpu::restore(&ctx, vs, vpersist::tsc_ticks(elapsed_ns, khz), tsc_scaling)?;
             vcpus.push(v);
         }
-        let host = HostFacts::probe(&p.kvm, caps).map_err(|e| VmmError::Kvm(e.to_string()))?;
         let info = st.machine.clone();
         let notify = opts.boot_notify.clone().map(|tx| (start, tx));
-        let vmm = Self::assemble(p, legacy, vcpus, host, info, start, stats, notify)?;
+        let vmm = Self::assemble(p, legacy, vcpus, save_spec, info, start, stats, notify)?;
         written_overlays.0.clear();
         log::debug!(
             "restored VM from {}: {} vCPU(s), {} MiB, clocks advanced by {} ms",
@@ -908,7 +898,7 @@ impl Vmm {
         mut p: Parts,
         legacy: Legacy,
         vcpus: Vec<Vcpu>,
-        host: HostFacts,
+        save_spec: Arc<OnceLock<SaveSpec>>,
         info: MachineInfo,
         start: Clock,
         stats: Arc<ExitStats>,
@@ -922,13 +912,14 @@ impl Vmm {
         }
         let cmdline = info.cmdline.clone();
         let machine = Machine {
+            kvm: p.kvm,
             vm: p.vm.clone(),
             ram: p.ram,
             serial: legacy.serial,
             i8042: legacy.i8042,
             virtio: p.virtio,
-            host,
             info,
+            save_spec,
         };
         let overlay_devices = Arc::new(machine.overlay_devices());
         let (action_tx, action_rx) = channel();

@@ -1,10 +1,10 @@
 //! The parts of a built VM that a snapshot reads: KVM VM, guest RAM, devices and what the VM
 //! was configured as. Owned by the VMM thread's control subscriber.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use kvm_ioctls::VmFd;
+use kvm_ioctls::{Kvm, VmFd};
 
 use crate::devices::legacy::i8042::I8042Device;
 use crate::devices::legacy::serial::SerialDevice;
@@ -13,18 +13,22 @@ use crate::snapshot::host::HostFacts;
 use crate::snapshot::state::{MachineInfo, MicrovmState};
 use crate::snapshot::{overlay_file_name, write_state, SnapshotSummary, SnapshotWriter};
 use crate::vstate::memory::GuestRam;
-use crate::vstate::persist;
-use crate::vstate::vcpu::VcpuHandle;
+use crate::vstate::persist::{self, VcpuCaps};
+use crate::vstate::vcpu::{SaveSpec, VcpuHandle};
 
 pub struct Machine {
+    /// /dev/kvm: the host facts and the MSR list are read from it when a snapshot is taken
+    /// (not while building, where every millisecond counts).
+    pub kvm: Kvm,
     pub vm: Arc<VmFd>,
     pub ram: GuestRam,
     pub serial: Arc<Mutex<SerialDevice>>,
     pub i8042: Arc<Mutex<I8042Device>>,
     /// virtio devices in slot order.
     pub virtio: Vec<AttachedDevice>,
-    pub host: HostFacts,
     pub info: MachineInfo,
+    /// Shared with the vCPUs: what they read for a snapshot.
+    pub save_spec: Arc<OnceLock<SaveSpec>>,
 }
 
 impl Machine {
@@ -47,6 +51,13 @@ impl Machine {
         mut w: SnapshotWriter,
     ) -> Result<SnapshotSummary, String> {
         let t0 = Instant::now();
+        let caps = VcpuCaps::probe(&self.kvm);
+        let host = HostFacts::probe(&self.kvm, caps).map_err(|e| format!("host facts: {e}"))?;
+        if self.save_spec.get().is_none() {
+            let msr_indices =
+                persist::msrs_to_save(&self.kvm).map_err(|e| format!("MSR list: {e}"))?;
+            let _ = self.save_spec.set(SaveSpec { msr_indices, caps });
+        }
         // Complete what the guest already queued; flush disks.
         for d in &self.virtio {
             d.quiesce().map_err(|e| format!("quiescing devices: {e}"))?;
@@ -75,7 +86,7 @@ impl Machine {
             .dump(&w.memory)
             .map_err(|e| format!("memory file: {e}"))?;
         let state = MicrovmState {
-            host: self.host.clone(),
+            host,
             machine: self.info.clone(),
             vm,
             vcpus: vcpu_states,

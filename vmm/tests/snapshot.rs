@@ -200,7 +200,7 @@ fn paused_restore_resume_resnapshot_and_clock_advance() {
     };
     let clock_gap = clock(&s2).wrapping_sub(clock(&s1));
     assert!(
-        realtime_gap >= 1_500_000_000 && realtime_gap < 1_500_000_000 + 30_000_000_000,
+        (1_500_000_000..31_500_000_000).contains(&realtime_gap),
         "realtime gap {realtime_gap}"
     );
     // kvm-clock stood still while the guest was away except for the advance (and the few
@@ -388,7 +388,7 @@ fn stream_responder(
                     &mut flen,
                 )
             };
-            if n < 14 || from.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+            if n < 14 || from.sll_pkttype == libc::PACKET_OUTGOING {
                 continue;
             }
             let f = &buf[..n as usize];

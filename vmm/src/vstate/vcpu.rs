@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -120,8 +120,7 @@ pub struct Vcpu {
     pio: Arc<Bus>,
     mmio: Arc<Bus>,
     stats: Arc<ExitStats>,
-    msr_indices: Arc<Vec<u32>>,
-    caps: VcpuCaps,
+    save_spec: Arc<OnceLock<SaveSpec>>,
 }
 
 /// Everything the vCPUs need from the VM.
@@ -133,8 +132,14 @@ pub struct VcpuContext<'a> {
     pub pio: Arc<Bus>,
     pub mmio: Arc<Bus>,
     pub stats: Arc<ExitStats>,
-    /// MSRs a snapshot saves.
-    pub msr_indices: Arc<Vec<u32>>,
+    /// What a snapshot saves; filled in (once, from /dev/kvm) by the first snapshot.
+    pub save_spec: Arc<OnceLock<SaveSpec>>,
+}
+
+/// What to read from a vCPU for a snapshot: which MSRs, which optional state.
+#[derive(Clone, Debug, Default)]
+pub struct SaveSpec {
+    pub msr_indices: Vec<u32>,
     pub caps: VcpuCaps,
 }
 
@@ -173,8 +178,7 @@ impl Vcpu {
             pio: ctx.pio.clone(),
             mmio: ctx.mmio.clone(),
             stats: ctx.stats.clone(),
-            msr_indices: ctx.msr_indices.clone(),
-            caps: ctx.caps,
+            save_spec: ctx.save_spec.clone(),
         }
     }
 
@@ -373,18 +377,22 @@ impl Vcpu {
                     continue;
                 }
                 Some(VcpuCmd::SaveState) => {
-                    let r = if running {
-                        Err(VcpuError::State {
+                    let r = match (running, self.save_spec.get()) {
+                        (false, Some(spec)) => {
+                            persist::save_vcpu(&self.fd, self.id, &spec.msr_indices, spec.caps)
+                                .map_err(|source| VcpuError::State {
+                                    id: self.id,
+                                    source,
+                                })
+                        }
+                        (true, _) => Err(VcpuError::State {
                             id: self.id,
                             source: StateError::List("state of a running vCPU"),
-                        })
-                    } else {
-                        persist::save_vcpu(&self.fd, self.id, &self.msr_indices, self.caps).map_err(
-                            |source| VcpuError::State {
-                                id: self.id,
-                                source,
-                            },
-                        )
+                        }),
+                        (false, None) => Err(VcpuError::State {
+                            id: self.id,
+                            source: StateError::List("MSRs to save (not set up)"),
+                        }),
                     };
                     let _ = states.send(r);
                     continue;
