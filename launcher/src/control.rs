@@ -12,8 +12,13 @@
 //! | `stop` | hard stop now | `state` |
 //! | `console` | after the `{"ok":true}` line the connection carries raw console bytes both ways | — |
 //! | `watch` | none; the connection becomes a stream of `status` answers (see below) | as `status` |
+//! | `snapshot` + `"dir": "/abs/path"` | pause, write a snapshot into the (absent or empty) directory, stay paused (`resume` continues) | `state`, `dir`, sizes, `pausedUs`, `writeUs` |
 //!
 //! `console` needs the VMM's serial on a unix socket (pod mode; `run --console socket`).
+//! `pause`, `unpause`/`resume` and `snapshot` are the VMM's own protocol commands
+//! (`vmm::control`, also served by `microvm --control-socket`): one protocol, one implementation.
+//! Snapshot files are created and renamed on this (the connection's) thread; the VMM thread only
+//! writes through the descriptors it is handed.
 //!
 //! `watch` (used by the node agent, `virt-handler`): the launcher answers at once with the
 //! current `status` line, then writes a new `status` line whenever `state` or `booted`
@@ -197,6 +202,13 @@ fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
             "status" => status_json(ctx),
             "pause" => action(ctx, Action::Pause, "paused"),
             "unpause" | "resume" => action(ctx, Action::Resume, "running"),
+            "snapshot" => {
+                let answer = vmm::control::snapshot_command(&ctx.controller, &req);
+                if answer.get("ok") == Some(&Value::Bool(true)) {
+                    set_state(&ctx.status, "paused");
+                }
+                answer
+            }
             "shutdown" => match ctx.events.send(Event::ShutdownRequested) {
                 Ok(()) => json!({"ok": true, "state": "shutting-down"}),
                 Err(_) => json!({"ok": false, "error": "the launcher is exiting"}),
@@ -227,8 +239,13 @@ fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
 
 /// Client side: sends one request and returns the answer.
 pub fn request(socket: &Path, cmd: &str) -> std::io::Result<Value> {
+    request_value(socket, &json!({ "cmd": cmd }))
+}
+
+/// Client side: sends the request `req` and returns the answer.
+pub fn request_value(socket: &Path, req: &Value) -> std::io::Result<Value> {
     let mut s = UnixStream::connect(socket)?;
-    reply(&mut s, &json!({ "cmd": cmd }))?;
+    reply(&mut s, req)?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;
     serde_json::from_str(line.trim()).map_err(|e| {

@@ -67,6 +67,16 @@ pub struct Options {
     /// Keep the network configuration when the launcher exits (pod mode: the namespace goes
     /// away with the pod).
     pub keep_network: bool,
+    /// Start from this snapshot instead of booting.
+    pub restore: Option<Restore>,
+}
+
+/// `run --restore DIR [--paused]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restore {
+    pub dir: PathBuf,
+    /// Keep the restored VM paused until the control socket's `resume`.
+    pub paused: bool,
 }
 
 /// A prepared launch; keep it alive until the VM has ended (it owns the demo kernel file).
@@ -245,6 +255,7 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
             announce_boot: opts.announce_boot,
             status,
             start,
+            restore: opts.restore.clone(),
         },
         demo,
         network: net_setup,

@@ -18,10 +18,11 @@ usage:
   virt-launcher run VMI.yaml [--grace-period SECS] [--console stdio|socket|none]
                 [--control-socket PATH] [--runtime-dir DIR] [--pvc-root DIR]
                 [--termination-log PATH] [--pod-network] [--no-seccomp] [--keep-caps]
-                [--log-level LEVEL]
+                [--restore DIR [--paused]] [--log-level LEVEL]
   virt-launcher pod
   virt-launcher probe ready
-  virt-launcher status|pause|unpause|shutdown|stop [--socket PATH]
+  virt-launcher status|pause|unpause|resume|shutdown|stop [--socket PATH]
+  virt-launcher snapshot DIR [--socket PATH]
   virt-launcher console [--socket PATH]
 
 run: boots the VMI (YAML or JSON) on this machine. The console is the terminal; Ctrl-C or
@@ -41,7 +42,13 @@ pod: the launcher pod's entry point (docs/launcher-pod.md). Environment:
   /var/run/microvirt: mounts, sockets, booted marker), MICROVIRT_TERMINATION_LOG (default
   /dev/termination-log), MICROVIRT_POD_INTERFACE (default eth0), MICROVIRT_RESOLV_CONF
   (default /etc/resolv.conf).
+  --restore DIR starts the VMI from the snapshot in DIR instead of booting it: the VMI's
+  memory and CPUs must match the snapshot's, its disks and interface take the place of the
+  snapshot's (a containerDisk's overlay becomes a copy of the one saved in DIR); --paused
+  keeps it paused until `resume`.
 probe ready: exit 0 once the guest has booted ($MICROVIRT_ROOT/booted exists).
+snapshot DIR: pause the VM and write a snapshot into DIR (absent or empty); the VM stays
+  paused (`resume` continues it). Format: docs/snapshot.md.
 status|pause|unpause|shutdown|stop|console: talk to a launcher's control socket (default
   $MICROVIRT_ROOT/control.sock). console: Ctrl-] detaches.
 
@@ -91,6 +98,8 @@ struct RunArgs {
     seccomp: bool,
     keep_caps: bool,
     pod_network: bool,
+    restore: Option<PathBuf>,
+    paused: bool,
 }
 
 enum Cmd {
@@ -98,6 +107,7 @@ enum Cmd {
     Pod,
     ProbeReady,
     Control { cmd: String, socket: PathBuf },
+    Snapshot { dir: PathBuf, socket: PathBuf },
     Console { socket: PathBuf },
     Help,
 }
@@ -119,6 +129,8 @@ fn parse(args: &[String]) -> Result<(Cmd, log::LevelFilter), String> {
         seccomp: true,
         keep_caps: false,
         pod_network: false,
+        restore: None,
+        paused: false,
     };
     let mut socket = root_dir().join("control.sock");
     let mut it = args.iter();
@@ -154,6 +166,8 @@ fn parse(args: &[String]) -> Result<(Cmd, log::LevelFilter), String> {
             "--no-seccomp" => run.seccomp = false,
             "--keep-caps" => run.keep_caps = true,
             "--pod-network" => run.pod_network = true,
+            "--restore" => run.restore = Some(value()?.into()),
+            "--paused" => run.paused = true,
             "--socket" => socket = value()?.into(),
             "--log-level" => {
                 let v = value()?;
@@ -167,7 +181,19 @@ fn parse(args: &[String]) -> Result<(Cmd, log::LevelFilter), String> {
     let cmd = match pos.next().as_deref() {
         Some("run") => {
             run.vmi = pos.next().ok_or("run needs a VMI file")?.into();
+            if run.paused && run.restore.is_none() {
+                return Err("--paused only goes with --restore".into());
+            }
             Cmd::Run(run)
+        }
+        Some("snapshot") => {
+            let dir: PathBuf = pos.next().ok_or("snapshot needs a directory")?.into();
+            let dir = std::path::absolute(&dir)
+                .map_err(|e| format!("snapshot directory {}: {e}", dir.display()))?;
+            Cmd::Snapshot {
+                dir,
+                socket: socket.clone(),
+            }
         }
         Some("pod") => Cmd::Pod,
         Some("probe") => match pos.next().as_deref() {
@@ -281,6 +307,10 @@ fn cmd_run(a: RunArgs, start: Clock) -> ExitCode {
         announce_boot: true,
         pod_network: a.pod_network,
         keep_network: false,
+        restore: a.restore.map(|dir| launch::Restore {
+            dir,
+            paused: a.paused,
+        }),
     };
     // Keys go to the guest as typed (the guest echoes); Ctrl-C still means shut down.
     let raw = (a.console == Console::Stdio)
@@ -338,6 +368,7 @@ fn cmd_pod(start: Clock) -> ExitCode {
         announce_boot: true,
         pod_network: true,
         keep_network: true,
+        restore: None,
     };
     let outcome = launch(&doc, &opts, false, start);
     finish(outcome, Some(&term_log))
@@ -369,20 +400,14 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }
-        Cmd::Control { cmd, socket } => match control::request(&socket, &cmd) {
-            Ok(v) => {
-                println!("{v}");
-                if v.get("ok") == Some(&serde_json::Value::Bool(true)) {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                }
-            }
-            Err(e) => {
-                eprintln!("virt-launcher: {}: {e}", socket.display());
-                ExitCode::from(1)
-            }
-        },
+        Cmd::Snapshot { dir, socket } => answer(
+            &socket,
+            control::request_value(
+                &socket,
+                &serde_json::json!({"cmd": "snapshot", "dir": dir.display().to_string()}),
+            ),
+        ),
+        Cmd::Control { cmd, socket } => answer(&socket, control::request(&socket, &cmd)),
         Cmd::Console { socket } => match control::attach_console(&socket) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -390,5 +415,23 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+    }
+}
+
+/// Prints a control answer; exit 0 when it says `ok`.
+fn answer(socket: &Path, r: std::io::Result<serde_json::Value>) -> ExitCode {
+    match r {
+        Ok(v) => {
+            println!("{v}");
+            if v.get("ok") == Some(&serde_json::Value::Bool(true)) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("virt-launcher: {}: {e}", socket.display());
+            ExitCode::from(1)
+        }
     }
 }

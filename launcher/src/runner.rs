@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use vmm::builder::RunTimings;
 use vmm::devices::legacy::boot_timer::BootTime;
+use vmm::devices::virtio::NetConfig;
 use vmm::timing::Clock;
-use vmm::{Action, BuildOptions, ExitReason, VmConfig, Vmm, VmmController};
+use vmm::{Action, BuildOptions, ExitReason, RestoreConfig, VmConfig, Vmm, VmmController};
 
 use crate::console::ConsoleHub;
 use crate::control::{self, ControlServer};
@@ -123,6 +124,9 @@ pub struct LaunchConfig {
     pub status: Status,
     /// When VM preparation began (boot time is measured from here).
     pub start: Clock,
+    /// Restore this snapshot instead of booting (the VMI's disks and NIC replace the
+    /// snapshot's, in order; its memory and vCPUs must match).
+    pub restore: Option<crate::launch::Restore>,
 }
 
 /// Why the launcher ended and what it reports.
@@ -216,12 +220,33 @@ pub fn forward_signals(events: Sender<Event>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The snapshot's disks and NIC are replaced by the VMI's, in order: each launch has its own
+/// overlay (a copy of the snapshot's is made there) and TAP. The guest keeps its MAC.
+fn restore_config(vm: &VmConfig, r: &crate::launch::Restore) -> RestoreConfig {
+    RestoreConfig {
+        dir: r.dir.clone(),
+        disks: vm.disks.clone(),
+        nets: vm
+            .nets
+            .iter()
+            .map(|n| NetConfig {
+                tap: n.tap.clone(),
+                mac: None,
+            })
+            .collect(),
+        serial: vm.serial.clone(),
+        expect_mem_mib: Some(vm.mem_mib),
+        expect_vcpus: Some(vm.vcpus),
+    }
+}
+
 fn spawn_vmm(cfg: &LaunchConfig, events: Sender<Event>) -> Result<(VmmController, i32), String> {
     let (ready_tx, ready_rx) = channel::<Result<(VmmController, i32), String>>();
     let (boot_tx, boot_rx) = channel::<BootTime>();
     let vm = cfg.vm.clone();
     let start = cfg.start;
     let use_seccomp = cfg.seccomp;
+    let restore = cfg.restore.clone();
     let exit_events = events.clone();
     std::thread::Builder::new()
         .name("vmm".into())
@@ -239,7 +264,11 @@ fn spawn_vmm(cfg: &LaunchConfig, events: Sender<Event>) -> Result<(VmmController
                 serial_out: None,
                 boot_notify: Some(boot_tx),
             };
-            let vmm = match Vmm::build(&vm, opts) {
+            let built = match &restore {
+                None => Vmm::build(&vm, opts),
+                Some(r) => Vmm::restore(&restore_config(&vm, r), opts),
+            };
+            let vmm = match built {
                 Ok(v) => v,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e.to_string()));
@@ -247,7 +276,12 @@ fn spawn_vmm(cfg: &LaunchConfig, events: Sender<Event>) -> Result<(VmmController
                 }
             };
             let _ = ready_tx.send(Ok((vmm.controller(), tid)));
-            let r = vmm.run().map_err(|e| e.to_string());
+            let r = if restore.as_ref().is_some_and(|r| r.paused) {
+                vmm.run_paused()
+            } else {
+                vmm.run()
+            }
+            .map_err(|e| e.to_string());
             let _ = exit_events.send(Event::Exited(r));
         })
         .map_err(|e| format!("spawning the VMM thread: {e}"))?;
@@ -272,7 +306,12 @@ fn on_booted(cfg: &LaunchConfig, status: &SharedStatus, t: BootTime) -> u64 {
     status.update(|s| s.boot_time_ms = Some(ms));
     if cfg.announce_boot {
         eprintln!(
-            "virt-launcher: guest booted in {}.{:03} ms (cpu {} ms)",
+            "virt-launcher: guest {} in {}.{:03} ms (cpu {} ms)",
+            if cfg.restore.is_some() {
+                "restored and running"
+            } else {
+                "booted"
+            },
             t.wall_us / 1000,
             t.wall_us % 1000,
             t.cpu_us / 1000
@@ -310,7 +349,8 @@ pub fn run(
         Err(e) => return Outcome::setup_failed(e),
     };
     status.update(|s| {
-        s.state = "running".into();
+        let paused = cfg.restore.as_ref().is_some_and(|r| r.paused);
+        s.state = if paused { "paused" } else { "running" }.into();
         s.vmm_tid = Some(tid);
     });
     let hub = match &cfg.console_socket {

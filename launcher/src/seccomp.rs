@@ -73,7 +73,10 @@ pub const VMM_SYSCALLS: &[(&str, libc::c_long)] = &[
     ("sendto", libc::SYS_sendto),
     ("recvfrom", libc::SYS_recvfrom),
     ("shutdown", libc::SYS_shutdown),
-    // Memory.
+    // Memory: guest RAM is a memfd (or a snapshot's file); a snapshot asks mincore which
+    // pages of a restored VM's RAM are resident.
+    ("memfd_create", libc::SYS_memfd_create),
+    ("mincore", libc::SYS_mincore),
     ("mmap", libc::SYS_mmap),
     ("munmap", libc::SYS_munmap),
     ("mprotect", libc::SYS_mprotect),

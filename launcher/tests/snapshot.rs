@@ -1,0 +1,232 @@
+//! Snapshot and restore through `virt-launcher` on this machine's /dev/kvm with the built-in
+//! demo guest: `virt-launcher snapshot DIR` on the control socket, `run --restore DIR
+//! --paused`, `resume`; the VMI's containerDisk overlay travels with the snapshot, and a VMI
+//! that does not match the snapshot is refused before anything runs.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
+const WAIT: Duration = Duration::from_secs(60);
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let p = std::env::temp_dir().join(format!("launcher-snap-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running launcher, its output collected; killed when dropped.
+struct Launcher {
+    child: Child,
+    out: Arc<Mutex<String>>,
+    err: Arc<Mutex<String>>,
+}
+
+fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
+    let buf = Arc::new(Mutex::new(String::new()));
+    let b = buf.clone();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(r);
+        let mut line = Vec::new();
+        while r
+            .read_until(b'\n', &mut line)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
+            b.lock().unwrap().push_str(&String::from_utf8_lossy(&line));
+            line.clear();
+        }
+    });
+    buf
+}
+
+impl Launcher {
+    fn run(args: &[&str]) -> Launcher {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = collect(child.stdout.take().unwrap());
+        let err = collect(child.stderr.take().unwrap());
+        Launcher { child, out, err }
+    }
+
+    fn stdout(&self) -> String {
+        self.out.lock().unwrap().clone()
+    }
+
+    fn context(&self) -> String {
+        format!(
+            "stdout:\n{}\nstderr:\n{}",
+            self.stdout(),
+            self.err.lock().unwrap()
+        )
+    }
+
+    fn wait_for(&self, needle: &str) {
+        let end = Instant::now() + WAIT;
+        while !self.stdout().contains(needle) {
+            assert!(Instant::now() < end, "no {needle:?}; {}", self.context());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn wait(&mut self) -> ExitStatus {
+        let end = Instant::now() + WAIT;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                std::thread::sleep(Duration::from_millis(50));
+                return st;
+            }
+            assert!(Instant::now() < end, "still running; {}", self.context());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client(args: &[&str]) -> (Output, serde_json::Value) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out, v)
+}
+
+fn vmi(dir: &Path, name: &str, memory: &str, kernel_args: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &p,
+        format!(
+            "apiVersion: microvirt.io/v1alpha1\nkind: VirtualMachineInstance\n\
+             metadata: {{name: {name}}}\nspec:\n  domain:\n    memory: {{guest: {memory}}}\n    \
+             firmware: {{kernelBoot: {{kernelArgs: \"{kernel_args}\"}}}}\n    devices:\n      \
+             disks: [{{name: root}}]\n  volumes:\n    - {{name: root, containerDisk: {{image: local, path: base.img}}}}\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
+    let t = TempDir::new("flow");
+    let base = t.path("base.img");
+    std::fs::write(&base, vec![0u8; 1 << 20]).unwrap();
+    let k = 200;
+    let args = format!("testguest.scenario=stream testguest.stream_count={k}");
+    let vmi_file = vmi(&t.0, "snapvm", "32Mi", &args);
+    let (s1, s2) = (t.path("one.sock"), t.path("two.sock"));
+    let (rt1, rt2) = (t.path("rt1"), t.path("rt2"));
+    let vmi_s = vmi_file.display().to_string();
+    let mut one = Launcher::run(&[
+        "run",
+        &vmi_s,
+        "--control-socket",
+        &s1.display().to_string(),
+        "--runtime-dir",
+        &rt1.display().to_string(),
+    ]);
+    one.wait_for("stream: 60");
+    let snap = t.path("snap");
+    let (out, a) = client(&[
+        "snapshot",
+        &snap.display().to_string(),
+        "--socket",
+        &s1.display().to_string(),
+    ]);
+    assert!(out.status.success(), "{out:?}; {}", one.context());
+    assert_eq!(a["state"], "paused", "{a}");
+    assert!(a["overlayBytes"].as_u64().unwrap() > 0, "{a}");
+    assert!(snap.join("disk0.overlay").is_file());
+    let (_, st) = client(&["status", "--socket", &s1.display().to_string()]);
+    assert_eq!(st["state"], "paused");
+    let (out, _) = client(&["stop", "--socket", &s1.display().to_string()]);
+    assert!(out.status.success());
+    assert_eq!(one.wait().code(), Some(5), "{}", one.context());
+    let printed = one.stdout();
+
+    // A VMI that asks for other memory is refused before anything runs.
+    let other = vmi(&t.0, "bigger", "64Mi", &args);
+    let out = Command::new(BIN)
+        .args(["run", &other.display().to_string(), "--restore"])
+        .arg(&snap)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("memory size mismatch: the snapshot has 32 MiB, 64 MiB asked for"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "the guest ran: {out:?}");
+
+    let mut two = Launcher::run(&[
+        "run",
+        &vmi_s,
+        "--restore",
+        &snap.display().to_string(),
+        "--paused",
+        "--control-socket",
+        &s2.display().to_string(),
+        "--runtime-dir",
+        &rt2.display().to_string(),
+    ]);
+    let end = Instant::now() + WAIT;
+    while !s2.exists() {
+        assert!(Instant::now() < end, "no control socket; {}", two.context());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (_, st) = client(&["status", "--socket", &s2.display().to_string()]);
+    assert_eq!(st["state"], "paused", "{st}");
+    assert_eq!(st["booted"], false, "{st}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        two.stdout().is_empty(),
+        "ran while paused: {}",
+        two.context()
+    );
+    let (out, a) = client(&["resume", "--socket", &s2.display().to_string()]);
+    assert!(out.status.success(), "{a}");
+    two.wait_for(&format!("stream: done {k} blk=ok net=none"));
+    assert!(two.wait().success(), "{}", two.context());
+    let stdout = two.stdout();
+    assert!(
+        !stdout.contains("stream: start"),
+        "the restored guest started over:\n{stdout}"
+    );
+    assert!(printed.contains("stream: start"));
+    assert!(
+        two.context().contains("guest restored and running in"),
+        "{}",
+        two.context()
+    );
+    // The restore's own overlay (a copy of the saved one, then written on); the image and the
+    // first run's overlay are as they were.
+    assert!(rt2.join("root.overlay").is_file());
+    assert_eq!(std::fs::read(&base).unwrap(), vec![0u8; 1 << 20]);
+}
