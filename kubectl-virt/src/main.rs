@@ -3,6 +3,9 @@
 //! - `console|pause|unpause NAME`: `kubectl exec` into the VMI's launcher pod
 //!   (`virt-launcher-NAME`, container `compute`) running
 //!   `virt-launcher console|pause|unpause --socket /var/run/microvirt/control.sock`.
+//! - `snapshot NAME DIR`: the same exec with `virt-launcher snapshot DIR`: the VMI is paused
+//!   and snapshotted into DIR, a path inside the launcher pod (a volume of the pod); it stays
+//!   paused until `unpause`.
 //! - `start|stop NAME`: set the VirtualMachine's `spec.runStrategy` to `Always` / `Halted`
 //!   (removing the deprecated `spec.running`); the operator creates / deletes the VMI.
 //! - `restart NAME`: delete the VM's VMI; the operator creates a new one (run strategies that
@@ -25,7 +28,7 @@ const CONTAINER: &str = "compute";
 #[command(
     name = "kubectl virt",
     bin_name = "kubectl virt",
-    about = "Control microvirt VMs and VMIs (console, pause/unpause, start/stop/restart)"
+    about = "Control microvirt VMs and VMIs (console, pause/unpause, snapshot, start/stop/restart)"
 )]
 struct Cli {
     /// Namespace of the VM/VMI (default: the kubeconfig context's).
@@ -49,6 +52,13 @@ enum Cmd {
     Pause { name: String },
     /// Resume a paused VMI.
     Unpause { name: String },
+    /// Pause the VMI and write a memory snapshot into DIR (an absolute path inside the launcher
+    /// pod); the VMI stays paused until `unpause`.
+    Snapshot {
+        name: String,
+        #[arg(value_parser = absolute_dir)]
+        dir: String,
+    },
     /// Start a VM: runStrategy Always.
     Start { name: String },
     /// Stop a VM: runStrategy Halted.
@@ -74,11 +84,31 @@ impl Cli {
     }
 }
 
+fn absolute_dir(s: &str) -> Result<String, String> {
+    if s.starts_with('/') {
+        Ok(s.to_string())
+    } else {
+        Err("must be an absolute path inside the launcher pod".into())
+    }
+}
+
 /// The `kubectl exec` arguments for a launcher control command.
 fn exec_args(
     global: &[String],
     name: &str,
     verb: &str,
+    interactive: bool,
+    tty: bool,
+) -> Vec<String> {
+    exec_args_with(global, name, verb, &[], interactive, tty)
+}
+
+/// [`exec_args`] with arguments after the verb.
+fn exec_args_with(
+    global: &[String],
+    name: &str,
+    verb: &str,
+    verb_args: &[String],
     interactive: bool,
     tty: bool,
 ) -> Vec<String> {
@@ -97,9 +127,9 @@ fn exec_args(
         "--".into(),
         "virt-launcher".into(),
         verb.into(),
-        "--socket".into(),
-        CONTROL_SOCKET.into(),
     ]);
+    a.extend(verb_args.iter().cloned());
+    a.extend(["--socket".into(), CONTROL_SOCKET.into()]);
     a
 }
 
@@ -215,6 +245,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Pause { name } => run_inherit(&exec_args(&global, name, "pause", false, false)),
         Cmd::Unpause { name } => run_inherit(&exec_args(&global, name, "unpause", false, false)),
+        Cmd::Snapshot { name, dir } => run_inherit(&exec_args_with(
+            &global,
+            name,
+            "snapshot",
+            std::slice::from_ref(dir),
+            false,
+            false,
+        )),
         Cmd::Start { name } => set_run_strategy(&global, name, "Always").map(|_| ExitCode::SUCCESS),
         Cmd::Stop { name } => set_run_strategy(&global, name, "Halted").map(|_| ExitCode::SUCCESS),
         Cmd::Restart { name } => restart(&global, name).map(|_| ExitCode::SUCCESS),
@@ -262,6 +300,15 @@ mod tests {
         assert_eq!(c.cmd, Cmd::Stop { name: "x".into() });
         assert!(Cli::try_parse_from(["kubectl-virt", "pause"]).is_err());
         assert!(Cli::try_parse_from(["kubectl-virt", "reboot", "x"]).is_err());
+        assert_eq!(
+            parse(&["snapshot", "vm1", "/snaps/a"]).cmd,
+            Cmd::Snapshot {
+                name: "vm1".into(),
+                dir: "/snaps/a".into()
+            }
+        );
+        assert!(Cli::try_parse_from(["kubectl-virt", "snapshot", "vm1", "rel/a"]).is_err());
+        assert!(Cli::try_parse_from(["kubectl-virt", "snapshot", "vm1"]).is_err());
     }
 
     #[test]
@@ -274,6 +321,10 @@ mod tests {
         assert_eq!(
             exec_args(&[], "vm1", "console", true, true).join(" "),
             "exec -i -t virt-launcher-vm1 -c compute -- virt-launcher console --socket /var/run/microvirt/control.sock"
+        );
+        assert_eq!(
+            exec_args_with(&g, "vm1", "snapshot", &["/s/1".into()], false, false).join(" "),
+            "--namespace=ns1 exec virt-launcher-vm1 -c compute -- virt-launcher snapshot /s/1 --socket /var/run/microvirt/control.sock"
         );
     }
 

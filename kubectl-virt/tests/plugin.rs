@@ -188,7 +188,7 @@ fn start_stop_restart_against_a_real_apiserver() -> Result<()> {
 }
 
 #[test]
-fn console_pause_unpause_exec_into_the_launcher_pod() -> Result<()> {
+fn console_pause_unpause_snapshot_exec_into_the_launcher_pod() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("kubectl-virt-fake-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let log = dir.join("args.log");
@@ -207,13 +207,17 @@ fn console_pause_unpause_exec_into_the_launcher_pod() -> Result<()> {
         std::env::var("PATH").unwrap_or_default()
     );
     let socket = "/var/run/microvirt/control.sock";
-    for (verb, extra) in [
-        ("pause", vec![]),
-        ("unpause", vec![]),
-        ("console", vec!["-i"]),
+    for (verb, extra, verb_args) in [
+        ("pause", vec![], vec![]),
+        ("unpause", vec![], vec![]),
+        ("console", vec!["-i"], vec![]),
+        ("snapshot", vec![], vec!["/snapshots/s1"]),
     ] {
         let o = plugin()
-            .args([verb, "vm1", "-n", "ns1", "--context", "c1"])
+            .arg(verb)
+            .arg("vm1")
+            .args(&verb_args)
+            .args(["-n", "ns1", "--context", "c1"])
             .env("PATH", &path)
             .stdin(Stdio::null())
             .output()?;
@@ -229,9 +233,9 @@ fn console_pause_unpause_exec_into_the_launcher_pod() -> Result<()> {
             "--",
             "virt-launcher",
             verb,
-            "--socket",
-            socket,
         ]);
+        want.extend(verb_args);
+        want.extend(["--socket", socket]);
         assert_eq!(args.lines().collect::<Vec<_>>(), want, "{verb}");
     }
     std::fs::remove_dir_all(&dir)?;
