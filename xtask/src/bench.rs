@@ -5,7 +5,8 @@
 //!   its entry point) and -> boot-timer write;
 //! - VMM memory overhead: RSS of the process minus the guest-RAM mapping's
 //!   resident pages (Firecracker's method), 1 vCPU, 128 MiB, guest idle;
-//! - boots per second, sequential and with 2 in parallel.
+//! - boots per second, sequential and with 2 in parallel;
+//! - snapshots and restores (`bench_snapshot.rs`).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc_timespec::default();
     // SAFETY: clock_gettime writes into the struct we own; CLOCK_MONOTONIC is valid.
     unsafe { clock_gettime(1, &mut ts) };
@@ -93,7 +94,7 @@ fn one_boot(microvm: &Path, kernel: &Path) -> Result<Sample> {
     })
 }
 
-fn stats(mut v: Vec<u64>) -> (f64, f64, f64) {
+pub(crate) fn stats(mut v: Vec<u64>) -> (f64, f64, f64) {
     v.sort_unstable();
     let ms = |x: u64| x as f64 / 1000.0;
     let p = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
@@ -101,7 +102,7 @@ fn stats(mut v: Vec<u64>) -> (f64, f64, f64) {
 }
 
 /// RSS of `pid` split into (total KiB, guest-RAM KiB) using /proc/PID/smaps.
-fn rss_split(pid: u32, guest_kib: u64) -> Result<(u64, u64)> {
+pub(crate) fn rss_split(pid: u32, guest_kib: u64) -> Result<(u64, u64)> {
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
     let (mut total, mut guest) = (0u64, 0u64);
     let mut in_guest = false;
@@ -264,5 +265,5 @@ pub fn main(args: &[String]) -> Result<()> {
     let seq = boots_per_second(&microvm, &guest.pvh, total_boots, 1)?;
     let par = boots_per_second(&microvm, &guest.pvh, total_boots, 2)?;
     println!("boots/s: sequential {seq:.1}, 2 in parallel {par:.1} ({total_boots} boots each)");
-    Ok(())
+    crate::bench_snapshot::run(&microvm, &guest, runs)
 }

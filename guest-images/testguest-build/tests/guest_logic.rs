@@ -73,8 +73,14 @@ fn trailing_numbers_in_payloads() {
 
 #[test]
 fn stream_frame_numbers() {
-    assert_eq!(two_numbers(b"microvirt ack 12 3\0\0", b"microvirt ack "), Some((12, 3)));
-    assert_eq!(two_numbers(b"microvirt ack 0 0", b"microvirt ack "), Some((0, 0)));
+    assert_eq!(
+        two_numbers(b"microvirt ack 12 3\0\0", b"microvirt ack "),
+        Some((12, 3))
+    );
+    assert_eq!(
+        two_numbers(b"microvirt ack 0 0", b"microvirt ack "),
+        Some((0, 0))
+    );
     assert_eq!(two_numbers(b"microvirt ack 12", b"microvirt ack "), None);
     assert_eq!(two_numbers(b"microvirt ack x 1", b"microvirt ack "), None);
     assert_eq!(two_numbers(b"microvirt ack 1 2x", b"microvirt ack "), None);

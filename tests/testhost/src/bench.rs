@@ -1,6 +1,12 @@
 //! Comparison benchmark inside the test host: the same kernel and rootfs booted by `microvm` and by
 //! `qemu-system-x86_64 -M microvm -accel kvm`, several runs each; medians of the time from VMM
 //! process start to the guest init's first console line, and of the VMM's RSS.
+//!
+//! Then snapshot/restore of that Linux guest with `microvm`: the guest is snapshotted in the
+//! middle of `sleep 2; echo restored-output; exit` typed on its console, and restored several
+//! times after the sleep's end has passed in real time (restore advances the guest's clocks,
+//! so the sleep is over at once): `microvm-restore` rows measure process start → the guest's
+//! first output after restore, with the VMM's own restore time and main → first guest exit.
 
 use std::path::PathBuf;
 
@@ -23,6 +29,9 @@ pub struct Sample {
     pub vmm_rss_kib: u64,
     /// microvm's own boot-timer figure.
     pub boot_time_ms: Option<f64>,
+    /// Restores: the VMM's restore time and main → first guest exit.
+    pub restore_ms: Option<f64>,
+    pub first_exit_ms: Option<f64>,
 }
 
 /// Medians per VMM.
@@ -36,6 +45,8 @@ pub struct Summary {
     pub rss_kib: Option<f64>,
     pub vmm_rss_kib: Option<f64>,
     pub boot_time_ms: Option<f64>,
+    pub restore_ms: Option<f64>,
+    pub first_exit_ms: Option<f64>,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -62,6 +73,8 @@ pub fn parse_sample(vmm: &str, line: &str) -> Option<Sample> {
         rss_kib: 0,
         vmm_rss_kib: 0,
         boot_time_ms: None,
+        restore_ms: None,
+        first_exit_ms: None,
     };
     for kv in rest.split_whitespace() {
         let (k, v) = kv.split_once('=')?;
@@ -72,6 +85,8 @@ pub fn parse_sample(vmm: &str, line: &str) -> Option<Sample> {
             "rss-kib" => s.rss_kib = v.parse().ok()?,
             "vmm-rss-kib" => s.vmm_rss_kib = v.parse().ok()?,
             "boot-time-ms" => s.boot_time_ms = v.parse().ok(),
+            "restore-ms" => s.restore_ms = v.parse().ok(),
+            "first-exit-ms" => s.first_exit_ms = v.parse().ok(),
             _ => {}
         }
     }
@@ -104,6 +119,8 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
                 rss_kib: median(ok.iter().map(|s| s.rss_kib as f64).collect()),
                 vmm_rss_kib: median(ok.iter().map(|s| s.vmm_rss_kib as f64).collect()),
                 boot_time_ms: median(ok.iter().filter_map(|s| s.boot_time_ms).collect()),
+                restore_ms: median(ok.iter().filter_map(|s| s.restore_ms).collect()),
+                first_exit_ms: median(ok.iter().filter_map(|s| s.first_exit_ms).collect()),
             }
         })
         .collect()
@@ -113,17 +130,19 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
 pub fn table(summaries: &[Summary]) -> String {
     let f = |v: Option<f64>, d: f64| v.map_or("n/a".to_string(), |x| format!("{:.1}", x / d));
     let mut s = String::from(
-        "| VMM | ok/runs | start → init line (ms) | start → exit (ms) | boot-time-ms (own) | RSS total (MiB) | RSS w/o guest RAM (MiB) |\n|---|---|---|---|---|---|---|\n",
+        "| VMM | ok/runs | start → first line (ms) | start → exit (ms) | boot-time-ms (own) | restore (own, ms) | main → first guest exit (ms) | RSS total (MiB) | RSS w/o guest RAM (MiB) |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for m in summaries {
         s.push_str(&format!(
-            "| {} | {}/{} | {} | {} | {} | {} | {} |\n",
+            "| {} | {}/{} | {} | {} | {} | {} | {} | {} | {} |\n",
             m.vmm,
             m.ok,
             m.runs,
             f(m.marker_ms, 1.0),
             f(m.wall_ms, 1.0),
             f(m.boot_time_ms, 1.0),
+            f(m.restore_ms, 1.0),
+            f(m.first_exit_ms, 1.0),
             f(m.rss_kib, 1024.0),
             f(m.vmm_rss_kib, 1024.0),
         ));
@@ -170,6 +189,39 @@ fn commands(root: RootMode) -> (String, String) {
     (microvm, qemu)
 }
 
+/// The test-host shell that snapshots a Linux guest in the middle of `sleep 2; echo
+/// restored-output; exit` and then restores it `runs` times (plus a warm-up) under `bootwatch`.
+fn snapshot_body(runs: usize) -> String {
+    let mut s = format!(
+        r#"mkfifo $WORK/in.fifo
+(
+	i=0
+	until grep -q "microvirt: shell ready" $WORK/snapvm.log 2>/dev/null; do
+		i=$((i + 1)); [ $i -ge 600 ] && break; sleep 0.2
+	done
+	sleep 1
+	printf 'sleep 2; echo restored-output; exit\n'
+	sleep 0.5
+	/bin/microvm control $WORK/ctl.sock '{{"cmd":"snapshot","dir":"/tmp/bench/snap"}}' > $WORK/snap.json 2>&1
+	/bin/microvm control $WORK/ctl.sock '{{"cmd":"stop"}}' > /dev/null 2>&1
+	sleep 30
+) > $WORK/in.fifo &
+/bin/microvm --kernel /guest/vmlinux --mem-mib {GUEST_MIB} --disk path=$WORK/root.ext4,overlay=$WORK/snap.ovl \
+	--control-socket $WORK/ctl.sock --cmdline 'root=/dev/vda rw quiet microvirt.scenario=console' \
+	< $WORK/in.fifo > $WORK/snapvm.log 2>&1
+echo "=== snapshot $(cat $WORK/snap.json)"
+sleep 3
+"#
+    );
+    for i in 0..=runs {
+        let tag = if i == 0 { "warmup" } else { "sample" };
+        s.push_str(&format!(
+            "echo \"=== {tag} microvm-restore $(/bin/bootwatch --marker restored-output --guest-mib {GUEST_MIB} --timeout 120 -- /bin/microvm --restore /tmp/bench/snap --disk path=$WORK/root.ext4,overlay=$WORK/restored.ovl --log-level debug | grep '^bootwatch ')\"\n"
+        ));
+    }
+    s
+}
+
 /// Runs the comparison; returns every sample and the test-host console log path.
 pub fn run(
     prep: &Prepared,
@@ -191,6 +243,7 @@ pub fn run(
             ));
         }
     }
+    body.push_str(&snapshot_body(runs));
     // The comparison always runs in the test host, so both VMMs see the same nested KVM.
     let kernel = match &prep.l1 {
         Some(k) => k.clone(),
@@ -229,7 +282,11 @@ pub fn run(
     let _ = std::fs::remove_file(&initramfs);
     let mut samples = Vec::new();
     for l in &console.lines {
-        let Some(rest) = l.trim().strip_prefix("=== sample ") else {
+        let l = l.trim();
+        if let Some(s) = l.strip_prefix("=== snapshot ") {
+            eprintln!("[bench] snapshot: {s}");
+        }
+        let Some(rest) = l.strip_prefix("=== sample ") else {
             continue;
         };
         let Some((name, result)) = rest.split_once(' ') else {
@@ -245,6 +302,8 @@ pub fn run(
                 rss_kib: 0,
                 vmm_rss_kib: 0,
                 boot_time_ms: None,
+                restore_ms: None,
+                first_exit_ms: None,
             }),
         }
     }

@@ -43,6 +43,7 @@ pub const ALL: &[Scenario] = &[
     scenario!("smp"),
     scenario!("console"),
     scenario!("shutdown"),
+    scenario!("snapshot"),
 ];
 
 /// Looks a scenario up by name.

@@ -296,3 +296,71 @@ fn sigterm_shuts_the_linux_guest_down_cleanly() {
     );
     assert_exit0(sec, "shutdown");
 }
+
+#[test]
+fn snapshot_restore_linux_console_disk_network_and_wall_clock() {
+    let sec = section("snapshot");
+    let snap = sec.value("check snapshot ").unwrap_or_default();
+    assert!(
+        snap.contains("\"ok\":true") && snap.contains("\"state\":\"paused\""),
+        "snapshot through the control socket failed: {snap}\n{}",
+        sec.tail(60)
+    );
+    let files = sec.value("check snapshot-files ").unwrap_or_default();
+    for f in ["disk0.overlay", "memory", "vmstate"] {
+        assert!(
+            files.split_whitespace().any(|x| x == f),
+            "{f} missing: {files}"
+        );
+    }
+    // The original resumed after the snapshot and shut down on its own.
+    assert_exit0(sec, "first");
+    assert_exit0(sec, "second");
+    let second = sec.vm_lines("second");
+    let has = |needle: &str| second.iter().any(|l| l.trim() == needle);
+    assert!(
+        !second.iter().any(|l| l.contains("microvirt: init up")),
+        "the restored guest booted again:\n{}",
+        second.join("\n")
+    );
+    assert!(
+        has("typed-42"),
+        "the typed command did not run:\n{}",
+        second.join("\n")
+    );
+    assert!(
+        has("before-snapshot"),
+        "the file written before the snapshot is gone:\n{}",
+        second.join("\n")
+    );
+    assert!(
+        has("disk-after-restore"),
+        "root disk write after restore:\n{}",
+        second.join("\n")
+    );
+    assert!(
+        has("net-sent"),
+        "TCP from the restored guest:\n{}",
+        second.join("\n")
+    );
+    assert_eq!(
+        sec.value("check host got ").map(str::trim),
+        Some("hello-after-restore")
+    );
+    let host: i64 = sec
+        .value("check host-time ")
+        .and_then(|v| v.parse().ok())
+        .expect("host time");
+    let guest: i64 = second
+        .iter()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("guest-time ")
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or_else(|| panic!("no guest time:\n{}", second.join("\n")));
+    assert!(
+        (-1..=3).contains(&(guest - host)),
+        "guest wall clock {guest} vs test host {host} (5 s passed between snapshot and restore)"
+    );
+}

@@ -3,9 +3,11 @@
 //!
 //! usage: bootwatch [--marker TEXT] [--guest-mib N] [--timeout SECS] [--echo] -- VMM ARGS...
 //!
-//! Prints one line: `bootwatch exit=RC marker-ms=F wall-ms=F rss-kib=N vmm-rss-kib=N boot-time-ms=F`
-//! where vmm-rss-kib is the peak RSS of every mapping smaller than the guest memory (the VMM's own
-//! overhead; guest RAM excluded) and rss-kib the peak total RSS.
+//! Prints one line: `bootwatch exit=RC marker-ms=F wall-ms=F rss-kib=N vmm-rss-kib=N boot-time-ms=F
+//! restore-ms=F first-exit-ms=F` where vmm-rss-kib is the peak RSS of every mapping smaller than
+//! the guest memory (the VMM's own overhead; guest RAM excluded), rss-kib the peak total RSS, and
+//! restore-ms / first-exit-ms what `microvm --log-level debug` reports for a restore (its
+//! `timings:` line: restoring, and main → first return from KVM_RUN), or `none`.
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
@@ -126,6 +128,17 @@ fn main() -> Result<()> {
     drop(tx);
     let mut marker_ms: Option<f64> = None;
     let mut boot_time: Option<String> = None;
+    let us_field = |lines: &[String], key: &str| -> Option<f64> {
+        lines.iter().rev().find_map(|l| {
+            let i = l.find(key)?;
+            l[i + key.len()..]
+                .split_whitespace()
+                .next()?
+                .parse::<f64>()
+                .ok()
+                .map(|us| us / 1000.0)
+        })
+    };
     let (mut peak_total, mut peak_vmm) = (0u64, 0u64);
     let mut lines: Vec<String> = Vec::new();
     let status = loop {
@@ -180,14 +193,17 @@ fn main() -> Result<()> {
             lines[lines.len().saturating_sub(20)..].join("\n")
         );
     }
+    let ms = |v: Option<f64>| v.map_or("none".into(), |m| format!("{m:.1}"));
     println!(
-        "bootwatch exit={} marker-ms={} wall-ms={:.1} rss-kib={} vmm-rss-kib={} boot-time-ms={}",
+        "bootwatch exit={} marker-ms={} wall-ms={:.1} rss-kib={} vmm-rss-kib={} boot-time-ms={} restore-ms={} first-exit-ms={}",
         status.code().unwrap_or(-1),
-        marker_ms.map_or("none".into(), |m| format!("{m:.1}")),
+        ms(marker_ms),
         wall_ms,
         peak_total,
         peak_vmm,
         boot_time.unwrap_or_else(|| "none".into()),
+        ms(us_field(&lines, "restore-us=")),
+        ms(us_field(&lines, "first-vcpu-exit-us=")),
     );
     Ok(())
 }

@@ -1,0 +1,61 @@
+# Snapshot and restore of a Linux guest. Boot with the root on an overlay and a NIC on a TAP,
+# write a file, snapshot through the control socket, resume and shut the original down. Five
+# seconds later restore onto another overlay and the same TAP: a command typed on the console
+# runs, the file and a new write are on the root disk, TCP to the test host works, and the
+# guest's wall clock matches the test host's (restore advances the guest's clocks by the time
+# that passed).
+tunctl -t mvtap0 >/dev/null || echo "check tunctl failed"
+ip addr add 10.0.2.1/24 dev mvtap0
+ip link set mvtap0 up
+CMD="root=/dev/vda rw quiet ip=10.0.2.2::10.0.2.1:255.255.255.0::eth0:off microvirt.scenario=console"
+mkfifo in1.fifo in2.fifo
+(
+	i=0
+	until grep -q "microvirt: shell ready" first.log 2>/dev/null; do
+		i=$((i + 1))
+		[ $i -ge 600 ] && break
+		sleep 0.2
+	done
+	sleep 1
+	printf 'echo before-snapshot > /marker; sync; echo "marker-$((40 + 2))"\n'
+	i=0
+	until grep -q "^marker-42" first.log 2>/dev/null; do
+		i=$((i + 1))
+		[ $i -ge 150 ] && break
+		sleep 0.2
+	done
+	"$MICROVM" control "$WORK/ctl.sock" "{\"cmd\":\"snapshot\",\"dir\":\"$WORK/snap\"}" > snapshot.json 2>&1
+	# The original goes on (on its own overlay) and shuts down.
+	"$MICROVM" control "$WORK/ctl.sock" '{"cmd":"resume"}' > /dev/null 2>&1
+	printf 'exit\n'
+	sleep 60
+) > in1.fifo &
+feeder=$!
+vm first --kernel "$VMLINUX" --mem-mib 256 --disk "path=$ROOTFS,overlay=$WORK/o1.ovl" \
+	--net tap=mvtap0,mac=06:00:0a:00:02:02 --control-socket "$WORK/ctl.sock" --cmdline "$CMD" < in1.fifo
+kill $feeder 2>/dev/null
+echo "check snapshot $(cat snapshot.json)"
+echo "check snapshot-files $(ls snap | tr '\n' ' ')"
+sleep 5
+nc -l -p 5000 </dev/null > from-guest.txt &
+listener=$!
+(
+	sleep 2
+	printf 'echo "typed-$((6 * 7))"\n'
+	sleep 1
+	echo "check host-time $(date +%s)" >&2
+	printf 'echo "guest-time $(date +%%s)"\n'
+	sleep 1
+	printf 'cat /marker; echo after-restore > /after; sync; echo "disk-$(cat /after)"\n'
+	sleep 2
+	printf 'echo hello-after-restore | nc -w 5 10.0.2.1 5000 && echo "net-sent"\n'
+	sleep 6
+	printf 'exit\n'
+	sleep 60
+) > in2.fifo &
+feeder=$!
+vm second --restore "$WORK/snap" --disk "path=$ROOTFS,overlay=$WORK/o2.ovl" --net tap=mvtap0 < in2.fifo
+kill $feeder $listener 2>/dev/null
+wait 2>/dev/null
+echo "check host got $(cat from-guest.txt)"
+ip link del mvtap0 2>/dev/null || tunctl -d mvtap0 >/dev/null 2>&1
