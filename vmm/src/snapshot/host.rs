@@ -74,6 +74,7 @@ fn cap_by_name(name: &str) -> Option<Cap> {
         debugregs: true,
         events: true,
         tsc_khz: true,
+        immediate_exit: true,
     })
     .into_iter()
     .find(|(n, _)| *n == name)

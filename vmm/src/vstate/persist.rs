@@ -120,6 +120,8 @@ pub struct VcpuCaps {
     pub debugregs: bool,
     pub events: bool,
     pub tsc_khz: bool,
+    /// KVM_RUN can complete a pending port/MMIO access without entering the guest.
+    pub immediate_exit: bool,
 }
 
 impl VcpuCaps {
@@ -131,6 +133,7 @@ impl VcpuCaps {
             debugregs: k.check_extension(Cap::Debugregs),
             events: k.check_extension(Cap::VcpuEvents),
             tsc_khz: k.check_extension(Cap::GetTscKhz),
+            immediate_exit: k.check_extension(Cap::ImmediateExit),
         }
     }
 }

@@ -318,6 +318,24 @@ impl Vcpu {
         }
     }
 
+    /// Finishes an instruction whose port or MMIO access was handed to us (an `in` still has
+    /// to receive its data, an `out` to be stepped over): KVM does that on the next KVM_RUN.
+    /// With `immediate_exit` set that KVM_RUN completes the access and returns at once without
+    /// running the guest. Saved state then never holds half an instruction, which a restored
+    /// vCPU would execute a second time (a second UART write, a second read of a FIFO).
+    fn complete_pending_io(&mut self) {
+        self.fd.set_kvm_immediate_exit(1);
+        match self.fd.run() {
+            Err(e) if e.errno() == libc::EINTR => {}
+            Err(e) => log::warn!("vcpu{}: completing pending I/O: {e}", self.id),
+            Ok(exit) => log::warn!(
+                "vcpu{}: KVM_RUN with immediate_exit returned {exit:?}",
+                self.id
+            ),
+        }
+        self.fd.set_kvm_immediate_exit(0);
+    }
+
     /// Starts the vCPU thread, paused. Exits are reported on `exits` and `exit_evt`.
     pub fn start_paused(
         self,
@@ -377,6 +395,11 @@ impl Vcpu {
                     continue;
                 }
                 Some(VcpuCmd::SaveState) => {
+                    let immediate_exit =
+                        self.save_spec.get().is_some_and(|s| s.caps.immediate_exit);
+                    if !running && !exited && immediate_exit {
+                        self.complete_pending_io();
+                    }
                     let r = match (running, self.save_spec.get()) {
                         (false, Some(spec)) => {
                             persist::save_vcpu(&self.fd, self.id, &spec.msr_indices, spec.caps)
