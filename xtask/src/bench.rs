@@ -192,8 +192,10 @@ fn boots_per_second(microvm: &Path, kernel: &Path, total: usize, parallel: usize
 }
 
 pub fn main(args: &[String]) -> Result<()> {
+    let only_snapshot = args.iter().any(|a| a == "--snapshot-only");
     let runs: usize = args
-        .first()
+        .iter()
+        .find(|a| !a.starts_with("--"))
         .map(|s| s.parse())
         .transpose()
         .context("RUNS")?
@@ -201,6 +203,9 @@ pub fn main(args: &[String]) -> Result<()> {
     let root = crate::workspace_root();
     let microvm = build_release_microvm(&root)?;
     let guest = testguest_build::build()?;
+    if only_snapshot {
+        return crate::bench_snapshot::run(&microvm, &guest, runs);
+    }
     println!(
         "microvm bench: {} runs per figure, test guest, 1 vCPU, 128 MiB, serial off",
         runs

@@ -292,14 +292,26 @@ pub fn run(microvm: &Path, guest: &testguest_build::Artifacts, runs: usize) -> R
         );
     }
 
-    println!("\nrestore (counter guest, {runs} runs each; spawn of `microvm --restore` → ...)");
+    println!(
+        "\nrestore (counter guest printing every count, {runs} runs each; spawn of `microvm --restore` → ...)"
+    );
     println!(
         "{:<44} {:>9} {:>9} {:>9}",
         "figure (ms)", "min", "median", "p95"
     );
     let sock = dir("restore.sock");
     for mem in [128u64, 2048] {
-        let snap = dir(&format!("create-{mem}-0"));
+        // A guest that prints on every count: its first exit and output follow the restore at
+        // once.
+        let snap = dir(&format!("restore-{mem}"));
+        make_snapshot(
+            microvm,
+            kernel,
+            mem,
+            "testguest.scenario=counter testguest.counter_every=1",
+            "counter: seq=3 ",
+            &snap,
+        )?;
         one_restore(microvm, &snap, &sock)?; // warm-up (page cache)
         let mut samples = Vec::new();
         for _ in 0..runs {
@@ -377,8 +389,8 @@ pub fn run(microvm: &Path, guest: &testguest_build::Artifacts, runs: usize) -> R
     let (clone_total, clone_guest) = idle_rss(microvm, kernel, Some(&halted))?;
     let touched = allocated_bytes(&halted.join("memory"))? / 1024;
     println!(
-        "idle VM RSS, 128 MiB guest: booted {:.2} MiB (guest RAM resident {:.2} MiB, VMM {:.2} MiB); \
-         restored clone {:.2} MiB (guest RAM resident {:.2} MiB, VMM {:.2} MiB); pages the guest had touched: {:.2} MiB",
+        "idle VM RSS, 128 MiB guest (halted): booted {:.2} MiB (guest RAM resident {:.2} MiB, VMM {:.2} MiB); \
+         restored clone {:.2} MiB (guest RAM resident {:.2} MiB, VMM {:.2} MiB); the snapshot holds {:.2} MiB of guest pages",
         boot_total as f64 / 1024.0,
         boot_guest as f64 / 1024.0,
         (boot_total - boot_guest) as f64 / 1024.0,
