@@ -879,6 +879,11 @@ impl Vmm {
         let info = st.machine.clone();
         let notify = opts.boot_notify.clone().map(|tx| (start, tx));
         let vmm = Self::assemble(p, legacy, vcpus, save_spec, info, start, stats, notify)?;
+        vmm.control
+            .lock()
+            .expect("control lock")
+            .machine
+            .raise_pending_interrupts();
         written_overlays.0.clear();
         log::debug!(
             "restored VM from {}: {} vCPU(s), {} MiB, clocks advanced by {} ms",

@@ -201,7 +201,11 @@ fn snapshot_body(runs: usize) -> String {
 	done
 	sleep 1
 	printf 'sleep 2; echo restored-output; exit\n'
-	sleep 0.5
+	i=0
+	until grep -q "echo restored-output" $WORK/snapvm.log 2>/dev/null; do
+		i=$((i + 1)); [ $i -ge 100 ] && break; sleep 0.1
+	done
+	sleep 0.3
 	/bin/microvm control $WORK/ctl.sock '{{"cmd":"snapshot","dir":"/tmp/bench/snap"}}' > $WORK/snap.json 2>&1
 	/bin/microvm control $WORK/ctl.sock '{{"cmd":"stop"}}' > /dev/null 2>&1
 	sleep 30

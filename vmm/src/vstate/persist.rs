@@ -357,15 +357,21 @@ pub fn realtime_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// Saves the VM state; the vCPUs must be paused.
+/// Saves the VM state; the vCPUs must be paused. Read along the interrupt path — PIT, then PIC
+/// and IOAPIC (then, by the caller, the LAPICs) — so an interrupt raised meanwhile is captured
+/// at one end or the other.
 pub fn save_vm(vm: &VmFd) -> Result<VmState, StateError> {
+    let pit = Blob(vm.get_pit2().map_err(kvm("KVM_GET_PIT2"))?);
+    let pic_master = get_chip(vm, KVM_IRQCHIP_PIC_MASTER)?;
+    let pic_slave = get_chip(vm, KVM_IRQCHIP_PIC_SLAVE)?;
+    let ioapic = get_chip(vm, KVM_IRQCHIP_IOAPIC)?;
     let clock = vm.get_clock().map_err(kvm("KVM_GET_CLOCK"))?;
     let realtime_ns = realtime_ns();
     Ok(VmState {
-        pic_master: get_chip(vm, KVM_IRQCHIP_PIC_MASTER)?,
-        pic_slave: get_chip(vm, KVM_IRQCHIP_PIC_SLAVE)?,
-        ioapic: get_chip(vm, KVM_IRQCHIP_IOAPIC)?,
-        pit: Blob(vm.get_pit2().map_err(kvm("KVM_GET_PIT2"))?),
+        pic_master,
+        pic_slave,
+        ioapic,
+        pit,
         clock: Blob(clock),
         realtime_ns,
     })

@@ -108,6 +108,11 @@ impl I8042Device {
         self.kbd_param_for = s.kbd_param_for;
     }
 
+    /// Raises the interrupt when bytes wait for the guest and it has keyboard interrupts on.
+    pub fn raise_if_pending(&self) {
+        self.raise_if_enabled();
+    }
+
     /// `reset_evt` is written when the guest asks for a CPU reset.
     pub fn new(reset_evt: Arc<EventFd>, irq: IrqLine) -> Self {
         Self {
@@ -315,6 +320,9 @@ mod tests {
         let (mut r, _, _) = dev();
         r.restore_state(&st);
         assert_eq!(r.state(), st);
+        // Bytes waiting (the SETLEDS ack) with keyboard interrupts on: raised again.
+        r.raise_if_pending();
+        assert_eq!(r.irq.eventfd().read().unwrap(), 1);
         // The pending command byte: the next data write is the CTR.
         r.write(OFS_DATA, &[0x45]);
         r.write(OFS_STATUS, &[CMD_READ_CTR]);

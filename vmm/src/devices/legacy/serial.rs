@@ -174,6 +174,15 @@ impl SerialDevice {
         }
     }
 
+    /// Raises the interrupt line when the UART has an interrupt pending (IIR bit 0 clear).
+    pub fn raise_if_pending(&self) {
+        if self.serial.state().interrupt_identification & 1 == 0 {
+            if let Err(e) = self.serial.interrupt_evt().trigger() {
+                log::warn!("serial: raising the interrupt: {e}");
+            }
+        }
+    }
+
     fn fifo_capacity(&self) -> usize {
         self.serial.fifo_capacity()
     }
@@ -385,6 +394,22 @@ mod tests {
         assert_eq!(b[0], b'a');
         r.read(0, &mut b);
         assert_eq!(b[0], b'b');
+    }
+
+    #[test]
+    fn a_pending_interrupt_is_raised_again() {
+        let irq = IrqLine::new(4).unwrap();
+        let (mut dev, _) = SerialDevice::new(irq.clone(), SerialOut::Sink).unwrap();
+        dev.raise_if_pending();
+        assert!(irq.eventfd().read().is_err(), "nothing pending yet");
+        dev.write(1, &[0x02]); // IER: THR empty -> interrupt pending at once
+        assert_eq!(irq.eventfd().read().unwrap(), 1);
+        dev.raise_if_pending();
+        assert_eq!(irq.eventfd().read().unwrap(), 1, "raised again");
+        let mut iir = [0u8];
+        dev.read(2, &mut iir); // reading IIR clears the THRE interrupt
+        dev.raise_if_pending();
+        assert!(irq.eventfd().read().is_err());
     }
 
     #[test]

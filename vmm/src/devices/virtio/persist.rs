@@ -11,7 +11,7 @@ use super::block::{BlockConfig, BlockDevice};
 use super::mmio::{MmioTransport, MmioTransportState};
 use super::net::persist::NetState;
 use super::net::{NetConfig, NetDevice};
-use super::{attach_device, block_name, net_name, AttachContext, VirtioError};
+use super::{attach_device, block_name, net_name, AttachContext, VirtioDevice, VirtioError};
 use crate::device_manager::mmio::MmioSlot;
 use crate::devices::interrupt::IrqLine;
 
@@ -150,6 +150,18 @@ impl AttachedDevice {
             AttachedDevice::Net { .. } => Err(PersistError::Virtio(VirtioError::Disk(
                 super::block::DiskError::NotAnOverlay,
             ))),
+        }
+    }
+
+    /// The interrupt state shared by the device and its transport.
+    pub fn interrupt(&self) -> Arc<super::VirtioInterrupt> {
+        match self {
+            AttachedDevice::Block { device, .. } => {
+                device.lock().expect("virtio-blk lock").interrupt().clone()
+            }
+            AttachedDevice::Net { device, .. } => {
+                device.lock().expect("virtio-net lock").interrupt().clone()
+            }
         }
     }
 
