@@ -197,7 +197,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
         &rt2.display().to_string(),
     ]);
     let end = Instant::now() + WAIT;
-    while !s2.exists() {
+    while std::os::unix::net::UnixStream::connect(&s2).is_err() {
         assert!(Instant::now() < end, "no control socket; {}", two.context());
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -54,9 +54,10 @@ fn control(sock: &Path, req: Value) -> Result<Value> {
     Ok(v)
 }
 
+/// Waits until the control socket accepts connections.
 fn wait_socket(sock: &Path) -> Result<()> {
     let t = Instant::now();
-    while !sock.exists() {
+    while UnixStream::connect(sock).is_err() {
         if t.elapsed() > Duration::from_secs(30) {
             bail!("no control socket {}", sock.display());
         }

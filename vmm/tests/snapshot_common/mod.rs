@@ -165,12 +165,14 @@ pub fn control(sock: &Path, req: Value) -> Value {
     vmm::control::request(sock, &req).unwrap_or_else(|e| panic!("control {req}: {e}"))
 }
 
+/// Waits until the control socket accepts connections (the file appears at bind, a moment
+/// before the listen).
 pub fn wait_socket(sock: &Path) {
     let t = Instant::now();
-    while !sock.exists() {
+    while std::os::unix::net::UnixStream::connect(sock).is_err() {
         assert!(
             t.elapsed() < WAIT,
-            "control socket {} never appeared",
+            "control socket {} never accepted",
             sock.display()
         );
         std::thread::sleep(Duration::from_millis(5));
