@@ -1,6 +1,7 @@
 //! `cargo xtask testhost [SCENARIO...]`: run end-to-end scenarios by hand in the QEMU-TCG test host
-//! (directly on hardware KVM when the host has it), and `cargo xtask bench-testhost [RUNS] [--disk|--initrd]`: the
-//! microvm vs QEMU `-M microvm` comparison in the test host.
+//! (directly on hardware KVM when the host has it), and `cargo xtask bench-testhost [RUNS] [--disk|--initrd]
+//! [--snapshot-only]`: the microvm vs QEMU `-M microvm` comparison in the test host, then restores
+//! of a Linux guest (only those with `--snapshot-only`).
 
 use anyhow::{bail, Result};
 use microvirt_testhost::{bench, scenarios};
@@ -53,10 +54,12 @@ pub fn main(args: &[String]) -> Result<()> {
 pub fn bench_main(args: &[String]) -> Result<()> {
     let mut runs = 5;
     let mut root = bench::RootMode::Disk;
+    let mut snapshot_only = false;
     for a in args {
         match a.as_str() {
             "--initrd" => root = bench::RootMode::Initrd,
             "--disk" => root = bench::RootMode::Disk,
+            "--snapshot-only" => snapshot_only = true,
             n => runs = n.parse()?,
         }
     }
@@ -66,6 +69,7 @@ pub fn bench_main(args: &[String]) -> Result<()> {
         runs,
         root,
         std::env::var_os("MICROVIRT_VERBOSE").is_some(),
+        snapshot_only,
     )?;
     for s in &samples {
         eprintln!("{s:?}");

@@ -232,6 +232,7 @@ pub fn run(
     runs: usize,
     root: RootMode,
     echo: bool,
+    snapshot_only: bool,
 ) -> Result<(Vec<Sample>, PathBuf), ScenarioError> {
     let bootwatch = scenarios::cargo_build_release("microvirt-testhost", "bootwatch")?;
     let (microvm, qemu_cmd) = commands(root);
@@ -239,7 +240,7 @@ pub fn run(
         "export WORK=/tmp/bench\nmkdir -p $WORK\ncp /guest/rootfs.ext4 $WORK/root.ext4\n",
     );
     // Interleave the VMMs so that drift in the test host affects both alike; one warm-up each.
-    for i in 0..=runs {
+    for i in (0..=runs).filter(|_| !snapshot_only) {
         for (name, c) in [("microvm", &microvm), ("qemu-microvm", &qemu_cmd)] {
             let tag = if i == 0 { "warmup" } else { "sample" };
             body.push_str(&format!(
@@ -277,7 +278,7 @@ pub fn run(
         ),
         &RunOptions {
             name: "bench".into(),
-            timeout: std::time::Duration::from_secs(180 + 120 * runs as u64),
+            timeout: std::time::Duration::from_secs(300 + 360 * runs as u64),
             log: prep.workdir.join("bench-console.log"),
             echo,
             done_marker: DONE_MARKER.into(),
