@@ -386,11 +386,18 @@ pub fn run(microvm: &Path, guest: &testguest_build::Artifacts, runs: usize) -> R
         "halting",
         &halted,
     )?;
-    let (boot_total, boot_guest) = idle_rss(microvm, kernel, None)?;
-    let (clone_total, clone_guest) = idle_rss(microvm, kernel, Some(&halted))?;
+    let median5 = |snap: Option<&Path>| -> Result<(u64, u64)> {
+        let mut v = (0..5)
+            .map(|_| idle_rss(microvm, kernel, snap))
+            .collect::<Result<Vec<_>>>()?;
+        v.sort_by_key(|(t, g)| t - g);
+        Ok(v[2])
+    };
+    let (boot_total, boot_guest) = median5(None)?;
+    let (clone_total, clone_guest) = median5(Some(&halted))?;
     let touched = allocated_bytes(&halted.join("memory"))? / 1024;
     println!(
-        "idle VM RSS, 128 MiB guest (halted): booted {:.2} MiB (guest RAM resident {:.2} MiB, VMM {:.2} MiB); \
+        "idle VM RSS (median of 5), 128 MiB guest (halted): booted {:.2} MiB (guest RAM resident {:.2} MiB, VMM {:.2} MiB); \
          restored clone {:.2} MiB (guest RAM resident {:.2} MiB, VMM {:.2} MiB); the snapshot holds {:.2} MiB of guest pages",
         boot_total as f64 / 1024.0,
         boot_guest as f64 / 1024.0,
