@@ -3,7 +3,7 @@
 # seconds later restore onto another overlay and the same TAP: a command typed on the console
 # runs, the file and a new write are on the root disk, TCP to the test host works, and the
 # guest's wall clock matches the test host's (restore advances the guest's clocks by the time
-# that passed).
+# that passed): the guest's `date +%s` against the test host's when that line arrives.
 tunctl -t mvtap0 >/dev/null || echo "check tunctl failed"
 ip addr add 10.0.2.1/24 dev mvtap0
 ip link set mvtap0 up
@@ -43,7 +43,6 @@ listener=$!
 	sleep 2
 	printf 'echo "typed-$((6 * 7))"\n'
 	sleep 1
-	echo "check host-time $(date +%s)" >&2
 	printf 'echo "guest-time $(date +%%s)"\n'
 	sleep 1
 	printf 'cat /marker; echo after-restore > /after; sync; echo "disk-$(cat /after)"\n'
@@ -54,7 +53,17 @@ listener=$!
 	sleep 60
 ) > in2.fifo &
 feeder=$!
-vm second --restore "$WORK/snap" --disk "path=$ROOTFS,overlay=$WORK/o2.ovl" --net tap=mvtap0 < in2.fifo
+# As `vm`, and each `guest-time` line is stamped with the test host's time when it arrives.
+: > second.log
+echo "check vm second start $(cut -d' ' -f1 /proc/uptime)"
+{ timeout 120 "$MICROVM" --restore "$WORK/snap" --disk "path=$ROOTFS,overlay=$WORK/o2.ovl" \
+	--net tap=mvtap0 < in2.fifo 2>&1; echo "$?" > second.rc; } |
+	while IFS= read -r l; do
+		case "$l" in "guest-time "*) echo "check host-time $(date +%s) ${l#guest-time }" ;; esac
+		echo "[second] $l"
+		echo "$l" >> second.log
+	done
+echo "check vm second exit=$(cat second.rc 2>/dev/null || echo missing) end $(cut -d' ' -f1 /proc/uptime)"
 kill $feeder $listener 2>/dev/null
 wait 2>/dev/null
 echo "check host got $(cat from-guest.txt)"
