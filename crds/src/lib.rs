@@ -6,37 +6,59 @@
 //! - [`VirtualMachineInstancePreset`] (`vmipreset`): domain defaults for matching VMIs.
 //!
 //! `crdgen` writes one YAML file per CRD into `crds/`; a test checks the committed files are current.
+//!
+//! All of the above needs feature `kube` (default). Without it the crate is only its kube-free
+//! part, which `virt-launcher` uses so that operator and launcher share one implementation:
+//! [`quantity`] (Kubernetes quantities → bytes) and [`termination`] (the launcher's termination
+//! message).
 
+#[cfg(feature = "kube")]
 pub mod preset;
 pub mod quantity;
+#[cfg(feature = "kube")]
 pub mod schema;
+#[cfg(feature = "kube")]
 pub mod template;
+pub mod termination;
+#[cfg(feature = "kube")]
 pub mod vm;
+#[cfg(feature = "kube")]
 pub mod vmi;
+#[cfg(feature = "kube")]
 pub mod vmirs;
 
+#[cfg(feature = "kube")]
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+#[cfg(feature = "kube")]
 use kube::CustomResourceExt;
 
+#[cfg(feature = "kube")]
 pub use preset::{VirtualMachineInstancePreset, VirtualMachineInstancePresetSpec};
+#[cfg(feature = "kube")]
 pub use template::{TemplateMeta, VirtualMachineInstanceTemplateSpec};
+#[cfg(feature = "kube")]
 pub use vm::{
     PrintableStatus, RunStrategy, VirtualMachine, VirtualMachineSpec, VirtualMachineStatus,
 };
+#[cfg(feature = "kube")]
 pub use vmi::{
     VirtualMachineInstance, VirtualMachineInstanceSpec, VirtualMachineInstanceStatus, VmiPhase,
 };
+#[cfg(feature = "kube")]
 pub use vmirs::{
     VirtualMachineInstanceReplicaSet, VirtualMachineInstanceReplicaSetSpec,
     VirtualMachineInstanceReplicaSetStatus,
 };
 
 /// API group of every microvirt resource.
+#[cfg(feature = "kube")]
 pub const GROUP: &str = "microvirt.io";
 /// API version of every microvirt resource.
+#[cfg(feature = "kube")]
 pub const VERSION: &str = "v1alpha1";
 
 /// Errors of this crate.
+#[cfg(feature = "kube")]
 #[derive(Debug, thiserror::Error)]
 pub enum CrdError {
     /// A CRD could not be rendered as YAML.
@@ -50,6 +72,7 @@ pub enum CrdError {
 }
 
 /// Every CRD, as `(file name, definition)`, in a fixed order.
+#[cfg(feature = "kube")]
 pub fn all_crds() -> Vec<(String, CustomResourceDefinition)> {
     [
         VirtualMachineInstance::crd(),
@@ -66,6 +89,7 @@ pub fn all_crds() -> Vec<(String, CustomResourceDefinition)> {
 }
 
 /// Render one CRD the way `crdgen` writes it.
+#[cfg(feature = "kube")]
 pub fn render_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
     let body = serde_saphyr::to_string(crd).map_err(|source| CrdError::Yaml {
         name: crd.metadata.name.clone().unwrap_or_default(),

@@ -145,9 +145,9 @@ pub struct Cpu {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[x_kube(
     validation = Rule::new(
-        "!has(self.guest) || (isQuantity(string(self.guest)) && quantity(string(self.guest)).compareTo(quantity('16Mi')) >= 0)"
+        "!has(self.guest) || (isQuantity(string(self.guest)) && quantity(string(self.guest)).compareTo(quantity('16Mi')) >= 0 && quantity(string(self.guest)).compareTo(quantity('1Ei')) <= 0)"
     )
-    .message("domain.memory.guest must be a quantity of at least 16Mi, e.g. 128Mi")
+    .message("domain.memory.guest must be a quantity from 16Mi to 1Ei, e.g. 128Mi")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Memory {
@@ -160,9 +160,9 @@ pub struct Memory {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[x_kube(
     validation = Rule::new(
-        "!has(self.requests) || !('memory' in self.requests) || (isQuantity(string(self.requests['memory'])) && quantity(string(self.requests['memory'])).compareTo(quantity('16Mi')) >= 0)"
+        "!has(self.requests) || !('memory' in self.requests) || (isQuantity(string(self.requests['memory'])) && quantity(string(self.requests['memory'])).compareTo(quantity('16Mi')) >= 0 && quantity(string(self.requests['memory'])).compareTo(quantity('1Ei')) <= 0)"
     )
-    .message("domain.resources.requests.memory must be a quantity of at least 16Mi")
+    .message("domain.resources.requests.memory must be a quantity from 16Mi to 1Ei")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceRequirements {
@@ -426,7 +426,13 @@ pub struct CloudInitNoCloudSource {
 }
 
 /// Blank disk.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new(
+        "isQuantity(string(self.capacity)) && quantity(string(self.capacity)).isGreaterThan(quantity('0')) && quantity(string(self.capacity)).compareTo(quantity('1Ei')) <= 0"
+    )
+    .message("emptyDisk.capacity must be a quantity greater than 0 and at most 1Ei, e.g. 1Gi")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct EmptyDiskSource {
     /// Size, e.g. `1Gi`.

@@ -351,6 +351,7 @@ fn cmd_pod(start: Clock) -> ExitCode {
                 message: format!("invalid VMI document: {e}"),
                 reason: "InvalidVMI",
                 boot_time_ms: None,
+                shutdown_requested: None,
             };
             return finish(o, Some(&term_log));
         }

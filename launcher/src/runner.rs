@@ -7,6 +7,7 @@ use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, LockResult, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
 use vmm::builder::RunTimings;
 use vmm::devices::legacy::boot_timer::BootTime;
 use vmm::devices::virtio::NetConfig;
@@ -139,6 +140,9 @@ pub struct Outcome {
     /// SetupFailed, VmmFailed.
     pub reason: &'static str,
     pub boot_time_ms: Option<u64>,
+    /// Set when the launcher was asked to stop the VM (signal or control socket), whatever the
+    /// guest did then: the operator tells such a stop from one the guest chose.
+    pub shutdown_requested: Option<ShutdownOrigin>,
 }
 
 impl Outcome {
@@ -148,31 +152,21 @@ impl Outcome {
             message: format!("setup failed: {}", msg.into()),
             reason: "SetupFailed",
             boot_time_ms: None,
+            shutdown_requested: None,
         }
     }
 
-    /// The termination message: first line the reason (at most 256 bytes), then key=value lines.
+    /// The termination message (format: `microvirt_crds::termination`): the first line (at most
+    /// 256 bytes), then `reason=`, `exitCode=`, `bootTimeMs=` and `shutdownRequested=` lines.
     pub fn termination_message(&self) -> String {
-        let mut first: String = self
-            .message
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
-        if first.len() > 256 {
-            let mut cut = 256;
-            while !first.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            first.truncate(cut);
+        TerminationMessage {
+            message: self.message.clone(),
+            reason: Some(self.reason.to_string()),
+            exit_code: Some(i32::from(self.exit_code)),
+            boot_time_ms: self.boot_time_ms,
+            shutdown_requested: self.shutdown_requested,
         }
-        let mut s = format!(
-            "{first}\nreason={}\nexitCode={}\n",
-            self.reason, self.exit_code
-        );
-        if let Some(ms) = self.boot_time_ms {
-            s.push_str(&format!("bootTimeMs={ms}\n"));
-        }
-        s
+        .render()
     }
 }
 
@@ -384,6 +378,8 @@ pub fn run(
 
     let mut deadline: Option<Instant> = None;
     let mut shutdown_requested = false;
+    // Who first asked for the VM to stop (the termination message reports it).
+    let mut requested_by: Option<ShutdownOrigin> = None;
     let mut stop_cause: Option<StopCause> = None;
     let mut boot_ms: Option<u64> = None;
     let result = loop {
@@ -407,6 +403,12 @@ pub fn run(
                 Err(_) => break Err("event channel closed".into()),
             },
         };
+        let origin = match &ev {
+            Event::Signal(_) => Some(ShutdownOrigin::Signal),
+            Event::ShutdownRequested | Event::StopRequested => Some(ShutdownOrigin::Control),
+            Event::Booted(_) | Event::Exited(_) => None,
+        };
+        requested_by = requested_by.or(origin);
         match ev {
             Event::Booted(t) => {
                 if boot_ms.is_none() {
@@ -493,6 +495,7 @@ pub fn run(
         message,
         reason,
         boot_time_ms: boot_ms,
+        shutdown_requested: requested_by,
     }
 }
 
@@ -507,6 +510,7 @@ mod tests {
             message: format!("guest crashed: {}\nsecond line", "x".repeat(300)),
             reason: "GuestCrashed",
             boot_time_ms: Some(12),
+            shutdown_requested: Some(ShutdownOrigin::Signal),
         };
         let m = o.termination_message();
         let lines: Vec<&str> = m.lines().collect();
@@ -514,7 +518,12 @@ mod tests {
         assert!(lines[0].starts_with("guest crashed: xxx"));
         assert_eq!(
             &lines[1..],
-            ["reason=GuestCrashed", "exitCode=1", "bootTimeMs=12"]
+            [
+                "reason=GuestCrashed",
+                "exitCode=1",
+                "bootTimeMs=12",
+                "shutdownRequested=signal"
+            ]
         );
         let s = Outcome::setup_failed("no kernel");
         assert_eq!(s.exit_code, exit_code::SETUP);

@@ -3,12 +3,15 @@
 //! (`vmi.json`, `virt-launcher pod`, see docs/launcher-pod.md).
 //!
 //! Field names are the CRD's (`crds/src/vmi.rs`, KubeVirt's names). The launcher keeps its own
-//! small serde view instead of depending on `microvirt-crds` so that the per-VM process carries
-//! no Kubernetes client code (kube, k8s-openapi, tokio): it never talks to the API server.
-//! Unknown fields are ignored, as the operator may add fields the launcher does not act on.
+//! small serde view instead of the CRD types so that the per-VM process carries no Kubernetes
+//! client code (kube, k8s-openapi, tokio): it never talks to the API server. It uses only the
+//! kube-free part of `microvirt-crds` (no default features): quantities are parsed by the same
+//! code as in the operator. Unknown fields are ignored, as the operator may add fields the
+//! launcher does not act on.
 
 use std::path::Path;
 
+use microvirt_crds::quantity::{parse_bytes, QuantityError};
 use serde::Deserialize;
 
 /// Default guest memory when the VMI names none (the operator's default too).
@@ -27,11 +30,10 @@ pub enum VmiError {
     Json { path: String, detail: String },
     #[error("{path}: kind is {kind:?}, expected VirtualMachineInstance")]
     Kind { path: String, kind: String },
-    #[error("bad quantity {field}={value:?}: {reason}")]
+    #[error("bad quantity {field}: {source}")]
     Quantity {
         field: &'static str,
-        value: String,
-        reason: &'static str,
+        source: QuantityError,
     },
 }
 
@@ -258,42 +260,10 @@ impl<'de> Deserialize<'de> for Quantity {
 }
 
 impl Quantity {
-    /// The quantity in bytes (binary and decimal suffixes, integers only).
+    /// The quantity in bytes (Kubernetes' grammar; fractional bytes round up).
     pub fn bytes(&self, field: &'static str) -> Result<u64, VmiError> {
-        parse_bytes(&self.0).map_err(|reason| VmiError::Quantity {
-            field,
-            value: self.0.clone(),
-            reason,
-        })
+        parse_bytes(&self.0).map_err(|source| VmiError::Quantity { field, source })
     }
-}
-
-/// Parses a byte quantity: digits followed by one of Ki Mi Gi Ti Pi Ei k K M G T P E or nothing.
-pub fn parse_bytes(s: &str) -> Result<u64, &'static str> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, suffix) = s.split_at(split);
-    if digits.is_empty() {
-        return Err("expected digits followed by an optional unit such as Mi or Gi");
-    }
-    let n: u64 = digits.parse().map_err(|_| "number too large")?;
-    let mult: u64 = match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "Pi" => 1 << 50,
-        "Ei" => 1 << 60,
-        "k" | "K" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        "P" => 1_000_000_000_000_000,
-        "E" => 1_000_000_000_000_000_000,
-        _ => return Err("unknown unit (use Ki, Mi, Gi, Ti, k, M, G, T)"),
-    };
-    n.checked_mul(mult).ok_or("quantity too large")
 }
 
 impl VmiDocument {
@@ -389,15 +359,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn quantities() {
-        assert_eq!(parse_bytes("128Mi"), Ok(128 << 20));
-        assert_eq!(parse_bytes("1G"), Ok(1_000_000_000));
-        assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert_eq!(parse_bytes("2Ki"), Ok(2048));
-        assert!(parse_bytes("Mi").is_err());
-        assert!(parse_bytes("1.5Gi").is_err());
-        assert!(parse_bytes("12Qi").is_err());
-        assert!(parse_bytes("99999999999Ei").is_err());
+    fn quantities_use_the_operators_parser() {
+        let q = |s: &str| Quantity(s.into()).bytes("f");
+        assert_eq!(q("128Mi").unwrap(), 128 << 20);
+        assert_eq!(q("1.5Gi").unwrap(), 3 << 29);
+        assert_eq!(q("1e9").unwrap(), 1_000_000_000);
+        for bad in ["1K", "12Qi", " 1Mi", "-1Mi", "99999999999Ei"] {
+            let e = q(bad).unwrap_err().to_string();
+            assert!(e.starts_with("bad quantity f: "), "{e}");
+            assert!(e.contains(bad), "{e}");
+        }
     }
 
     #[test]

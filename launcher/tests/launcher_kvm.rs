@@ -9,6 +9,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
+
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
 
 /// A temporary directory removed on drop.
@@ -174,6 +176,12 @@ fn run_example_demo_vmi_with_two_vcpus() {
     assert_eq!(lines.next(), Some("guest reset"));
     assert!(msg.contains("reason=GuestShutdown\n"), "{msg}");
     assert!(msg.contains("exitCode=0\n"), "{msg}");
+    // The guest reset by itself: nobody asked the launcher to stop it.
+    assert_eq!(
+        TerminationMessage::parse(&msg).shutdown_requested,
+        None,
+        "{msg}"
+    );
     let boot_ms: u64 = msg
         .lines()
         .find_map(|l| l.strip_prefix("bootTimeMs="))
@@ -205,6 +213,13 @@ fn sigterm_shuts_the_guest_down_within_the_grace_period() {
     let msg = std::fs::read_to_string(&log).unwrap();
     assert!(
         msg.starts_with("guest reset after the shutdown request\n"),
+        "{msg}"
+    );
+    let parsed = TerminationMessage::parse(&msg);
+    assert_eq!(parsed.exit_code, Some(0), "{msg}");
+    assert_eq!(
+        parsed.shutdown_requested,
+        Some(ShutdownOrigin::Signal),
         "{msg}"
     );
 }
@@ -584,6 +599,11 @@ fn pod_mode_sigterm_and_grace_period_from_the_vmi() {
         msg.contains("reason=GracePeriodExpired\nexitCode=4\n"),
         "{msg}"
     );
+    assert_eq!(
+        TerminationMessage::parse(&msg).shutdown_requested,
+        Some(ShutdownOrigin::Control),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -616,6 +636,13 @@ fn pod_mode_sigterm_resumes_a_paused_guest_and_shuts_it_down() {
     let msg = std::fs::read_to_string(pod.term_log()).unwrap();
     assert!(
         msg.starts_with("guest reset after the shutdown request\n"),
+        "{msg}"
+    );
+    // Exit 0 (the guest shut down cleanly), but the kubelet asked for it: the operator must
+    // not take this for a guest that chose to stop (docs/launcher-pod.md).
+    assert_eq!(
+        TerminationMessage::parse(&msg).shutdown_requested,
+        Some(ShutdownOrigin::Signal),
         "{msg}"
     );
 }
