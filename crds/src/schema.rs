@@ -19,6 +19,32 @@ fn bound_map(obj: &mut serde_json::Map<String, serde_json::Value>) {
     }
 }
 
+/// Longest quantity string (`quantity(...)` in CEL rules costs in proportion to it).
+pub const MAX_QUANTITY_LEN: u64 = 64;
+/// Most entries of a resource map (`requests`, `limits`).
+pub const MAX_RESOURCES: u64 = 16;
+
+/// `transform` for a quantity field: at most [`MAX_QUANTITY_LEN`] characters.
+pub fn bounded_quantity(schema: &mut Schema) {
+    if let Some(obj) = schema.as_object_mut() {
+        obj.insert("maxLength".into(), json!(MAX_QUANTITY_LEN));
+    }
+}
+
+/// `transform` for a resource map (`requests`/`limits`): at most 16 entries, quantities at
+/// most [`MAX_QUANTITY_LEN`] characters.
+pub fn bounded_quantity_map(schema: &mut Schema) {
+    if let Some(obj) = schema.as_object_mut() {
+        obj.insert("maxProperties".into(), json!(MAX_RESOURCES));
+        if let Some(ap) = obj
+            .get_mut("additionalProperties")
+            .and_then(|v| v.as_object_mut())
+        {
+            ap.insert("maxLength".into(), json!(MAX_QUANTITY_LEN));
+        }
+    }
+}
+
 /// `transform` for a label map field: at most 64 entries, values at most 63 characters.
 pub fn bounded_labels(schema: &mut Schema) {
     if let Some(obj) = schema.as_object_mut() {

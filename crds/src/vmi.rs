@@ -153,6 +153,7 @@ pub struct Cpu {
 pub struct Memory {
     /// Memory the guest sees, e.g. `128Mi` (at least 16Mi).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::bounded_quantity)]
     pub guest: Option<Quantity>,
 }
 
@@ -169,9 +170,11 @@ pub struct ResourceRequirements {
     /// Requests, e.g. `memory: 128Mi`. A memory request is the guest memory when
     /// `domain.memory.guest` is unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::bounded_quantity_map)]
     pub requests: Option<BTreeMap<String, Quantity>>,
     /// Limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = crate::schema::bounded_quantity_map)]
     pub limits: Option<BTreeMap<String, Quantity>>,
 }
 
@@ -436,6 +439,7 @@ pub struct CloudInitNoCloudSource {
 #[serde(rename_all = "camelCase")]
 pub struct EmptyDiskSource {
     /// Size, e.g. `1Gi`.
+    #[schemars(transform = crate::schema::bounded_quantity)]
     pub capacity: Quantity,
 }
 

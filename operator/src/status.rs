@@ -6,10 +6,18 @@
 //! | created, no `spec.nodeName`                           | Scheduling |
 //! | node assigned, compute container not running          | Scheduled  |
 //! | compute container running                             | Running    |
-//! | pod Succeeded, or compute container exited 0          | Succeeded  |
+//! | compute container exited 0, the guest chose to stop   | Succeeded  |
+//! | compute container exited 0 after the launcher was asked to stop the VM (pod deleted, evicted, node shut down) and the VMI is not being deleted | Failed (`LauncherStopped`) |
+//! | pod Succeeded without container status                | Succeeded  |
 //! | pod Failed, or compute container exited non-zero      | Failed     |
 //! | pod phase Unknown                                     | Unknown    |
 //! | pod gone after the VMI got past Pending               | Failed     |
+//!
+//! A stop the launcher was asked for is told from one the guest chose by the termination message's
+//! `shutdownRequested` key (or, should the message be lost, by the pod's deletion timestamp), so a
+//! VM with `runStrategy: RerunOnFailure` or `Always` comes back after a node drain: KubeVirt
+//! documents that only a guest that stopped by itself keeps a `RerunOnFailure` VM down
+//! (kubevirt/kubevirt#9823 is the bug report where KubeVirt itself gets this wrong).
 //!
 //! Ready comes from the pod's Ready condition (readiness probe = guest booted). `Paused` is the
 //! node agent's (virt-handler): kept as it is while the VMI runs, `False` once it is final.
@@ -20,6 +28,7 @@
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
+use microvirt_crds::termination::TerminationMessage;
 use microvirt_crds::vmi::{
     InterfaceStatus, PhaseTransitionTimestamp, VirtualMachineInstance,
     VirtualMachineInstanceStatus, VmiCondition, VmiPhase, NODE_AGENT_CONDITIONS,
@@ -29,6 +38,9 @@ use crate::pod::{ANNOTATION_BOOT_TIME_MS, COMPUTE_CONTAINER};
 
 /// Reason set when the launcher pod disappeared under a started VMI.
 pub const REASON_POD_GONE: &str = "LauncherPodGone";
+/// Reason set when the launcher stopped the VM because it was asked to (SIGTERM from the kubelet:
+/// pod deleted or evicted, node shutting down) while the VMI itself was not being deleted.
+pub const REASON_LAUNCHER_STOPPED: &str = "LauncherStopped";
 
 /// The terminated state of the compute container, if it has terminated.
 fn compute_terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
@@ -55,32 +67,41 @@ fn compute_running(pod: &Pod) -> bool {
 
 /// First line of a termination message, trimmed and capped at 256 bytes.
 pub fn termination_reason(message: &str) -> Option<String> {
-    let line = message.lines().next()?.trim();
-    if line.is_empty() {
-        return None;
-    }
-    let mut end = line.len().min(256);
-    while !line.is_char_boundary(end) {
-        end -= 1;
-    }
-    Some(line[..end].to_string())
+    Some(TerminationMessage::parse(message).message).filter(|m| !m.is_empty())
 }
 
-/// `bootTimeMs=<n>` from any line of a termination message.
+/// `bootTimeMs=<n>` from a termination message.
 pub fn termination_boot_time_ms(message: &str) -> Option<u64> {
-    message
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("bootTimeMs="))
-        .find_map(|v| v.trim().parse().ok())
+    TerminationMessage::parse(message).boot_time_ms
 }
 
-/// Phase, reason and message from the pod.
-pub fn pod_phase(pod: &Pod) -> (VmiPhase, Option<String>, Option<String>) {
+/// Phase, reason and message from the pod. `vmi_deleting`: the VMI has a deletion timestamp
+/// (then a stop the launcher was asked for is the expected end, not a failure).
+pub fn pod_phase(pod: &Pod, vmi_deleting: bool) -> (VmiPhase, Option<String>, Option<String>) {
     let pod_phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     let term = compute_terminated(pod);
-    let term_msg = term.and_then(|t| t.message.as_deref()).unwrap_or("");
-    let term_reason = termination_reason(term_msg);
+    let term_msg = TerminationMessage::parse(term.and_then(|t| t.message.as_deref()).unwrap_or(""));
+    let term_reason = Some(term_msg.message.clone()).filter(|m| !m.is_empty());
+    // The launcher was stopped from outside the guest: it says so, or the pod is being deleted,
+    // or the kubelet failed a pod whose container exited 0 (eviction, node shutdown).
+    let pod_deleting = pod.metadata.deletion_timestamp.is_some();
+    let stopped_from_outside = !vmi_deleting
+        && (term_msg.shutdown_requested.is_some() || pod_deleting || pod_phase == Some("Failed"));
     match (pod_phase, term) {
+        (_, Some(t)) if t.exit_code == 0 && stopped_from_outside => {
+            let why = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.reason.clone())
+                .or_else(|| pod_deleting.then(|| "launcher pod deleted".to_string()))
+                .unwrap_or_else(|| "launcher asked to stop the VM".to_string());
+            let first = term_reason.unwrap_or_else(|| "VM stopped".into());
+            (
+                VmiPhase::Failed,
+                Some(REASON_LAUNCHER_STOPPED.into()),
+                termination_reason(&format!("{why}: {first}")),
+            )
+        }
         (_, Some(t)) if t.exit_code == 0 => (VmiPhase::Succeeded, None, term_reason),
         (_, Some(t)) => (
             VmiPhase::Failed,
@@ -213,7 +234,8 @@ pub fn desired_status(
             }
         }
         Some(pod) => {
-            let (phase, reason, message) = pod_phase(pod);
+            let deleting = vmi.metadata.deletion_timestamp.is_some();
+            let (phase, reason, message) = pod_phase(pod, deleting);
             let ready = phase == VmiPhase::Running && pod_ready(pod);
             let node = pod
                 .spec
@@ -508,6 +530,59 @@ mod tests {
         p.status.as_mut().unwrap().reason = Some("Evicted".into());
         let st = desired_status(&v, Some(&p), &now);
         assert_eq!(st.reason.as_deref(), Some("Evicted"));
+    }
+
+    #[test]
+    fn a_stop_the_launcher_was_asked_for_is_not_a_success() {
+        use microvirt_crds::termination::ShutdownOrigin;
+        let now = t(100);
+        let asked = TerminationMessage {
+            message: "guest reset after the shutdown request".into(),
+            reason: Some("GuestShutdown".into()),
+            exit_code: Some(0),
+            boot_time_ms: Some(5),
+            shutdown_requested: Some(ShutdownOrigin::Signal),
+        }
+        .render();
+        // Evicted by the kubelet (pod not deleted): Failed, so RerunOnFailure reruns it.
+        let mut p = pod(Some("n1"), terminated(0, &asked), "Failed", false);
+        p.status.as_mut().unwrap().reason = Some("Evicted".into());
+        let st = desired_status(&vmi(), Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.reason.as_deref(), Some(REASON_LAUNCHER_STOPPED));
+        assert_eq!(
+            st.message.as_deref(),
+            Some("Evicted: guest reset after the shutdown request")
+        );
+        assert_eq!(st.boot_time_ms, Some(5));
+        // Evicted, and the termination message lost: the pod phase still tells.
+        let mut p = pod(Some("n1"), terminated(0, ""), "Failed", false);
+        p.status.as_mut().unwrap().reason = Some("Evicted".into());
+        let st = desired_status(&vmi(), Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.message.as_deref(), Some("Evicted: VM stopped"));
+        // Pod deleted (drain), even when the termination message was lost.
+        let mut p = pod(Some("n1"), terminated(0, ""), "Succeeded", false);
+        p.metadata.deletion_timestamp = Some(t(90));
+        let st = desired_status(&vmi(), Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.reason.as_deref(), Some(REASON_LAUNCHER_STOPPED));
+        // The VMI itself is being deleted: that stop is the expected end.
+        let mut v = vmi();
+        v.metadata.deletion_timestamp = Some(t(80));
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Succeeded));
+        // The guest chose to power off: Succeeded.
+        let chose = TerminationMessage {
+            message: "guest powered off".into(),
+            exit_code: Some(0),
+            ..Default::default()
+        }
+        .render();
+        let p = pod(Some("n1"), terminated(0, &chose), "Succeeded", false);
+        let st = desired_status(&vmi(), Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Succeeded));
+        assert_eq!(st.message.as_deref(), Some("guest powered off"));
     }
 
     #[test]

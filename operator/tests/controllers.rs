@@ -844,3 +844,149 @@ async fn a_launcher_pod_the_api_server_refuses_fails_the_vmi() -> Result<()> {
         .is_none());
     Ok(())
 }
+
+/// Simulated kubelet: the pod was evicted (node pressure or shutdown), its compute container
+/// exited 0 with `message`; the pod object stays (phase Failed, reason Evicted).
+async fn mark_evicted(pods: &kube::Api<Pod>, name: &str, message: &str) -> Result<()> {
+    let now = k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let status = json!({
+        "status": {
+            "phase": "Failed",
+            "reason": "Evicted",
+            "message": "The node was low on resource: memory.",
+            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now}],
+            "containerStatuses": [{
+                "name": "compute",
+                "image": "microvirt/virt-launcher:dev",
+                "imageID": "sha256:0000",
+                "ready": false,
+                "restartCount": 0,
+                "started": false,
+                "state": {"terminated": {
+                    "exitCode": 0, "reason": "Completed", "message": message,
+                    "startedAt": now, "finishedAt": now,
+                }},
+            }],
+        }
+    });
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+/// KubeVirt's rule for `RerunOnFailure`: a VMI is re-created unless its guest stopped by itself.
+/// A drain (pod deleted: the kubelet SIGTERMs the launcher, which shuts the guest down cleanly
+/// and exits 0) and a kubelet eviction must therefore fail the VMI, not make it Succeeded.
+#[tokio::test]
+async fn rerun_on_failure_vms_come_back_after_a_drain_or_an_eviction() -> Result<()> {
+    use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
+    let cluster = shared_cluster();
+    let env = Env::start(cluster.kubeconfig_path(), "t-drain").await?;
+    let vmis = env.api::<VirtualMachineInstance>();
+    let pods = env.api::<Pod>();
+    let manifest = r#"apiVersion: microvirt.io/v1alpha1
+kind: VirtualMachine
+metadata: {name: web}
+spec:
+  runStrategy: RerunOnFailure
+  template:
+    spec: {domain: {memory: {guest: 64Mi}}}
+"#;
+    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(manifest))?;
+    assert!(ok, "{err}");
+    let pod_name = "virt-launcher-web";
+    // What the launcher writes when the kubelet's SIGTERM made it shut the guest down.
+    let asked = TerminationMessage {
+        message: "guest reset after the shutdown request".into(),
+        reason: Some("GuestShutdown".into()),
+        exit_code: Some(0),
+        boot_time_ms: Some(7),
+        shutdown_requested: Some(ShutdownOrigin::Signal),
+    }
+    .render();
+    let start_pod = |uid: String| {
+        let pods = pods.clone();
+        async move {
+            wait_for("the VMI's launcher pod", WAIT, || async {
+                Ok(pods
+                    .get_opt(pod_name)
+                    .await?
+                    .filter(|p| p.annotations().get(ANNOTATION_VMI_UID) == Some(&uid)))
+            })
+            .await?;
+            bind(&pods, pod_name, "node-1").await?;
+            mark_running(&pods, pod_name, "10.4.0.1", true).await
+        }
+    };
+    let wait_failed = |uid: String| {
+        let vmis = vmis.clone();
+        async move {
+            wait_for("the old VMI Failed (or gone)", WAIT, || async {
+                Ok(match vmis.get_opt("web").await? {
+                    Some(v) if v.metadata.uid.as_deref() == Some(uid.as_str()) => match v.phase() {
+                        Some(VmiPhase::Succeeded) => {
+                            anyhow::bail!("VMI Succeeded: {:?}", v.status)
+                        }
+                        Some(VmiPhase::Failed) => Some(v.status),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+            })
+            .await
+        }
+    };
+
+    // 1. Drain: the pod is deleted. A real kubelet reports the container's exit before the pod
+    //    object goes away; a finalizer holds the object so the operator sees that report.
+    let uid1 = wait_vmi_uid(&env, "web", None).await?;
+    start_pod(uid1.clone()).await?;
+    pods.patch(
+        pod_name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"metadata": {"finalizers": ["microvirt.io/test-hold"]}})),
+    )
+    .await?;
+    pods.delete(pod_name, &DeleteParams::default()).await?;
+    mark_terminated(&pods, pod_name, 0, &asked).await?;
+    let st = wait_failed(uid1.clone()).await?.unwrap_or_default();
+    assert_eq!(st.reason.as_deref(), Some("LauncherStopped"), "{st:?}");
+    assert_eq!(st.boot_time_ms, Some(7));
+    pods.patch(
+        pod_name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    let uid2 = wait_vmi_uid(&env, "web", Some(&uid1)).await?;
+
+    // 2. Eviction by the kubelet: the pod object stays, phase Failed.
+    start_pod(uid2.clone()).await?;
+    mark_evicted(&pods, pod_name, &asked).await?;
+    let st = wait_failed(uid2.clone()).await?.unwrap_or_default();
+    assert_eq!(
+        st.message.as_deref(),
+        Some("Evicted: guest reset after the shutdown request"),
+        "{st:?}"
+    );
+    let uid3 = wait_vmi_uid(&env, "web", Some(&uid2)).await?;
+
+    // 3. The guest powered off by itself: Succeeded, and the VM stays down.
+    start_pod(uid3.clone()).await?;
+    let chose = TerminationMessage {
+        message: "guest powered off".into(),
+        reason: Some("GuestShutdown".into()),
+        exit_code: Some(0),
+        ..Default::default()
+    }
+    .render();
+    mark_terminated(&pods, pod_name, 0, &chose).await?;
+    wait_phase(&env, "web", VmiPhase::Succeeded).await?;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let v = vmis.get("web").await?;
+    assert_eq!(v.metadata.uid.as_deref(), Some(uid3.as_str()));
+    assert_eq!(v.phase(), Some(VmiPhase::Succeeded));
+    Ok(())
+}
