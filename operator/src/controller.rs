@@ -150,12 +150,28 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
 }
 
 /// What [`run`] watches and how.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RunOptions {
     /// Only this namespace (default: all).
     pub namespace: Option<String>,
     /// Reporting instance name for Events (e.g. the pod name).
     pub instance: Option<String>,
+    /// After shutdown is asked for, how long reconciles already running may go on before they
+    /// are abandoned.
+    pub drain_timeout: Duration,
+}
+
+/// Default [`RunOptions::drain_timeout`].
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            instance: None,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
 }
 
 fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
@@ -205,6 +221,11 @@ where
 }
 
 /// Run every controller until `shutdown` resolves. `ready` is set once the caches are filled.
+///
+/// Once `shutdown` resolves the controllers take no new work; reconciles already running get
+/// [`RunOptions::drain_timeout`], then they are dropped and `run` returns, whatever the API
+/// server does (a reconcile or a cache that waits for an unreachable API server never finishes
+/// on its own).
 pub async fn run(
     client: Client,
     config: Config,
@@ -318,14 +339,28 @@ pub async fn run(
 
     let ready_flag = ready.clone();
     let (pods_r, presets_r, vmis_r) = (pods.clone(), presets.clone(), vmis.clone());
-    let readiness = async move {
+    let readiness = tokio::spawn(async move {
         let _ = pods_r.wait_until_ready().await;
         let _ = presets_r.wait_until_ready().await;
         let _ = vmis_r.wait_until_ready().await;
         ready_flag.store(true, Ordering::SeqCst);
         tracing::info!("caches filled; controllers running");
-    };
-    tokio::join!(vmi_ctrl, rs_ctrl, vm_ctrl, readiness);
+    });
+    let controllers = future::join3(vmi_ctrl, rs_ctrl, vm_ctrl);
+    tokio::pin!(controllers);
+    tokio::select! {
+        _ = &mut controllers => {}
+        _ = shutdown => {
+            tracing::info!("shutting down: controllers take no new work");
+            if tokio::time::timeout(opts.drain_timeout, &mut controllers).await.is_err() {
+                tracing::warn!(
+                    "reconciles still running after {:?}; abandoning them",
+                    opts.drain_timeout
+                );
+            }
+        }
+    }
+    readiness.abort();
     preset_task.abort();
     ready.store(false, Ordering::SeqCst);
 }

@@ -1,10 +1,14 @@
 //! Leader election with a `coordination.k8s.io/v1` Lease.
 //!
-//! Every replica tries to become the holder; only the holder runs controllers. The holder renews
-//! the lease every `renew_every`; another replica takes it over when `renewTime` is older than
-//! `leaseDurationSeconds`. Updates carry the read `resourceVersion`, so two replicas racing for
-//! the lease cannot both win. A holder that fails to renew within the lease duration stops
-//! ([`LeaderElector::hold`] returns) and the process exits, to be restarted as a standby.
+//! Every replica tries to become the holder; only the holder runs controllers. client-go's
+//! timing: the holder tries to renew every `retry_period`; each attempt, and the time since the
+//! last successful one, is bounded by `renew_deadline`, which is shorter than the lease duration:
+//! a holder whose renewals hang or fail gives up leadership ([`LeaderElector::hold`] returns, the
+//! controllers stop, the process exits to be restarted as a standby) before another replica may
+//! take the lease over, which happens once `renewTime` is older than `leaseDurationSeconds`.
+//! Updates carry the read `resourceVersion`, so two replicas racing for the lease cannot both
+//! win. On an orderly shutdown the holder releases the lease (clears the holder), so a standby
+//! takes over at once instead of after the lease duration.
 
 use std::time::{Duration, Instant};
 
@@ -25,9 +29,23 @@ pub enum LeaderError {
         /// Cause.
         source: kube::Error,
     },
-    /// Renewing failed for longer than the lease duration.
-    #[error("lost the lease {0}: not renewed within its duration")]
-    Lost(String),
+    /// Renewing failed (or hung) for longer than the renew deadline.
+    #[error("lost the lease {name}: not renewed within the renew deadline of {deadline:?}")]
+    Lost {
+        /// Lease name.
+        name: String,
+        /// The renew deadline.
+        deadline: Duration,
+    },
+    /// Another replica holds the lease now.
+    #[error("lost the lease {0}: another replica holds it")]
+    TakenOver(String),
+    /// A request did not answer in time.
+    #[error("lease {0}: the API server did not answer in time")]
+    Timeout(String),
+    /// The timing settings are inconsistent.
+    #[error("leader election: {0}")]
+    Config(&'static str),
 }
 
 /// What to do about a lease, given its current state.
@@ -67,7 +85,7 @@ pub fn decide(lease: Option<&Lease>, identity: &str, now: Timestamp) -> Decision
     }
 }
 
-/// Settings of leader election.
+/// Settings of leader election (client-go's names and defaults: 15 s, 10 s, 2 s).
 #[derive(Clone, Debug)]
 pub struct LeaderConfig {
     /// Lease name.
@@ -76,13 +94,49 @@ pub struct LeaderConfig {
     pub namespace: String,
     /// This replica's identity (pod name).
     pub identity: String,
-    /// How long a lease is valid without renewal.
+    /// How long a lease is valid without renewal (others wait this long before taking over).
     pub lease_duration: Duration,
-    /// How often the holder renews.
-    pub renew_every: Duration,
+    /// How long the holder keeps leading without a successful renewal (< `lease_duration`).
+    pub renew_deadline: Duration,
+    /// How often the holder renews and a standby retries (< `renew_deadline`).
+    pub retry_period: Duration,
 }
 
-/// Acquires and holds a Lease.
+impl LeaderConfig {
+    /// Default timing for `name`/`namespace`/`identity`.
+    pub fn new(name: &str, namespace: &str, identity: &str) -> Self {
+        Self {
+            name: name.into(),
+            namespace: namespace.into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// Check that a holder gives up before others may take over, and retries before giving up.
+    pub fn validate(&self) -> Result<(), LeaderError> {
+        if self.renew_deadline >= self.lease_duration {
+            return Err(LeaderError::Config(
+                "the renew deadline must be shorter than the lease duration",
+            ));
+        }
+        if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
+            return Err(LeaderError::Config(
+                "the retry period must be more than 0 and shorter than the renew deadline",
+            ));
+        }
+        if self.lease_duration < Duration::from_secs(1) {
+            return Err(LeaderError::Config(
+                "the lease duration must be at least 1 s",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Acquires, holds and releases a Lease.
 pub struct LeaderElector {
     api: Api<Lease>,
     cfg: LeaderConfig,
@@ -97,6 +151,11 @@ impl LeaderElector {
         }
     }
 
+    /// The settings.
+    pub fn config(&self) -> &LeaderConfig {
+        &self.cfg
+    }
+
     fn err(&self) -> impl FnOnce(kube::Error) -> LeaderError + '_ {
         move |source| LeaderError::Kube {
             name: self.cfg.name.clone(),
@@ -109,7 +168,7 @@ impl LeaderElector {
         let now = Timestamp::now();
         let current = self.api.get_opt(&self.cfg.name).await.map_err(self.err())?;
         let decision = decide(current.as_ref(), &self.cfg.identity, now);
-        let duration_s = i32::try_from(self.cfg.lease_duration.as_secs()).unwrap_or(15);
+        let duration_s = i32::try_from(self.cfg.lease_duration.as_secs().max(1)).unwrap_or(15);
         let result = match (decision, current) {
             (Decision::Wait, _) => return Ok(false),
             (Decision::Create, _) => {
@@ -154,37 +213,93 @@ impl LeaderElector {
         }
     }
 
-    /// Wait until this replica holds the lease.
-    pub async fn acquire(&self) {
+    /// One attempt bounded by `limit`.
+    async fn attempt(&self, limit: Duration) -> Result<bool, LeaderError> {
+        tokio::time::timeout(limit, self.try_acquire_or_renew())
+            .await
+            .unwrap_or_else(|_| Err(LeaderError::Timeout(self.cfg.name.clone())))
+    }
+
+    /// Wait until this replica holds the lease. `standing_by` is called each time the API
+    /// server answered that another replica holds it.
+    pub async fn acquire(&self, standing_by: impl Fn()) {
         loop {
-            match self.try_acquire_or_renew().await {
+            match self.attempt(self.cfg.renew_deadline).await {
                 Ok(true) => {
                     tracing::info!(lease = %self.cfg.name, identity = %self.cfg.identity, "acquired leadership");
                     return;
                 }
-                Ok(false) => {}
+                Ok(false) => standing_by(),
                 Err(e) => tracing::warn!("leader election: {e}"),
             }
-            tokio::time::sleep(self.cfg.renew_every).await;
+            tokio::time::sleep(self.cfg.retry_period).await;
         }
     }
 
-    /// Renew forever; returns the error that ended leadership.
+    /// Renew until leadership ends; returns why it ended. Each attempt is bounded by what is
+    /// left of the renew deadline, counted from the start of the last successful attempt (the
+    /// `renewTime` it wrote), so the holder stops before any other replica may take over.
     pub async fn hold(&self) -> LeaderError {
         let mut last_ok = Instant::now();
         loop {
-            tokio::time::sleep(self.cfg.renew_every).await;
-            match self.try_acquire_or_renew().await {
-                Ok(true) => last_ok = Instant::now(),
-                Ok(false) => return LeaderError::Lost(self.cfg.name.clone()),
+            tokio::time::sleep(self.cfg.retry_period).await;
+            let started = Instant::now();
+            let left = (last_ok + self.cfg.renew_deadline).saturating_duration_since(started);
+            if left.is_zero() {
+                return self.lost();
+            }
+            match self.attempt(left).await {
+                Ok(true) => last_ok = started,
+                Ok(false) => return LeaderError::TakenOver(self.cfg.name.clone()),
                 Err(e) => {
                     tracing::warn!("renewing lease: {e}");
-                    if last_ok.elapsed() >= self.cfg.lease_duration {
-                        return LeaderError::Lost(self.cfg.name.clone());
+                    if last_ok.elapsed() >= self.cfg.renew_deadline {
+                        return self.lost();
                     }
                 }
             }
         }
+    }
+
+    fn lost(&self) -> LeaderError {
+        LeaderError::Lost {
+            name: self.cfg.name.clone(),
+            deadline: self.cfg.renew_deadline,
+        }
+    }
+
+    /// Give the lease up (holder cleared, duration 1 s) if we still hold it, as client-go's
+    /// `ReleaseOnCancel` does, so a standby takes over at once. Bounded by `limit`.
+    pub async fn release(&self, limit: Duration) -> Result<(), LeaderError> {
+        let release = async {
+            let Some(mut lease) = self.api.get_opt(&self.cfg.name).await.map_err(self.err())?
+            else {
+                return Ok(());
+            };
+            let mut spec = lease.spec.take().unwrap_or_default();
+            if spec.holder_identity.as_deref() != Some(self.cfg.identity.as_str()) {
+                return Ok(());
+            }
+            let now = MicroTime(Timestamp::now());
+            spec.holder_identity = None;
+            spec.lease_duration_seconds = Some(1);
+            spec.acquire_time = Some(now.clone());
+            spec.renew_time = Some(now);
+            lease.spec = Some(spec);
+            match self
+                .api
+                .replace(&self.cfg.name, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(_) => Ok(()),
+                // Someone else wrote it meanwhile: it is not ours to release any more.
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                Err(e) => Err(self.err()(e)),
+            }
+        };
+        tokio::time::timeout(limit, release)
+            .await
+            .unwrap_or_else(|_| Err(LeaderError::Timeout(self.cfg.name.clone())))
     }
 }
 
@@ -221,5 +336,20 @@ mod tests {
             decide(Some(&lease("", 999, 15)), "a", now),
             Decision::TakeOver
         );
+    }
+
+    #[test]
+    fn timing_is_checked() {
+        let ok = LeaderConfig::new("l", "ns", "a");
+        assert!(ok.validate().is_ok());
+        let mut c = ok.clone();
+        c.renew_deadline = c.lease_duration;
+        assert!(c.validate().is_err());
+        let mut c = ok.clone();
+        c.retry_period = c.renew_deadline;
+        assert!(c.validate().is_err());
+        let mut c = ok;
+        c.retry_period = Duration::ZERO;
+        assert!(c.validate().is_err());
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod controller;
+pub mod health;
 pub mod http;
 pub mod leader;
 pub mod metrics;
@@ -9,5 +10,6 @@ pub mod pod;
 pub mod preset;
 pub mod replicaset;
 pub mod selector;
+pub mod shutdown;
 pub mod status;
 pub mod virtualmachine;

@@ -1,18 +1,24 @@
 //! `virt-operator`: runs microvirt's controllers.
+//!
+//! Shutdown (first SIGTERM/SIGINT): the controllers take no new work, running reconciles get a
+//! short deadline, the Lease is released if the API server answers in time, and the process exits
+//! 0 within a few seconds whatever the API server does; a second signal exits at once
+//! (status 128 + signal number). Errors are one line on stderr, naming the flag to change.
 
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::Parser;
-use futures::FutureExt;
 use microvirt_crds::quantity::parse_bytes;
 use microvirt_operator::config::{Config, KvmMode, DEFAULT_LAUNCHER_IMAGE};
 use microvirt_operator::controller::{run, RunOptions};
+use microvirt_operator::health::{Health, Role};
 use microvirt_operator::leader::{LeaderConfig, LeaderElector};
 use microvirt_operator::metrics::Metrics;
+use microvirt_operator::shutdown::{self, RELEASE_TIMEOUT};
 
 /// microvirt's operator: maps VirtualMachineInstance, VirtualMachine,
 /// VirtualMachineInstanceReplicaSet and VirtualMachineInstancePreset onto virt-launcher pods.
@@ -45,6 +51,15 @@ struct Args {
     /// Run controllers only while holding the Lease.
     #[arg(long, env = "MICROVIRT_LEADER_ELECT", default_value_t = false)]
     leader_elect: bool,
+    /// How long the Lease is valid without renewal (e.g. 15s, 1500ms).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    leader_elect_lease_duration: Duration,
+    /// How long the leader keeps leading without renewing; shorter than the lease duration.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    leader_elect_renew_deadline: Duration,
+    /// How often the leader renews and a standby retries.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    leader_elect_retry_period: Duration,
     /// Namespace of the Lease.
     #[arg(long, env = "POD_NAMESPACE", default_value = "microvirt")]
     lease_namespace: String,
@@ -56,30 +71,53 @@ struct Args {
     identity: Option<String>,
 }
 
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => futures::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
+/// `15s`, `1500ms`, `2m`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?} is not a duration (examples: 15s, 1500ms, 2m)");
+    let (num, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, ""), |i| s.split_at(i));
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => n.checked_mul(60).map(Duration::from_secs).ok_or_else(bad),
+        _ => Err(bad()),
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> ExitCode {
+    let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,kube=warn".into()),
         )
         .init();
-    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("virt-operator: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(operate(args));
+    // Tasks still waiting on the API server must not hold the exit up.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("virt-operator: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn operate(args: Args) -> Result<()> {
+    let shutdown = shutdown::install()?;
     let config = Config {
         launcher_image: args.launcher_image.clone(),
         launcher_memory_overhead: parse_bytes(&args.launcher_memory_overhead)
@@ -89,48 +127,76 @@ async fn main() -> Result<()> {
             .context("--default-guest-memory")?,
         ..Config::default()
     };
-    let client = kube::Client::try_default()
-        .await
-        .context("building the Kubernetes client (in-cluster or KUBECONFIG)")?;
-    let metrics = Arc::new(Metrics::new());
-    let ready = Arc::new(AtomicBool::new(false));
-    let (addr, server) =
-        microvirt_operator::http::serve(args.metrics_addr, metrics.clone(), ready.clone()).await?;
-    tracing::info!("serving /metrics, /healthz, /readyz on {addr}");
-    tokio::spawn(server);
-
     let identity = args
         .identity
         .clone()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| format!("virt-operator-{}", std::process::id()));
-    let shutdown = shutdown_signal().shared();
+    let mut leader_cfg = LeaderConfig::new(&args.lease_name, &args.lease_namespace, &identity);
+    leader_cfg.lease_duration = args.leader_elect_lease_duration;
+    leader_cfg.renew_deadline = args.leader_elect_renew_deadline;
+    leader_cfg.retry_period = args.leader_elect_retry_period;
+    if args.leader_elect {
+        leader_cfg.validate().context(
+            "--leader-elect-lease-duration / --leader-elect-renew-deadline / --leader-elect-retry-period",
+        )?;
+    }
+
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::new());
+    let (addr, server) =
+        microvirt_operator::http::serve(args.metrics_addr, metrics.clone(), health.clone()).await?;
+    tracing::info!("serving /metrics, /healthz, /readyz on {addr}");
+    tokio::spawn(server);
+
+    let client = tokio::select! {
+        c = kube::Client::try_default() => {
+            c.context("building the Kubernetes client (in-cluster or KUBECONFIG)")?
+        }
+        _ = shutdown.signalled() => return Ok(()),
+    };
     let opts = RunOptions {
         namespace: args.namespace.clone(),
         instance: Some(identity.clone()),
+        ..RunOptions::default()
     };
+    let caches = health.caches_filled();
 
-    if args.leader_elect {
-        let elector = LeaderElector::new(
-            client.clone(),
-            LeaderConfig {
-                name: args.lease_name.clone(),
-                namespace: args.lease_namespace.clone(),
-                identity,
-                lease_duration: Duration::from_secs(15),
-                renew_every: Duration::from_secs(5),
-            },
-        );
-        tokio::select! {
-            _ = elector.acquire() => {}
-            _ = shutdown.clone() => return Ok(()),
+    if !args.leader_elect {
+        health.set_role(Role::Leading);
+        run(client, config, metrics, opts, caches, shutdown.signalled()).await;
+        health.set_role(Role::Stopping);
+        return Ok(());
+    }
+
+    let elector = LeaderElector::new(client.clone(), leader_cfg);
+    tokio::select! {
+        _ = elector.acquire(|| { health.set_role(Role::Standby); }) => {}
+        _ = shutdown.signalled() => {
+            health.set_role(Role::Stopping);
+            return Ok(());
         }
-        tokio::select! {
-            _ = run(client, config, metrics, opts, ready, shutdown.clone()) => Ok(()),
-            lost = elector.hold() => Err(lost).context("leader election"),
+    }
+    health.set_role(Role::Leading);
+    let lost = tokio::select! {
+        _ = run(client, config, metrics, opts, caches, shutdown.signalled()) => None,
+        lost = elector.hold() => Some(lost),
+    };
+    health.set_role(Role::Stopping);
+    match lost {
+        // Leadership ended without a shutdown request: stop at once (the controllers are
+        // dropped with the select) and exit non-zero, to be restarted as a standby.
+        Some(e) if !shutdown.requested() => Err(e).context("leader election"),
+        Some(e) => {
+            tracing::warn!("leadership ended while shutting down: {e}");
+            Ok(())
         }
-    } else {
-        run(client, config, metrics, opts, ready, shutdown).await;
-        Ok(())
+        None => {
+            match elector.release(RELEASE_TIMEOUT).await {
+                Ok(()) => tracing::info!("released the lease"),
+                Err(e) => tracing::warn!("not releasing the lease: {e}"),
+            }
+            Ok(())
+        }
     }
 }

@@ -110,5 +110,17 @@ async fn virt_operator_binary_leads_serves_health_and_reconciles() -> Result<()>
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "exit status {status}");
+    // It released the Lease on the way out, so a standby need not wait for it to expire.
+    let spec = leases
+        .get("microvirt-operator")
+        .await?
+        .spec
+        .unwrap_or_default();
+    assert_eq!(
+        spec.holder_identity.as_deref().unwrap_or(""),
+        "",
+        "{spec:?}"
+    );
+    assert_eq!(spec.lease_duration_seconds, Some(1));
     Ok(())
 }

@@ -115,7 +115,8 @@ spec:
         namespace: "microvirt".into(),
         identity: id.into(),
         lease_duration: Duration::from_secs(2),
-        renew_every: Duration::from_millis(500),
+        renew_deadline: Duration::from_millis(1500),
+        retry_period: Duration::from_millis(500),
     };
     let a = LeaderElector::new(op.clone(), cfg("a"));
     let b = LeaderElector::new(op.clone(), cfg("b"));
@@ -123,7 +124,7 @@ spec:
     assert!(!b.try_acquire_or_renew().await?);
     assert!(a.try_acquire_or_renew().await?, "holder renews");
     let started = std::time::Instant::now();
-    tokio::time::timeout(Duration::from_secs(10), b.acquire()).await?;
+    tokio::time::timeout(Duration::from_secs(10), b.acquire(|| {})).await?;
     assert!(
         started.elapsed() >= Duration::from_millis(1500),
         "took over too early"

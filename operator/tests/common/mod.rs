@@ -132,6 +132,8 @@ pub struct Env {
     pub kubeconfig: PathBuf,
     pub metrics: Arc<Metrics>,
     operator: Option<tokio::task::JoinHandle<()>>,
+    /// Asks the running controllers to shut down (graceful, see [`Env::shutdown`]).
+    stop: Option<tokio::sync::watch::Sender<bool>>,
     kubelet: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -172,6 +174,7 @@ impl Env {
             kubeconfig: kubeconfig.to_path_buf(),
             metrics: Arc::new(Metrics::new()),
             operator: None,
+            stop: None,
             kubelet: None,
         };
         env.start_operator().await?;
@@ -188,14 +191,20 @@ impl Env {
         let opts = RunOptions {
             namespace: Some(self.ns.clone()),
             instance: Some(format!("test-{}", self.ns)),
+            ..RunOptions::default()
         };
+        let (tx, mut rx) = tokio::sync::watch::channel(false);
+        let stop = futures::FutureExt::shared(futures::FutureExt::boxed(async move {
+            let _ = rx.wait_for(|v| *v).await;
+        }));
+        self.stop = Some(tx);
         self.operator = Some(tokio::spawn(run(
             self.operator_client.clone(),
             Config::default(),
             self.metrics.clone(),
             opts,
             ready.clone(),
-            futures::future::pending::<()>(),
+            stop,
         )));
         let start = Instant::now();
         while !ready.load(Ordering::SeqCst) {
@@ -207,10 +216,27 @@ impl Env {
         Ok(())
     }
 
-    /// Stop the controllers.
+    /// Stop the controllers at once (their tasks are aborted).
     pub fn stop_operator(&mut self) {
+        self.stop = None;
         if let Some(h) = self.operator.take() {
             h.abort();
+        }
+    }
+
+    /// Shut down in order, before the cluster goes away: the simulated kubelet stops, then the
+    /// controllers stop taking work and finish (or abandon, after their drain timeout) what
+    /// they are doing; returns once nothing of this environment talks to the API server.
+    pub async fn shutdown(&mut self) {
+        if let Some(h) = self.kubelet.take() {
+            h.abort();
+            let _ = h.await;
+        }
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(true);
+        }
+        if let Some(h) = self.operator.take() {
+            let _ = h.await;
         }
     }
 

@@ -14,7 +14,7 @@ use base64::Engine as _;
 use crate::binaries::{ensure_binaries, Binaries, BinariesError};
 use crate::certs::{self, CertError};
 use crate::http::{plain_get, ApiClient, HttpError, Response};
-use crate::process::{free_port, log_tail, random_hex, stop_child};
+use crate::process::{free_port, log_tail, random_hex, signal, stop_child};
 
 /// Errors starting or driving a [`Cluster`].
 #[derive(Debug, thiserror::Error)]
@@ -344,11 +344,36 @@ impl Cluster {
     /// waits for `/readyz`. Clients see connection errors in between, as after a real
     /// control-plane restart; all stored objects survive (they live in etcd).
     pub fn restart_apiserver(&mut self) -> Result<(), ClusterError> {
+        self.stop_apiserver_within(Duration::from_secs(30));
+        self.start_apiserver()
+    }
+
+    /// Kills kube-apiserver (SIGKILL, as when its machine fails) and leaves it stopped: clients
+    /// get "connection refused" until [`Cluster::start_apiserver`]. etcd keeps running.
+    pub fn stop_apiserver(&mut self) {
+        self.stop_apiserver_within(Duration::ZERO);
+    }
+
+    /// SIGTERM, then SIGKILL after `grace` (at once when zero).
+    fn stop_apiserver_within(&mut self, grace: Duration) {
         if let Some(mut a) = self.apiserver.take() {
-            stop_child(&mut a, Duration::from_secs(30));
+            if grace.is_zero() {
+                let _ = a.kill();
+                let _ = a.wait();
+            } else {
+                stop_child(&mut a, grace);
+            }
         }
         let _ = fs::remove_file(self.dir.join("kube-apiserver.pid"));
-        let marker = "\n==== microvirt-testsupport: kube-apiserver restarted ====\n";
+    }
+
+    /// Starts kube-apiserver again after [`Cluster::stop_apiserver`] (same port, same etcd)
+    /// and waits for `/readyz`. Does nothing while it runs.
+    pub fn start_apiserver(&mut self) -> Result<(), ClusterError> {
+        if self.apiserver.is_some() {
+            return Ok(());
+        }
+        let marker = "\n==== microvirt-testsupport: kube-apiserver started again ====\n";
         if let Ok(mut f) = OpenOptions::new()
             .append(true)
             .open(self.log("kube-apiserver"))
@@ -356,6 +381,18 @@ impl Cluster {
             let _ = io::Write::write_all(&mut f, marker.as_bytes());
         }
         self.spawn_apiserver()
+    }
+
+    /// Freezes kube-apiserver (SIGSTOP) until the returned guard is dropped (SIGCONT): the kernel
+    /// still accepts connections but nothing answers, as with a hung control plane or a network
+    /// that drops packets. `None` while kube-apiserver is stopped.
+    pub fn freeze_apiserver(&self) -> Option<FrozenApiserver<'_>> {
+        let pid = self.apiserver_pid()?;
+        signal(pid, libc::SIGSTOP);
+        Some(FrozenApiserver {
+            pid,
+            _cluster: self,
+        })
     }
 
     /// Sends one request to the apiserver as the cluster admin. `body`, when given, is JSON.
@@ -520,6 +557,18 @@ fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, ClusterError>
         .process_group(0)
         .spawn()
         .map_err(io_err(format!("starting {}", bin.display())))
+}
+
+/// kube-apiserver frozen by [`Cluster::freeze_apiserver`]; dropping it lets it run again.
+pub struct FrozenApiserver<'a> {
+    pid: u32,
+    _cluster: &'a Cluster,
+}
+
+impl Drop for FrozenApiserver<'_> {
+    fn drop(&mut self) {
+        signal(self.pid, libc::SIGCONT);
+    }
 }
 
 impl Drop for Cluster {

@@ -56,5 +56,5 @@ mod process;
 
 pub use binaries::{ensure_binaries, Binaries, BinariesError, ETCD_VERSION, KUBERNETES_VERSION};
 pub use certs::CertError;
-pub use cluster::{Cluster, ClusterError, ClusterOptions};
+pub use cluster::{Cluster, ClusterError, ClusterOptions, FrozenApiserver};
 pub use http::{HttpError, Response};
