@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::{future, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -22,9 +23,11 @@ use microvirt_crds::{
 };
 
 use crate::config::Config;
+use crate::expectations::Expectations;
 use crate::metrics::Metrics;
 use crate::pod::{PodError, APP_NAME, LABEL_APP};
 use crate::preset::PresetError;
+use crate::replicaset::VmiRef;
 
 pub mod vm;
 pub mod vmi;
@@ -82,6 +85,8 @@ pub struct Context {
     pub presets: Store<VirtualMachineInstancePreset>,
     /// VMIs (for the VM and VMIRS controllers).
     pub vmis: Store<VirtualMachineInstance>,
+    /// VMI creations and deletions of the VM and VMIRS controllers not yet seen in `vmis`.
+    pub expectations: Expectations,
 }
 
 impl Context {
@@ -277,6 +282,7 @@ pub async fn run(
         pods: pods.clone(),
         presets: presets.clone(),
         vmis: vmis.clone(),
+        expectations: Expectations::default(),
     });
 
     // Presets only feed the cache.
@@ -363,6 +369,28 @@ pub async fn run(
     readiness.abort();
     preset_task.abort();
     ready.store(false, Ordering::SeqCst);
+}
+
+/// Delete the VMI `r` only if its name still belongs to the uid the decision saw. Returns
+/// whether this call deleted it (or started its deletion); a VMI already gone, or a name that
+/// belongs to another VMI now, is left alone.
+pub async fn delete_vmi(api: &Api<VirtualMachineInstance>, r: &VmiRef) -> Result<bool, Error> {
+    let dp = DeleteParams {
+        preconditions: r.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&r.name, &dp).await {
+        Ok(_) => Ok(true),
+        Err(e) if is_not_found(&e) => Ok(false),
+        Err(e) if is_conflict(&e) => {
+            tracing::info!(vmi = %r.name, "not deleting: the name belongs to another VMI now");
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Object name and namespace, or an error.

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod controller;
+pub mod expectations;
 pub mod health;
 pub mod http;
 pub mod leader;

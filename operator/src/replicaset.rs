@@ -10,13 +10,32 @@ use microvirt_crds::{
 
 use crate::selector;
 
+/// A VMI by name and the uid the decision saw; deleting it is conditioned on that uid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmiRef {
+    /// Name.
+    pub name: String,
+    /// Uid (None only for objects never stored, e.g. in unit tests).
+    pub uid: Option<String>,
+}
+
+impl VmiRef {
+    /// The reference to `vmi`.
+    pub fn of(vmi: &VirtualMachineInstance) -> Self {
+        Self {
+            name: vmi.name_any(),
+            uid: vmi.metadata.uid.clone(),
+        }
+    }
+}
+
 /// What the VMIRS reconciler should do.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ReplicaPlan {
     /// Names of VMIs to create.
     pub create: Vec<String>,
-    /// Names of VMIs to delete.
-    pub delete: Vec<String>,
+    /// VMIs to delete.
+    pub delete: Vec<VmiRef>,
     /// Status to report (observed before acting).
     pub status: VirtualMachineInstanceReplicaSetStatus,
 }
@@ -60,11 +79,11 @@ pub fn plan<'a>(
         .filter(|v| v.metadata.deletion_timestamp.is_none())
         .filter(|v| !v.phase().is_some_and(|p| p.is_final()))
         .collect();
-    let finished: Vec<String> = owned
+    let finished: Vec<VmiRef> = owned
         .iter()
         .filter(|v| v.metadata.deletion_timestamp.is_none())
         .filter(|v| v.phase().is_some_and(|p| p.is_final()))
-        .map(|v| v.name_any())
+        .map(|v| VmiRef::of(v))
         .collect();
 
     let paused = rs.spec.paused.unwrap_or(false);
@@ -113,7 +132,7 @@ pub fn plan<'a>(
             active
                 .iter()
                 .take(active.len() - desired)
-                .map(|v| v.name_any()),
+                .map(|v| VmiRef::of(v)),
         );
     }
     ReplicaPlan {
@@ -183,6 +202,7 @@ mod tests {
         phase: VmiPhase,
     ) -> VirtualMachineInstance {
         let mut v = new_replica(rs, name);
+        v.metadata.uid = Some(format!("{name}-uid"));
         v.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created_s).unwrap()));
         v.status = Some(VirtualMachineInstanceStatus {
             phase: Some(phase),
@@ -194,6 +214,10 @@ mod tests {
             ..Default::default()
         });
         v
+    }
+
+    fn names(refs: &[VmiRef]) -> Vec<&str> {
+        refs.iter().map(|r| r.name.as_str()).collect()
     }
 
     #[test]
@@ -218,7 +242,8 @@ mod tests {
         ];
         let p = plan(&s, existing.iter());
         assert!(p.create.is_empty());
-        assert_eq!(p.delete, vec!["web-2".to_string(), "web-1".to_string()]);
+        assert_eq!(names(&p.delete), ["web-2", "web-1"]);
+        assert_eq!(p.delete[0].uid.as_deref(), Some("web-2-uid"));
     }
 
     #[test]
@@ -235,7 +260,7 @@ mod tests {
             replica(&s, "web-2", 10, true, VmiPhase::Running),
         ];
         let p = plan(&s, existing.iter());
-        assert_eq!(p.delete, vec!["web-1".to_string()]);
+        assert_eq!(names(&p.delete), ["web-1"]);
         // web-0 is still terminating and web-1 not yet gone: new replica takes web-3.
         assert_eq!(p.create, vec!["web-3".to_string()]);
         assert_eq!(p.status.replicas, 1);

@@ -59,12 +59,20 @@ async fn crds_install_and_bad_specs_are_refused() -> Result<()> {
         (
             "memory below 16Mi",
             good.replace("guest: 128Mi", "guest: 8Mi"),
-            "domain.memory.guest must be a quantity of at least 16Mi",
+            "domain.memory.guest must be a quantity from 16Mi to 1Ei",
         ),
         (
             "memory not a quantity",
             good.replace("guest: 128Mi", "guest: lots"),
-            "domain.memory.guest must be a quantity of at least 16Mi",
+            "domain.memory.guest must be a quantity from 16Mi to 1Ei",
+        ),
+        (
+            "emptyDisk without capacity",
+            good.replace(
+                "    containerDisk:\n      image: quay.io/containerdisks/fedora:latest\n",
+                "    emptyDisk: {capacity: 0Gi}\n",
+            ),
+            "emptyDisk.capacity must be a quantity greater than 0 and at most 1Ei",
         ),
         (
             "zero cores",

@@ -1,9 +1,12 @@
 //! VM reconciler: run-strategy semantics (create/delete the VMI) and printable status.
+//!
+//! As in the VMIRS reconciler, creates and deletes wait for the VMI cache to show the previous
+//! ones ([`crate::expectations`]) and deletes are conditioned on the uid the decision saw.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
@@ -12,12 +15,18 @@ use kube::Api;
 use microvirt_crds::{VirtualMachine, VirtualMachineInstance};
 use serde_json::json;
 
-use super::{finalizer_result, is_conflict, is_not_found, name_ns, Context, Error};
+use super::{delete_vmi, finalizer_result, is_conflict, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
+use crate::replicaset::VmiRef;
 use crate::virtualmachine::{new_vmi, owned_by, plan, VmAction};
 
 /// Finalizer on every VM: its VMI is deleted with it (also without a garbage collector).
 pub const FINALIZER: &str = "microvirt.io/vmi";
+
+/// Expectations key of a VM.
+fn key(ns: &str, name: &str) -> String {
+    format!("vm/{ns}/{name}")
+}
 
 /// Reconcile one VM.
 pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -46,39 +55,55 @@ async fn apply(
     let vmi = ctx
         .vmis
         .get(&ObjectRef::<VirtualMachineInstance>::new(&name).within(&ns));
+    let key = key(&ns, &name);
+    let synced = ctx.expectations.satisfied(&key, vmi.as_deref());
     let (action, status) = plan(&vm, vmi.as_deref());
     let vmi_api: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
     match action {
         VmAction::None => {}
+        _ if !synced => {}
         VmAction::Create => {
             let pp = PostParams {
                 field_manager: Some(FIELD_MANAGER.into()),
                 ..Default::default()
             };
             match vmi_api.create(&pp, &new_vmi(&vm)).await {
-                Ok(_) => ctx.event(
-                    &*vm,
-                    EventType::Normal,
-                    "SuccessfulCreate",
-                    "CreateVMI",
-                    format!("started VMI {name}"),
-                ),
+                Ok(created) => {
+                    if let Some(uid) = created.metadata.uid.as_deref() {
+                        ctx.expectations.expect_creation(&key, uid);
+                    }
+                    ctx.event(
+                        &*vm,
+                        EventType::Normal,
+                        "SuccessfulCreate",
+                        "CreateVMI",
+                        format!("started VMI {name}"),
+                    )
+                }
                 // The previous VMI is still being deleted, or the cache lags: retry.
                 Err(e) if is_conflict(&e) => return Ok(Action::requeue(Duration::from_secs(1))),
                 Err(e) => return Err(e.into()),
             }
         }
-        VmAction::Delete => match vmi_api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => ctx.event(
-                &*vm,
-                EventType::Normal,
-                "SuccessfulDelete",
-                "DeleteVMI",
-                format!("stopped VMI {name}"),
-            ),
-            Err(e) if is_not_found(&e) => {}
-            Err(e) => return Err(e.into()),
-        },
+        VmAction::Delete => {
+            // `plan` only deletes a VMI it was given.
+            let r = vmi.as_deref().map(VmiRef::of).unwrap_or(VmiRef {
+                name: name.clone(),
+                uid: None,
+            });
+            if delete_vmi(&vmi_api, &r).await? {
+                if let Some(uid) = r.uid.as_deref() {
+                    ctx.expectations.expect_deletion(&key, uid);
+                }
+                ctx.event(
+                    &*vm,
+                    EventType::Normal,
+                    "SuccessfulDelete",
+                    "DeleteVMI",
+                    format!("stopped VMI {name}"),
+                );
+            }
+        }
     }
     if vm.status.as_ref() != Some(&status) {
         let patch = json!({
@@ -93,7 +118,11 @@ async fn apply(
         )
         .await?;
     }
-    Ok(Action::requeue(Duration::from_secs(300)))
+    if synced {
+        Ok(Action::requeue(Duration::from_secs(300)))
+    } else {
+        Ok(Action::requeue(Duration::from_secs(2)))
+    }
 }
 
 async fn cleanup(vm: Arc<VirtualMachine>, ctx: &Context) -> Result<Action, Error> {
@@ -101,12 +130,9 @@ async fn cleanup(vm: Arc<VirtualMachine>, ctx: &Context) -> Result<Action, Error
     let vmi_api: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
     if let Some(vmi) = vmi_api.get_opt(&name).await? {
         if owned_by(&vmi, &vm) && vmi.metadata.deletion_timestamp.is_none() {
-            match vmi_api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(e) if is_not_found(&e) => {}
-                Err(e) => return Err(e.into()),
-            }
+            delete_vmi(&vmi_api, &VmiRef::of(&vmi)).await?;
         }
     }
+    ctx.expectations.forget(&key(&ns, &name));
     Ok(Action::await_change())
 }

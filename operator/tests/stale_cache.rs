@@ -1,0 +1,240 @@
+//! The VMIRS and VM reconcilers racing their own VMI cache, against a real kube-apiserver.
+//!
+//! The reconcilers decide from a VMI cache that lags behind the API server: right after a
+//! delete it still shows the deleted VMI, and an operator that has just become leader may list
+//! from an API server cache that is behind what the previous leader did. Here the test holds
+//! the cache (a reflector store it fills itself) at exactly such a state and runs the
+//! reconcilers against the real API server:
+//!
+//! 1. scale-in, then a second reconcile before the cache shows the deletion (but after it shows
+//!    an older change): it must not delete a second VMI (expectations);
+//! 2. a cache whose VMI is an older object with the same name as a live, Ready VMI: the
+//!    reconciler must not delete the live one (uid preconditions), for a VMIRS and for a VM.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use microvirt_crds::{
+    VirtualMachine, VirtualMachineInstance, VirtualMachineInstancePreset,
+    VirtualMachineInstanceReplicaSet,
+};
+use microvirt_operator::config::Config;
+use microvirt_operator::controller::{vm, vmirs, Context};
+use microvirt_operator::expectations::Expectations;
+use microvirt_operator::metrics::Metrics;
+use microvirt_operator::replicaset::new_replica;
+use microvirt_operator::virtualmachine::new_vmi;
+use serde_json::json;
+
+/// Replace the whole content of a store, as a relist would.
+fn relist<K>(w: &mut Writer<K>, objs: impl IntoIterator<Item = K>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone,
+{
+    w.apply_watcher_event(&watcher::Event::Init);
+    for o in objs {
+        w.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    w.apply_watcher_event(&watcher::Event::InitDone);
+}
+
+/// A reconciler context whose VMI cache the test controls (a fresh operator: no expectations).
+fn context(client: &Client) -> (Arc<Context>, Writer<VirtualMachineInstance>) {
+    let (pods, mut pw) = reflector::store::<Pod>();
+    let (presets, mut prw) = reflector::store::<VirtualMachineInstancePreset>();
+    let (vmis, vw) = reflector::store::<VirtualMachineInstance>();
+    relist(&mut pw, []);
+    relist(&mut prw, []);
+    let reporter = Reporter {
+        controller: "stale-cache-test".into(),
+        instance: None,
+    };
+    let ctx = Context {
+        client: client.clone(),
+        config: Config::default(),
+        metrics: Arc::new(Metrics::new()),
+        recorder: Recorder::new(client.clone(), reporter),
+        pods,
+        presets,
+        vmis,
+        expectations: Expectations::default(),
+    };
+    (Arc::new(ctx), vw)
+}
+
+async fn set_ready(api: &Api<VirtualMachineInstance>, name: &str, ready: bool) -> Result<()> {
+    let status = json!({"status": {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+/// Live (not deleting) VMIs: name → uid.
+async fn live(api: &Api<VirtualMachineInstance>) -> Result<BTreeMap<String, String>> {
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|v| v.metadata.deletion_timestamp.is_none())
+        .map(|v| (v.name_any(), v.metadata.uid.unwrap_or_default()))
+        .collect())
+}
+
+async fn replica_set(
+    api: &Api<VirtualMachineInstanceReplicaSet>,
+    name: &str,
+    replicas: i32,
+) -> Result<VirtualMachineInstanceReplicaSet> {
+    let rs: VirtualMachineInstanceReplicaSet = serde_json::from_value(json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachineInstanceReplicaSet",
+        // With the controller's finalizer already, so a reconcile goes straight to its work.
+        "metadata": {"name": name, "finalizers": [vmirs::FINALIZER]},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"domain": {"memory": {"guest": "32Mi"}}},
+            },
+        },
+    }))?;
+    Ok(api.create(&PostParams::default(), &rs).await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcilers_on_a_stale_cache_never_delete_more_or_other_vmis() -> Result<()> {
+    let cluster = tokio::task::block_in_place(start_cluster);
+    let kc = cluster.kubeconfig_path();
+    install_crds(kc)?;
+    let (ok, _, err) = kubectl(kc, &["create", "namespace", "race"], None)?;
+    assert!(ok, "{err}");
+    let client = client_for(kc).await?;
+    let rss: Api<VirtualMachineInstanceReplicaSet> = Api::namespaced(client.clone(), "race");
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "race");
+    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), "race");
+    let pp = PostParams::default();
+
+    // 1. Scale-in racing the cache. Three Ready replicas; web-2 is the newest.
+    let rs = replica_set(&rss, "web", 3).await?;
+    for i in 0..3 {
+        let name = format!("web-{i}");
+        vmis.create(&pp, &new_replica(&rs, &name)).await?;
+        set_ready(&vmis, &name, true).await?;
+    }
+    let listed = vmis.list(&ListParams::default()).await?.items;
+    let (ctx, mut cache) = context(&client);
+    relist(&mut cache, listed.clone());
+    // Scale to 2. Meanwhile web-0 stops being Ready (its guest reboots) — the cache does not
+    // show that yet.
+    rss.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"replicas": 2}})),
+    )
+    .await?;
+    set_ready(&vmis, "web-0", false).await?;
+    let web0_not_ready = vmis.get("web-0").await?;
+    let rs2 = Arc::new(rss.get("web").await?);
+    vmirs::reconcile(rs2.clone(), ctx.clone()).await?;
+    let after_first = live(&vmis).await?;
+    assert_eq!(
+        after_first.keys().collect::<Vec<_>>(),
+        ["web-0", "web-1"],
+        "the first reconcile deletes the newest replica"
+    );
+    // The cache now shows web-0's change, which happened before the deletion, but not the
+    // deletion itself: it still counts three active replicas, one of them not Ready.
+    relist(
+        &mut cache,
+        listed
+            .iter()
+            .map(|v| {
+                if v.name_any() == "web-0" {
+                    web0_not_ready.clone()
+                } else {
+                    v.clone()
+                }
+            })
+            .collect::<Vec<_>>(),
+    );
+    vmirs::reconcile(rs2.clone(), ctx.clone()).await?;
+    assert_eq!(
+        live(&vmis).await?,
+        after_first,
+        "a reconcile on a cache that does not show its own deletion yet deleted another VMI"
+    );
+    // Once the cache catches up, the set is at its size and nothing more goes.
+    relist(&mut cache, vmis.list(&ListParams::default()).await?.items);
+    vmirs::reconcile(rs2, ctx.clone()).await?;
+    assert_eq!(live(&vmis).await?, after_first);
+
+    // 2a. A new leader listing from a lagging cache: it sees db-1 as an older, Failed object,
+    //     while the API server has a newer db-1 that is Running and Ready.
+    let rs = replica_set(&rss, "db", 2).await?;
+    for i in 0..3 {
+        let name = format!("db-{i}");
+        vmis.create(&pp, &new_replica(&rs, &name)).await?;
+        set_ready(&vmis, &name, true).await?;
+    }
+    let before = live(&vmis).await?;
+    let mut stale: Vec<VirtualMachineInstance> = vmis
+        .list(&ListParams::default().labels("app=db"))
+        .await?
+        .items;
+    let old = stale
+        .iter_mut()
+        .find(|v| v.name_any() == "db-1")
+        .context("db-1")?;
+    old.metadata.uid = Some("uid-of-an-earlier-db-1".into());
+    old.status.get_or_insert_with(Default::default).phase = Some(microvirt_crds::VmiPhase::Failed);
+    let (ctx, mut cache) = context(&client);
+    relist(&mut cache, stale);
+    vmirs::reconcile(Arc::new(rss.get("db").await?), ctx).await?;
+    assert_eq!(
+        live(&vmis).await?,
+        before,
+        "a stale decision deleted a newer VMI that reuses the name"
+    );
+
+    // 2b. The same for a VM: runStrategy Always, the stale cache shows its VMI Succeeded
+    //     (so: delete and restart it), the API server already has the next, running VMI.
+    let vm: VirtualMachine = serde_json::from_value(json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": "app", "finalizers": [vm::FINALIZER]},
+        "spec": {"runStrategy": "Always",
+                 "template": {"spec": {"domain": {"memory": {"guest": "32Mi"}}}}},
+    }))?;
+    let vm = vms.create(&pp, &vm).await?;
+    let current = vmis.create(&pp, &new_vmi(&vm)).await?;
+    set_ready(&vmis, "app", true).await?;
+    let mut old = vmis.get("app").await?;
+    old.metadata.uid = Some("uid-of-the-previous-app-vmi".into());
+    old.status.get_or_insert_with(Default::default).phase =
+        Some(microvirt_crds::VmiPhase::Succeeded);
+    let (ctx, mut cache) = context(&client);
+    relist(&mut cache, [old]);
+    vm::reconcile(Arc::new(vm), ctx).await?;
+    let now = vmis.get("app").await?;
+    assert_eq!(now.metadata.uid, current.metadata.uid);
+    assert!(
+        now.metadata.deletion_timestamp.is_none(),
+        "a stale decision deleted the VM's running VMI"
+    );
+    Ok(())
+}
