@@ -10,11 +10,16 @@
 //! - create → launcher pod created (seen by a watch),
 //! - create → VMI Running (seen by a watch; includes the simulated kubelet's two API calls),
 //! - pod marked Running → VMI Running (the operator's status reaction alone).
+//!
+//! Then it shuts down in order (its own watches, the simulated kubelet and the controllers,
+//! then the cluster) and fails if anything logged a warning or an error meanwhile (a watch
+//! still running when the API server goes away logs connection errors).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +30,23 @@ use kube::api::PostParams;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use microvirt_crds::{VirtualMachineInstance, VmiPhase};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
+
+/// Counts warnings and errors logged while `armed` is set.
+struct NoiseCounter {
+    armed: Arc<AtomicBool>,
+    count: Arc<AtomicUsize>,
+}
+
+impl<S: tracing::Subscriber> Layer<S> for NoiseCounter {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        if self.armed.load(Ordering::SeqCst) && *event.metadata().level() <= tracing::Level::WARN {
+            self.count.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
 
 #[derive(Default)]
 struct Times {
@@ -58,17 +80,30 @@ async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let count: usize = args.first().and_then(|s| s.parse().ok()).unwrap_or(100);
     let interval = Duration::from_millis(args.get(1).and_then(|s| s.parse().ok()).unwrap_or(100));
+    let (armed, noise) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        ))
+        .with(NoiseCounter {
+            armed: armed.clone(),
+            count: noise.clone(),
+        })
+        .init();
 
     let cluster = tokio::task::block_in_place(common::start_cluster);
     common::install_crds(cluster.kubeconfig_path())?;
-    let env = common::Env::start(cluster.kubeconfig_path(), "bench").await?;
+    let mut env = common::Env::start(cluster.kubeconfig_path(), "bench").await?;
     let times = Arc::new(Mutex::new(Times::default()));
 
     // Simulated kubelet + pod-creation clock.
     let pods: Api<Pod> = env.api();
     let t = times.clone();
     let kubelet_pods = pods.clone();
-    tokio::spawn(async move {
+    let kubelet = tokio::spawn(async move {
         let mut stream = watcher(kubelet_pods.clone(), watcher::Config::default())
             .applied_objects()
             .boxed();
@@ -121,7 +156,7 @@ async fn main() -> Result<()> {
     let vmis: Api<VirtualMachineInstance> = env.api();
     let t = times.clone();
     let watch_vmis = vmis.clone();
-    tokio::spawn(async move {
+    let clock = tokio::spawn(async move {
         let mut stream = watcher(watch_vmis, watcher::Config::default())
             .applied_objects()
             .boxed();
@@ -211,49 +246,68 @@ async fn main() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    let t = times.lock().unwrap_or_else(|e| e.into_inner());
-    let ms = |a: &Instant, b: &Instant| b.duration_since(*a).as_secs_f64() * 1000.0;
-    // Only the timed VMIs (not the warm-up).
-    let pairs = |from: &HashMap<String, Instant>, to: &HashMap<String, Instant>| -> Vec<f64> {
-        from.iter()
-            .filter(|(k, _)| t.created.contains_key(*k))
-            .filter_map(|(k, a)| to.get(k).map(|b| ms(a, b)))
-            .collect()
-    };
-    println!(
-        "{count} VMIs, all Running {:.1} s after the first create",
-        start.elapsed().as_secs_f64()
-    );
-    let mut slow: Vec<(f64, &String)> = t
-        .created
-        .iter()
-        .filter_map(|(k, a)| t.pod_seen.get(k).map(|b| (ms(a, b), k)))
-        .collect();
-    slow.sort_by(|a, b| b.0.total_cmp(&a.0));
-    let slow: Vec<String> = slow
-        .iter()
-        .take(6)
-        .map(|(l, k)| format!("{k} {l:.0} ms"))
-        .collect();
-    println!("slowest create -> pod: {}", slow.join(", "));
-    report(
-        "create -> launcher pod created",
-        pairs(&t.created, &t.pod_seen),
-    );
-    report("create -> VMI Running", pairs(&t.created, &t.vmi_running));
-    report(
-        "pod marked Running -> VMI Running",
-        pairs(&t.marked_running, &t.vmi_running),
-    );
-    println!("operator metrics:");
-    for line in env.metrics.encode().lines() {
-        if line.starts_with("microvirt_operator_reconciles_total")
-            || line.starts_with("microvirt_operator_reconcile_errors_total")
-            || line.starts_with("microvirt_operator_reconcile_duration_seconds_sum")
-            || line.starts_with("microvirt_operator_reconcile_duration_seconds_count")
-        {
-            println!("  {line}");
+    {
+        let t = times.lock().unwrap_or_else(|e| e.into_inner());
+        let ms = |a: &Instant, b: &Instant| b.duration_since(*a).as_secs_f64() * 1000.0;
+        // Only the timed VMIs (not the warm-up).
+        let pairs = |from: &HashMap<String, Instant>, to: &HashMap<String, Instant>| -> Vec<f64> {
+            from.iter()
+                .filter(|(k, _)| t.created.contains_key(*k))
+                .filter_map(|(k, a)| to.get(k).map(|b| ms(a, b)))
+                .collect()
+        };
+        println!(
+            "{count} VMIs, all Running {:.1} s after the first create",
+            start.elapsed().as_secs_f64()
+        );
+        let mut slow: Vec<(f64, &String)> = t
+            .created
+            .iter()
+            .filter_map(|(k, a)| t.pod_seen.get(k).map(|b| (ms(a, b), k)))
+            .collect();
+        slow.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let slow: Vec<String> = slow
+            .iter()
+            .take(6)
+            .map(|(l, k)| format!("{k} {l:.0} ms"))
+            .collect();
+        println!("slowest create -> pod: {}", slow.join(", "));
+        report(
+            "create -> launcher pod created",
+            pairs(&t.created, &t.pod_seen),
+        );
+        report("create -> VMI Running", pairs(&t.created, &t.vmi_running));
+        report(
+            "pod marked Running -> VMI Running",
+            pairs(&t.marked_running, &t.vmi_running),
+        );
+        println!("operator metrics:");
+        for line in env.metrics.encode().lines() {
+            if line.starts_with("microvirt_operator_reconciles_total")
+                || line.starts_with("microvirt_operator_reconcile_errors_total")
+                || line.starts_with("microvirt_operator_reconcile_duration_seconds_sum")
+                || line.starts_with("microvirt_operator_reconcile_duration_seconds_count")
+            {
+                println!("  {line}");
+            }
         }
     }
+
+    // Shut down in order, so nothing is left talking to an API server that is going away:
+    // the benchmark's own watches, then the simulated kubelet and the controllers, then the
+    // cluster.
+    for task in [kubelet, clock] {
+        task.abort();
+        let _ = task.await;
+    }
+    armed.store(true, Ordering::SeqCst);
+    env.shutdown().await;
+    drop(env);
+    tokio::task::block_in_place(|| drop(cluster));
+    let n = noise.load(Ordering::SeqCst);
+    if n > 0 {
+        bail!("{n} warnings or errors logged while shutting down");
+    }
+    println!("shut down in order: no warnings or errors");
     Ok(())
 }
