@@ -102,6 +102,48 @@ fn configmap_survives_apiserver_restart_and_drop_cleans_up() -> Result {
     )?;
     assert_eq!(got, "42");
 
+    // Stop: nothing listens; start: back on the same port with the same data.
+    let port: u16 = url.rsplit(':').next().ok_or("port")?.parse()?;
+    cluster.stop_apiserver();
+    assert!(!alive(new_api), "stopped apiserver {new_api} still runs");
+    assert_eq!(cluster.apiserver_pid(), None);
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    cluster.start_apiserver()?;
+    let new_api = cluster
+        .apiserver_pid()
+        .ok_or("no apiserver pid after start")?;
+    let r = cluster.request("GET", "/api/v1/namespaces/default/configmaps/probe", None)?;
+    assert_eq!(json(&r.body)?["data"]["answer"], "42");
+
+    // Freeze: connections are accepted but nothing answers, until the guard drops.
+    let answers = || -> Result<bool> {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        c.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+        c.write_all(b"not TLS\r\n\r\n")?;
+        let mut buf = [0u8; 64];
+        Ok(match c.read(&mut buf) {
+            Ok(_) => true, // an alert, or the connection closed: someone is there
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                false
+            }
+            Err(_) => true,
+        })
+    };
+    assert!(answers()?);
+    {
+        let _frozen = cluster.freeze_apiserver().ok_or("not running")?;
+        assert!(!answers()?, "a frozen apiserver answered");
+    }
+    assert!(answers()?);
+    let r = cluster.request("GET", "/readyz", None)?;
+    assert_eq!(r.status, 200, "{}", r.body);
+
     // Drop: both processes gone, data dir removed.
     let dir = cluster.data_dir().to_path_buf();
     assert!(dir.join("logs/kube-apiserver.log").is_file());
