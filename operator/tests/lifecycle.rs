@@ -23,6 +23,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 struct Operator {
     child: Child,
     output: Arc<Mutex<String>>,
+    /// The threads copying stdout and stderr into `output` (they end at EOF).
+    readers: Vec<std::thread::JoinHandle<()>>,
     addr: SocketAddr,
 }
 
@@ -52,9 +54,10 @@ impl Operator {
             Box::new(child.stdout.take().context("stdout")?),
             Box::new(child.stderr.take().context("stderr")?),
         ];
+        let mut threads = Vec::new();
         for mut r in readers {
             let out = output.clone();
-            std::thread::spawn(move || {
+            threads.push(std::thread::spawn(move || {
                 let mut buf = [0u8; 4096];
                 while let Ok(n) = r.read(&mut buf) {
                     if n == 0 {
@@ -65,11 +68,12 @@ impl Operator {
                         .unwrap_or_else(|e| e.into_inner())
                         .push_str(&text);
                 }
-            });
+            }));
         }
         Ok(Self {
             child,
             output,
+            readers: threads,
             addr,
         })
     }
@@ -92,7 +96,12 @@ impl Operator {
         let start = Instant::now();
         loop {
             if let Some(st) = self.child.try_wait()? {
-                return Ok((st, start.elapsed()));
+                let took = start.elapsed();
+                // Everything it wrote is in `output` once the copying threads saw EOF.
+                for r in self.readers.drain(..) {
+                    let _ = r.join();
+                }
+                return Ok((st, took));
             }
             if start.elapsed() > limit {
                 bail!(
@@ -207,21 +216,33 @@ async fn standby_is_ready_release_hands_over_and_a_hung_renew_stops_the_leader()
     .await?;
 
     // The API server hangs (SIGSTOP): b's renewals hang. It must stop leading within the renew
-    // deadline (10 s), i.e. before the lease it last renewed (at most one retry period, 2 s,
-    // before the freeze) can expire 15 s after that renewal, and exit non-zero.
-    let (st, took) = {
+    // deadline (10 s after its last renewal), before that renewal's lease expires (15 s) and
+    // another replica could take over, and exit non-zero.
+    let (st, took, exited_at) = {
         let _frozen = cluster
             .freeze_apiserver()
             .context("kube-apiserver not running")?;
         let frozen_at = Instant::now();
         let (st, _) = b.wait_exit(Duration::from_secs(30)).await?;
-        (st, frozen_at.elapsed())
+        (st, frozen_at.elapsed(), k8s_openapi::jiff::Timestamp::now())
     };
     eprintln!("leader with a frozen API server: {st} after {took:?}");
     assert!(!st.success(), "exit {st}; output:\n{}", b.output());
+    // The last renewal that reached the API server, and how long it made the lease valid.
+    let spec = leases
+        .get("microvirt-operator")
+        .await?
+        .spec
+        .context("lease spec")?;
+    assert_eq!(spec.holder_identity.as_deref(), Some("replica-b"));
+    let renewed = spec.renew_time.context("renewTime")?.0;
+    let expires = renewed
+        + k8s_openapi::jiff::SignedDuration::from_secs(
+            spec.lease_duration_seconds.unwrap_or(0).into(),
+        );
     assert!(
-        took < Duration::from_secs(13),
-        "still leading {took:?} after the API server hung (lease duration 15 s); output:\n{}",
+        exited_at < expires,
+        "still leading at {exited_at}, the lease renewed at {renewed} expired at {expires}; output:\n{}",
         b.output()
     );
     assert!(
