@@ -2,7 +2,8 @@
 //!
 //! Phases (each prints a banner and its duration):
 //! 1. Debian packages the tests need (apt-get, only what is missing);
-//! 2. `cargo fmt --check` and `cargo clippy -D warnings` over the workspace;
+//! 2. `cargo fmt --check` and `cargo clippy -D warnings` over the workspace (and over
+//!    `microvirt-crds` without its `kube` feature, as the launcher uses it);
 //! 3. release build of `microvm` (the end-to-end tests run it inside the test host);
 //! 4. `cargo test --workspace`: unit tests, KVM integration tests with the test guest,
 //!    controller tests against a real kube-apiserver + etcd, and the QEMU-TCG test-host
@@ -89,6 +90,23 @@ pub fn main(args: &[String]) -> Result<()> {
                 "warnings",
             ])
         })?;
+        // The launcher builds `microvirt-crds` without its `kube` feature; in the workspace
+        // build above features are unified, so check that configuration on its own.
+        phase(
+            "cargo clippy -p microvirt-crds --no-default-features",
+            || {
+                cargo(&[
+                    "clippy",
+                    "-p",
+                    "microvirt-crds",
+                    "--no-default-features",
+                    "--all-targets",
+                    "--",
+                    "-D",
+                    "warnings",
+                ])
+            },
+        )?;
     }
     let microvm = phase("release build of microvm", || {
         crate::bench::build_release_microvm(&root)
