@@ -318,6 +318,7 @@ async fn sigterm_without_an_api_server_and_a_second_signal() -> Result<()> {
         // The orderly shutdown now waits for the frozen API server (lease release, 2 s).
         op.signal(libc::SIGINT);
         let (st, took) = op.wait_exit(Duration::from_secs(10)).await?;
+        eprintln!("second signal: {st} after {took:?}");
         assert_eq!(
             st.code(),
             Some(128 + libc::SIGINT),
