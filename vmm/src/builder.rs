@@ -637,7 +637,7 @@ impl Vmm {
 
         // virtio devices: the device manager assigns slots and IRQs, in config order.
         let mut mmio_mgr = MmioDeviceManager::new();
-        for disk in &cfg.disks {
+        for (i, disk) in cfg.disks.iter().enumerate() {
             let a = virtio::attach_block(
                 &p.vm,
                 &mem,
@@ -645,6 +645,7 @@ impl Vmm {
                 &mut mmio_mgr,
                 &mut p.event_manager,
                 disk,
+                block_io(i),
             )?;
             p.virtio.push(AttachedDevice::Block {
                 slot: a.slot,
@@ -842,13 +843,11 @@ impl Vmm {
             if let Some(o) = target_overlay.filter(|o| !o.exists()) {
                 written_overlays.0.push(o);
             }
-            let a =
-                restore_device(&mut ctx, i, d, block, saved_overlay, net).map_err(|source| {
-                    VmmError::RestoreDevice {
-                        dir: dir.clone(),
-                        index: i,
-                        source,
-                    }
+            let a = restore_device(&mut ctx, i, d, block, saved_overlay, net, block_io(i))
+                .map_err(|source| VmmError::RestoreDevice {
+                    dir: dir.clone(),
+                    index: i,
+                    source,
                 })?;
             p.virtio.push(a);
         }
@@ -1022,6 +1021,14 @@ impl Vmm {
         self.timings.first_vcpu_entry_us = self.stats.first_entry_us();
         self.timings.first_vcpu_exit_us = self.stats.first_exit_us();
         Ok((reason, self.timings))
+    }
+}
+
+/// How the I/O thread of disk `index` (its virtio device index) starts.
+fn block_io(index: usize) -> virtio::block::IoThreadOptions {
+    virtio::block::IoThreadOptions {
+        name: Some(format!("blk-io{index}")),
+        setup: None,
     }
 }
 

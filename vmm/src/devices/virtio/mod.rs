@@ -93,6 +93,8 @@ pub enum VirtioError {
     EventLoop(event_manager::Error),
     #[error("restoring {0}")]
     Restore(String),
+    #[error("disk I/O thread: {0}")]
+    IoThread(String),
 }
 
 /// Interrupt state shared by the transport (vCPU threads) and the device
@@ -250,7 +252,8 @@ pub struct AttachContext<'a> {
 /// Attach one virtio-blk disk (see [`BlockConfig`]).
 ///
 /// Opens the image (read-only when `ro`, with a copy-on-write overlay when
-/// `overlay=` is set), creates the device and its MMIO transport, takes the
+/// `overlay=` is set), creates the device (its I/O thread starts as `io` says) and its
+/// MMIO transport, takes the
 /// next MMIO slot and GSI from `mgr`, registers the irqfd and the queue
 /// ioeventfds with KVM, inserts the transport into `mmio_bus` and adds the
 /// device to the event loop. Nothing is committed to `mgr` (and so to the
@@ -262,10 +265,11 @@ pub fn attach_block(
     mgr: &mut MmioDeviceManager,
     evmgr: &mut VmmEventManager,
     cfg: &BlockConfig,
+    io: block::IoThreadOptions,
 ) -> Result<Attached<block::BlockDevice>, VirtioError> {
     let slot = mgr.peek_next()?;
     let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
-    let dev = block::BlockDevice::from_config(cfg, irq)?;
+    let dev = block::BlockDevice::from_config(cfg, irq, io)?;
     let mut ctx = AttachContext {
         vm,
         mem,

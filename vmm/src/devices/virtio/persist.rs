@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use super::block::persist::BlockState;
-use super::block::{BlockConfig, BlockDevice};
+use super::block::{BlockConfig, BlockDevice, IoThreadOptions};
 use super::mmio::{MmioTransport, MmioTransportState};
 use super::net::persist::NetState;
 use super::net::{NetConfig, NetDevice};
@@ -93,9 +93,7 @@ impl AttachedDevice {
     pub fn quiesce(&self) -> Result<(), VirtioError> {
         match self {
             AttachedDevice::Block { device, .. } => {
-                let mut d = device.lock().expect("virtio-blk lock");
-                d.process_queue();
-                d.flush_disk()?;
+                device.lock().expect("virtio-blk lock").quiesce()?;
             }
             AttachedDevice::Net { device, .. } => {
                 let mut d = device.lock().expect("virtio-net lock");
@@ -179,7 +177,7 @@ impl AttachedDevice {
 
 /// Re-creates device `index` of a snapshot in `state`, at the same slot, with its saved
 /// configuration or the override (`block` for a disk, `net` for a NIC). `saved_overlay` is the
-/// snapshot's copy of a disk's overlay.
+/// snapshot's copy of a disk's overlay; a disk's I/O thread starts as `block_io` says.
 pub fn restore_device(
     ctx: &mut AttachContext<'_>,
     index: usize,
@@ -187,6 +185,7 @@ pub fn restore_device(
     block: Option<&BlockConfig>,
     saved_overlay: Option<&File>,
     net: Option<&NetConfig>,
+    block_io: IoThreadOptions,
 ) -> Result<AttachedDevice, PersistError> {
     let slot = ctx.mgr.peek_next().map_err(VirtioError::Slot)?;
     if slot != state.slot {
@@ -210,7 +209,7 @@ pub fn restore_device(
                     return Err(PersistError::NoOverlayCopy(index));
                 }
             }
-            let dev = BlockDevice::restore(cfg, saved_overlay, irq, &b.device)?;
+            let dev = BlockDevice::restore(cfg, saved_overlay, irq, &b.device, block_io)?;
             let a = attach_device(
                 ctx,
                 Arc::new(Mutex::new(dev)),

@@ -1,15 +1,18 @@
-//! The virtio-blk device: features, config space, activation, and the
-//! queue-processing entry point the event handler calls.
+//! The virtio-blk device: features, config space, activation, and the two halves of queue
+//! processing the event handler drives: [`BlockDevice::process_queue`] (parse chains, hand
+//! requests to the device's I/O thread) and [`BlockDevice::process_completions`] (put what the
+//! I/O thread finished in the used ring). Disk I/O itself never runs here (`io_thread.rs`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::disk::{DiskBackend, RawFile, SECTOR_SIZE};
+use super::io_thread::{Completion, IoThread, IoThreadSetup, Job, SharedDisk};
 use super::overlay::Overlay;
-use super::request::{self, BlockContext, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG};
+use super::request::{self, BlockContext, Popped, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG};
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;
 use crate::devices::virtio::mmio::QueueSnapshot;
@@ -33,6 +36,9 @@ pub const VIRTIO_BLK_F_WRITE_ZEROES: u32 = 14;
 /// `write_zeroes_may_unmap` + padding).
 const CONFIG_LEN: usize = 60;
 
+/// Name of the I/O thread when none is given.
+pub const IO_THREAD_NAME: &str = "blk-io";
+
 /// Plain-data device state (for snapshots).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockDeviceState {
@@ -44,38 +50,69 @@ pub struct BlockDeviceState {
     pub needs_reset: bool,
 }
 
+/// How the device's I/O thread starts.
+#[derive(Default)]
+pub struct IoThreadOptions {
+    /// Thread name (at most 15 bytes are kept); [`IO_THREAD_NAME`] when `None`.
+    pub name: Option<String>,
+    /// Runs first on the thread; its failure fails device creation.
+    pub setup: Option<IoThreadSetup>,
+}
+
+/// The queue while the device is active.
+struct Active {
+    mem: GuestMemoryMmap,
+    queue: Queue,
+}
+
 /// A virtio-blk device over any [`DiskBackend`].
 pub struct BlockDevice {
-    disk: Box<dyn DiskBackend>,
-    ctx: BlockContext,
+    disk: SharedDisk,
+    capacity: u64,
+    read_only: bool,
+    id: [u8; 20],
+    io: IoThread,
+    /// Requests handed to the I/O thread and not completed yet.
+    in_flight: usize,
     avail_features: u64,
     acked_features: u64,
     config: [u8; CONFIG_LEN],
     queue_sizes: [u16; 1],
     queue_evts: Vec<EventFd>,
     interrupt: Arc<VirtioInterrupt>,
-    active: Option<(GuestMemoryMmap, Queue)>,
+    active: Option<Active>,
     broken: bool,
 }
 
 impl BlockDevice {
     /// Open the backend `cfg` names (raw file, read-only file, or base +
     /// overlay) and build the device.
-    pub fn from_config(cfg: &BlockConfig, irq: IrqLine) -> Result<Self, VirtioError> {
-        let disk: Box<dyn DiskBackend> = match &cfg.overlay {
-            Some(o) => Box::new(Overlay::open(&cfg.path, o)?),
-            None => Box::new(RawFile::open(&cfg.path, cfg.read_only)?),
-        };
-        Self::new(disk, cfg.id_bytes(), irq)
+    pub fn from_config(
+        cfg: &BlockConfig,
+        irq: IrqLine,
+        io: IoThreadOptions,
+    ) -> Result<Self, VirtioError> {
+        Self::with_io_thread(open_backend(cfg)?, cfg.id_bytes(), irq, io)
     }
 
-    /// A device over `disk` answering GET_ID with `id`.
+    /// A device over `disk` answering GET_ID with `id`, with a default I/O thread.
     pub fn new(
         disk: Box<dyn DiskBackend>,
         id: [u8; 20],
         irq: IrqLine,
     ) -> Result<Self, VirtioError> {
+        Self::with_io_thread(disk, id, irq, IoThreadOptions::default())
+    }
+
+    /// A device over `disk` answering GET_ID with `id`; its I/O thread starts as `io` says.
+    pub fn with_io_thread(
+        disk: Box<dyn DiskBackend>,
+        id: [u8; 20],
+        irq: IrqLine,
+        io: IoThreadOptions,
+    ) -> Result<Self, VirtioError> {
         let ro = disk.read_only();
+        let capacity = disk.capacity();
         let mut f = (1u64 << VIRTIO_F_VERSION_1)
             | (1 << VIRTIO_BLK_F_SEG_MAX)
             | (1 << VIRTIO_BLK_F_BLK_SIZE)
@@ -86,7 +123,7 @@ impl BlockDevice {
             f |= (1 << VIRTIO_BLK_F_DISCARD) | (1 << VIRTIO_BLK_F_WRITE_ZEROES);
         }
         let mut c = [0u8; CONFIG_LEN];
-        c[0..8].copy_from_slice(&(disk.capacity() / SECTOR_SIZE).to_le_bytes());
+        c[0..8].copy_from_slice(&(capacity / SECTOR_SIZE).to_le_bytes());
         c[12..16].copy_from_slice(&u32::from(QUEUE_SIZE - 2).to_le_bytes()); // seg_max
         c[20..24].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes()); // blk_size
         c[34..36].copy_from_slice(&1u16.to_le_bytes()); // num_queues
@@ -96,9 +133,20 @@ impl BlockDevice {
         c[48..52].copy_from_slice(&MAX_DISCARD_SECTORS.to_le_bytes());
         c[52..56].copy_from_slice(&MAX_DISCARD_SEG.to_le_bytes());
         c[56] = 1; // write_zeroes_may_unmap
+        let disk: SharedDisk = Arc::new(Mutex::new(disk));
+        let thread = IoThread::spawn(
+            io.name.as_deref().unwrap_or(IO_THREAD_NAME),
+            disk.clone(),
+            BlockContext { id },
+            io.setup,
+        )?;
         Ok(Self {
             disk,
-            ctx: BlockContext { id },
+            capacity,
+            read_only: ro,
+            id,
+            io: thread,
+            in_flight: 0,
             avail_features: f,
             acked_features: 0,
             config: c,
@@ -115,31 +163,154 @@ impl BlockDevice {
         BlockDeviceState {
             avail_features: self.avail_features,
             acked_features: self.acked_features,
-            capacity: self.disk.capacity(),
-            read_only: self.disk.read_only(),
-            id: self.ctx.id,
+            capacity: self.capacity,
+            read_only: self.read_only,
+            id: self.id,
             needs_reset: self.broken,
         }
     }
 
-    /// Drain the request queue (event-loop thread). Signals the guest when
-    /// chains completed; marks the device NEEDS_RESET on fatal guest errors.
+    /// Takes every available chain (event-loop thread): well-formed requests go to the I/O
+    /// thread, malformed ones are answered at once. Marks the device NEEDS_RESET on fatal
+    /// guest errors.
     pub fn process_queue(&mut self) {
         if self.broken {
             return;
         }
-        let Some((mem, q)) = self.active.as_mut() else {
+        let Some(a) = self.active.as_mut() else {
             return;
         };
-        let out = request::process_queue(q, mem, self.disk.as_mut(), &self.ctx);
-        if out.used > 0 && q.needs_notification(mem).unwrap_or(true) {
-            self.interrupt.signal_used_queue();
+        let mut used = 0;
+        let mut fatal = None;
+        while let Some(p) = request::pop_request(&mut a.queue, &a.mem) {
+            match p {
+                Popped::Request { head, req } => {
+                    let job = Job {
+                        head,
+                        req,
+                        mem: a.mem.clone(),
+                        generation: self.io.generation(),
+                    };
+                    if !self.io.submit(job) {
+                        fatal = Some("the I/O thread is gone".to_string());
+                        break;
+                    }
+                    self.in_flight += 1;
+                }
+                Popped::Answered { head, len } => {
+                    if let Err(e) = a.queue.add_used(&a.mem, head, len) {
+                        fatal = Some(format!("cannot complete chain {head}: {e}"));
+                        break;
+                    }
+                    used += 1;
+                }
+                Popped::Fatal(e) => {
+                    fatal = Some(e);
+                    break;
+                }
+            }
         }
-        if out.fatal.is_some() {
+        self.finish_pass(used, fatal);
+    }
+
+    /// Puts the requests the I/O thread finished in the used ring (event-loop thread).
+    pub fn process_completions(&mut self) {
+        let mut used = 0;
+        let mut fatal = None;
+        loop {
+            match self.io.try_completion() {
+                Ok(Some(c)) => {
+                    self.in_flight = self.in_flight.saturating_sub(1);
+                    self.complete(c, &mut used, &mut fatal);
+                }
+                Ok(None) => break,
+                Err(()) => {
+                    self.in_flight = 0;
+                    fatal = Some("the I/O thread is gone".into());
+                    break;
+                }
+            }
+        }
+        self.finish_pass(used, fatal);
+    }
+
+    /// Completes what the guest queued and waits for every request in flight, then flushes
+    /// the disk: afterwards the rings hold nothing half done (snapshots; vCPUs paused).
+    pub fn quiesce(&mut self) -> Result<(), VirtioError> {
+        self.process_queue();
+        let (mut used, mut fatal) = (0, None);
+        self.wait_in_flight(|me, c| me.complete(c, &mut used, &mut fatal));
+        self.finish_pass(used, fatal);
+        self.flush_disk()
+    }
+
+    /// Number of requests the I/O thread has not completed yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Waits for every request in flight, handing each completion to `f`.
+    fn wait_in_flight(&mut self, mut f: impl FnMut(&mut Self, Completion)) {
+        while self.in_flight > 0 {
+            match self.io.wait_completion() {
+                Ok(c) => {
+                    self.in_flight -= 1;
+                    f(self, c);
+                }
+                Err(()) => {
+                    self.in_flight = 0;
+                    log::error!("virtio-blk: the I/O thread is gone; device needs reset");
+                    self.broken = true;
+                    self.interrupt.set_needs_reset();
+                }
+            }
+        }
+    }
+
+    fn complete(&mut self, c: Completion, used: &mut u32, fatal: &mut Option<String>) {
+        match c {
+            Completion::Done { head, len } => {
+                let Some(a) = self.active.as_mut() else {
+                    return;
+                };
+                if fatal.is_some() {
+                    return;
+                }
+                match a.queue.add_used(&a.mem, head, len) {
+                    Ok(()) => *used += 1,
+                    Err(e) => *fatal = Some(format!("cannot complete chain {head}: {e}")),
+                }
+            }
+            Completion::Fatal { head, error } => {
+                *fatal = Some(format!("chain {head}: {error}"));
+            }
+            Completion::Cancelled => {}
+        }
+    }
+
+    /// Interrupts the guest for `used` new used-ring entries; `fatal` marks NEEDS_RESET.
+    fn finish_pass(&mut self, used: u32, fatal: Option<String>) {
+        if used > 0 {
+            if let Some(a) = self.active.as_mut() {
+                if a.queue.needs_notification(&a.mem).unwrap_or(true) {
+                    self.interrupt.signal_used_queue();
+                }
+            }
+        }
+        if let Some(f) = fatal {
+            log::error!("virtio-blk: {f}; device needs reset");
             self.broken = true;
             self.interrupt.set_needs_reset();
         }
     }
+}
+
+/// Opens the backend `cfg` names.
+pub(super) fn open_backend(cfg: &BlockConfig) -> Result<Box<dyn DiskBackend>, VirtioError> {
+    Ok(match &cfg.overlay {
+        Some(o) => Box::new(Overlay::open(&cfg.path, o)?),
+        None => Box::new(RawFile::open(&cfg.path, cfg.read_only)?),
+    })
 }
 
 impl VirtioDevice for BlockDevice {
@@ -169,8 +340,8 @@ impl VirtioDevice for BlockDevice {
                 got: queues.len(),
             });
         }
-        let q = queues.remove(0);
-        self.active = Some((mem, q));
+        let queue = queues.remove(0);
+        self.active = Some(Active { mem, queue });
         self.broken = false;
         // Requests queued before DRIVER_OK (not allowed, but harmless).
         self.queue_evts[0]
@@ -178,7 +349,11 @@ impl VirtioDevice for BlockDevice {
             .map_err(ActivateError::EventFd)?;
         Ok(())
     }
+    /// Requests not started yet are dropped; one the I/O thread is executing is waited for,
+    /// because it writes into buffers the driver owns again after the reset.
     fn reset(&mut self) {
+        self.io.cancel_pending();
+        self.wait_in_flight(|_, _| {});
         self.active = None;
         self.broken = false;
         self.acked_features = 0;
@@ -195,18 +370,25 @@ impl VirtioDevice for BlockDevice {
     fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
         self.active
             .as_ref()
-            .map(|(_, q)| vec![QueueSnapshot::from(q)])
+            .map(|a| vec![QueueSnapshot::from(&a.queue)])
     }
 }
 
 impl BlockDevice {
-    /// FLUSH the backend (snapshots: every completed write is on disk).
-    pub fn flush_disk(&mut self) -> Result<(), super::DiskError> {
-        self.disk.flush()
+    /// FLUSH the backend (snapshots: every completed write is on disk). Call with nothing in
+    /// flight (after [`BlockDevice::quiesce`]).
+    pub fn flush_disk(&mut self) -> Result<(), VirtioError> {
+        Ok(self.lock_disk().flush()?)
     }
 
-    pub(super) fn disk_mut(&mut self) -> &mut dyn DiskBackend {
-        self.disk.as_mut()
+    /// The disk, for the event loop's own use while nothing is in flight.
+    pub(super) fn lock_disk(&self) -> std::sync::MutexGuard<'_, Box<dyn DiskBackend>> {
+        self.disk.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Signalled when the I/O thread completed requests.
+    pub fn completion_event(&self) -> &EventFd {
+        self.io.completion_event()
     }
 
     pub(super) fn set_broken(&mut self, broken: bool) {
@@ -215,7 +397,7 @@ impl BlockDevice {
 
     /// The queue the device is processing, if active (tests, benches).
     pub fn active_queue(&self) -> Option<&Queue> {
-        self.active.as_ref().map(|(_, q)| q)
+        self.active.as_ref().map(|a| &a.queue)
     }
 
     /// Whether a fatal guest error stopped the device.

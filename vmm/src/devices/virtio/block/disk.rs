@@ -39,6 +39,8 @@ pub enum DiskError {
     Overlay { path: String, reason: String },
     #[error("the disk has no copy-on-write overlay to save")]
     NotAnOverlay,
+    #[error("{0} is not supported by the file system holding the disk")]
+    Unsupported(&'static str),
 }
 
 /// Storage behind a virtio-blk device. Offsets and lengths are in bytes and
@@ -54,10 +56,13 @@ pub trait DiskBackend: Send {
     fn write_at(&mut self, offset: u64, src: &GuestSlice) -> Result<(), DiskError>;
     /// Make every completed write durable (returns only once it is).
     fn flush(&mut self) -> Result<(), DiskError>;
-    /// The guest no longer needs `len` bytes at `offset` (contents become
-    /// unspecified; our backends return zeroes).
+    /// The guest no longer needs `len` bytes at `offset`: a hint (virtio-blk leaves the
+    /// contents unspecified). File backends punch a hole (the range then reads as zeroes); where
+    /// the file system cannot, the hint is ignored — nothing is written.
     fn discard(&mut self, offset: u64, len: u64) -> Result<(), DiskError>;
-    /// Make `len` bytes at `offset` read as zero.
+    /// Make `len` bytes at `offset` read as zero, without writing them:
+    /// [`DiskError::Unsupported`] where the file system cannot (the guest is told and
+    /// writes zeroes itself).
     fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), DiskError>;
     /// Copy-on-write overlays: flush, then write the overlay file's whole contents to `out`
     /// (a snapshot keeps it). Other backends hold the user's data and have nothing to save.
@@ -141,39 +146,64 @@ pub(crate) fn pwrite_all(file: &File, offset: u64, src: &GuestSlice) -> io::Resu
     Ok(())
 }
 
-/// `fallocate` with `mode`; falls back to writing zeroes when the file
-/// system does not support it.
-pub(crate) fn zero_range(file: &File, offset: u64, len: u64, punch: bool) -> io::Result<()> {
+/// `fallocate(mode | FALLOC_FL_KEEP_SIZE)` on `[offset, offset + len)`. `Ok(false)`: the file
+/// system (or block device) does not support this mode (`EOPNOTSUPP`); nothing was changed.
+fn fallocate_keep_size(file: &File, mode: libc::c_int, offset: u64, len: u64) -> io::Result<bool> {
     if len == 0 {
-        return Ok(());
+        return Ok(true);
     }
-    let mode = if punch {
-        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
-    } else {
-        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
-    };
     let (o, l) = match (i64::try_from(offset), i64::try_from(len)) {
         (Ok(o), Ok(l)) => (o, l),
         _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
     };
-    // SAFETY: plain syscall on an owned fd, no memory is passed.
-    let r = unsafe { libc::fallocate(file.as_raw_fd(), mode, o, l) };
-    if r == 0 {
-        return Ok(());
+    loop {
+        // SAFETY: plain syscall on an owned fd, no memory is passed.
+        let r =
+            unsafe { libc::fallocate(file.as_raw_fd(), mode | libc::FALLOC_FL_KEEP_SIZE, o, l) };
+        if r == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EOPNOTSUPP) => return Ok(false),
+            _ => return Err(e),
+        }
     }
-    let e = io::Error::last_os_error();
-    if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
-        return Err(e);
+}
+
+/// Deallocates `[offset, offset + len)` so it reads as zeroes (`FALLOC_FL_PUNCH_HOLE`).
+/// `Ok(false)` when the file system cannot punch holes: nothing was changed. There is
+/// deliberately no fallback that writes zeroes: a guest may ask for gigabytes at once.
+pub(crate) fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<bool> {
+    fallocate_keep_size(file, libc::FALLOC_FL_PUNCH_HOLE, offset, len)
+}
+
+/// Makes `[offset, offset + len)` read as zeroes without writing them: `FALLOC_FL_ZERO_RANGE`,
+/// else `FALLOC_FL_PUNCH_HOLE`. `Ok(false)` when the file system supports neither (nothing was
+/// changed; the caller reports the request unsupported and the guest writes zeroes itself, in
+/// requests of normal size).
+pub(crate) fn zero_range(file: &File, offset: u64, len: u64) -> io::Result<bool> {
+    if fallocate_keep_size(file, libc::FALLOC_FL_ZERO_RANGE, offset, len)? {
+        return Ok(true);
     }
-    // Fallback: write zeroes in 64 KiB pieces.
-    let buf = vec![0u8; 64 * 1024];
-    let mut done = 0u64;
-    while done < len {
-        let n = (len - done).min(buf.len() as u64) as usize;
-        std::os::unix::fs::FileExt::write_all_at(file, &buf[..n], offset + done)?;
-        done += n as u64;
+    punch_hole(file, offset, len)
+}
+
+/// Size of an opened disk image in bytes: `lseek(SEEK_END)`, which is the length of a regular
+/// file and the size of a block device (whose `st_size` is 0).
+pub(crate) fn image_len(file: &File) -> io::Result<u64> {
+    // SAFETY: plain syscall on an owned fd; the offset it moves is restored below and nothing
+    // else uses the offset (all I/O is positional).
+    let end = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_END) };
+    if end < 0 {
+        return Err(io::Error::last_os_error());
     }
-    Ok(())
+    // SAFETY: as above.
+    if unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_SET) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(end as u64)
 }
 
 /// `fdatasync`, retried on EINTR.
@@ -230,6 +260,8 @@ pub struct RawFile {
     file: File,
     capacity: u64,
     read_only: bool,
+    /// Cleared once the file system answered `EOPNOTSUPP` to a hole punch.
+    can_punch: bool,
 }
 
 impl RawFile {
@@ -237,11 +269,12 @@ impl RawFile {
     /// for read-write, shared for read-only).
     pub fn open(path: &Path, read_only: bool) -> Result<Self, DiskError> {
         let file = open_image(path, read_only)?;
-        let len = file.metadata()?.len();
+        let len = image_len(&file)?;
         Ok(Self {
             file,
             capacity: len / SECTOR_SIZE * SECTOR_SIZE,
             read_only,
+            can_punch: true,
         })
     }
 }
@@ -275,14 +308,22 @@ impl DiskBackend for RawFile {
             return Err(DiskError::ReadOnly);
         }
         check_range(offset, len, self.capacity)?;
-        Ok(zero_range(&self.file, offset, len, true)?)
+        if self.can_punch && !punch_hole(&self.file, offset, len)? {
+            log::info!("virtio-blk: the file system cannot punch holes; discards are ignored");
+            self.can_punch = false;
+        }
+        Ok(())
     }
     fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
         if self.read_only {
             return Err(DiskError::ReadOnly);
         }
         check_range(offset, len, self.capacity)?;
-        Ok(zero_range(&self.file, offset, len, false)?)
+        if zero_range(&self.file, offset, len)? {
+            Ok(())
+        } else {
+            Err(DiskError::Unsupported("zeroing a range without writing it"))
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! Event-loop glue for virtio-blk: the queue ioeventfd drives
-//! [`BlockDevice::process_queue`] on the VMM thread.
+//! Event-loop glue for virtio-blk, on the VMM thread: the queue ioeventfd drives
+//! [`BlockDevice::process_queue`] (requests go to the device's I/O thread), the I/O thread's
+//! completion eventfd drives [`BlockDevice::process_completions`].
 
 use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
 
@@ -7,15 +8,17 @@ use super::device::BlockDevice;
 use crate::devices::virtio::VirtioDevice;
 
 const QUEUE_EVENT: u32 = 0;
+const COMPLETION_EVENT: u32 = 1;
 
 impl MutEventSubscriber for BlockDevice {
     fn init(&mut self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(Events::with_data(
-            &self.queue_events()[0],
-            QUEUE_EVENT,
-            EventSet::IN,
-        )) {
-            log::error!("virtio-blk: cannot register the queue event: {e}");
+        for (evt, data, what) in [
+            (&self.queue_events()[0], QUEUE_EVENT, "queue"),
+            (self.completion_event(), COMPLETION_EVENT, "completion"),
+        ] {
+            if let Err(e) = ops.add(Events::with_data(evt, data, EventSet::IN)) {
+                log::error!("virtio-blk: cannot register the {what} event: {e}");
+            }
         }
     }
 
@@ -25,6 +28,10 @@ impl MutEventSubscriber for BlockDevice {
                 // A failed read means a spurious wakeup; process anyway.
                 let _ = self.queue_events()[0].read();
                 self.process_queue();
+            }
+            COMPLETION_EVENT => {
+                let _ = self.completion_event().read();
+                self.process_completions();
             }
             d => log::warn!("virtio-blk: unexpected event data {d}"),
         }

@@ -2,13 +2,16 @@
 //! WRITE_ZEROES and a copy-on-write overlay mode.
 //!
 //! - `request.rs`: pure request parsing/processing over descriptor chains.
-//! - `disk.rs`: backends (raw file, in-memory); `overlay.rs`: copy-on-write.
+//! - `disk.rs`: backends (raw file or block device, in-memory); `overlay.rs`: copy-on-write.
 //! - `device.rs`: the [`VirtioDevice`](super::VirtioDevice) (features,
-//!   config space, activation); `event_handler.rs`: event-loop glue.
+//!   config space, activation, submitting and completing requests);
+//!   `io_thread.rs`: the per-disk thread that does the blocking disk I/O;
+//!   `event_handler.rs`: event-loop glue.
 
 pub mod device;
 pub mod disk;
 pub mod event_handler;
+pub mod io_thread;
 pub mod overlay;
 pub mod persist;
 pub mod request;
@@ -19,7 +22,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-pub use device::BlockDevice;
+pub use device::{BlockDevice, IoThreadOptions};
 pub use disk::DiskError;
 
 /// Maximum serial length (virtio-blk GET_ID returns 20 bytes).

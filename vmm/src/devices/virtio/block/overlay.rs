@@ -12,33 +12,43 @@
 //!   VMs can never share one overlay (and so never see each other's writes).
 //! - Layout of the overlay file:
 //!   `[0, 4 KiB)` header (magic `MVOVRLY1`, version, capacity, base length,
-//!   bitmap and data offsets), `[4 KiB, data_offset)` allocation bitmap (one
+//!   bitmap and data offsets, the base's identity), `[4 KiB, data_offset)` allocation bitmap (one
 //!   bit per 512-byte sector, 1 = sector lives in the overlay),
 //!   `[data_offset, data_offset + capacity)` the sectors, sparse; data_offset
 //!   is 1 MiB-aligned so hole punching works on whole file-system blocks.
 //! - Reads take each sector from the overlay if its bit is set, else from
 //!   the base. Writes go to the overlay; a write covering only part of a
 //!   sector not yet in the overlay first copies that sector up from the base.
-//!   Discard and write-zeroes punch a hole in the overlay and set the bits.
+//!   Discard and write-zeroes punch a hole in the overlay and set the bits; on a
+//!   file system that cannot punch holes a discard is ignored (it is a hint) and
+//!   write-zeroes is reported unsupported (nothing is written).
 //! - Durability: the bitmap is updated in memory at once and persisted on
 //!   FLUSH as `fdatasync(data)`, write dirty bitmap pages, `fdatasync` again,
 //!   so a crash never leaves a bit set for data that is not on disk. Unflushed
-//!   writes may be lost on a crash (as on a real disk); the bitmap is also
-//!   written when the device is dropped.
-//! - Reopening an overlay checks the header against the base (capacity);
-//!   a non-empty file that is not an overlay is refused, never overwritten.
+//!   writes may be lost on a crash (as on a real disk). Dropping the overlay
+//!   flushes it the same way, in the same order.
+//! - The overlay belongs to one base: the header records the base's length,
+//!   device and inode numbers and modification time (version 2). Reopening
+//!   an overlay ([`Overlay::open`]) refuses a base that differs in any of them;
+//!   a snapshot's overlay copied for a restore ([`Overlay::restore`]) may meet
+//!   the same image through another file (another node, another mount), so
+//!   there the length and modification time must match and the header then
+//!   takes this base's device and inode. A version 1 overlay (no identity)
+//!   is checked by capacity only and upgraded. A non-empty file that is not
+//!   an overlay is refused, never overwritten.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::disk::{
-    check_range, fdatasync, lock_file, open_image, pread_exact, pwrite_all, zero_range,
+    check_range, fdatasync, image_len, lock_file, open_image, pread_exact, punch_hole, pwrite_all,
     DiskBackend, DiskError, GuestSlice, SECTOR_SIZE,
 };
 
 const MAGIC: &[u8; 8] = b"MVOVRLY1";
-const VERSION: u32 = 1;
+/// 2: the header records the base's identity ([`BaseIdentity`]).
+const VERSION: u32 = 2;
 const HEADER_SIZE: u64 = 4096;
 const DATA_ALIGN: u64 = 1 << 20;
 const BITMAP_PAGE: usize = 4096;
@@ -56,8 +66,58 @@ pub struct Overlay {
     bitmap: Vec<u8>,
     /// Bitmap pages changed since the last flush.
     dirty: Vec<bool>,
+    /// Cleared once the file system answered `EOPNOTSUPP` to a hole punch.
+    can_punch: bool,
 }
 
+/// Which base image an overlay belongs to (header bytes 56..88 of a version 2 overlay).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BaseIdentity {
+    /// Length of the base in bytes.
+    pub len: u64,
+    pub dev: u64,
+    pub ino: u64,
+    pub mtime_sec: i64,
+    pub mtime_nsec: u32,
+}
+
+impl BaseIdentity {
+    fn of(base: &File) -> std::io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = base.metadata()?;
+        Ok(Self {
+            len: image_len(base)?,
+            dev: m.dev(),
+            ino: m.ino(),
+            mtime_sec: m.mtime(),
+            mtime_nsec: m.mtime_nsec() as u32,
+        })
+    }
+
+    /// Same content as far as a restore can tell: length and modification time.
+    fn same_image(&self, o: &Self) -> bool {
+        self.len == o.len && self.mtime_sec == o.mtime_sec && self.mtime_nsec == o.mtime_nsec
+    }
+}
+
+impl std::fmt::Display for BaseIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes, device {:#x} inode {}, modified {}.{:09}",
+            self.len, self.dev, self.ino, self.mtime_sec, self.mtime_nsec
+        )
+    }
+}
+
+/// How [`Overlay::with_file`] checks an existing overlay's base.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BaseCheck {
+    /// Reopening: the very same file (length, device, inode, modification time).
+    SameFile,
+    /// A snapshot's overlay: the same image (length, modification time), maybe another file.
+    SameImage,
+}
 fn round_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a) * a
 }
@@ -67,7 +127,7 @@ impl Overlay {
     /// read-write.
     pub fn open(base_path: &Path, overlay_path: &Path) -> Result<Self, DiskError> {
         let overlay = open_overlay_file(overlay_path)?;
-        Self::with_file(base_path, overlay, overlay_path)
+        Self::with_file(base_path, overlay, overlay_path, BaseCheck::SameFile)
     }
 
     /// Open `base` read-only and make `overlay_path` a copy of the overlay `saved` (a snapshot's
@@ -77,13 +137,19 @@ impl Overlay {
         let overlay = open_overlay_file(overlay_path)?;
         overlay.set_len(0)?;
         copy_sparse(saved, &overlay)?;
-        Self::with_file(base_path, overlay, overlay_path)
+        Self::with_file(base_path, overlay, overlay_path, BaseCheck::SameImage)
     }
 
     /// Checks (or, when empty, initialises) the locked `overlay` against the base image.
-    fn with_file(base_path: &Path, overlay: File, overlay_path: &Path) -> Result<Self, DiskError> {
+    fn with_file(
+        base_path: &Path,
+        overlay: File,
+        overlay_path: &Path,
+        check: BaseCheck,
+    ) -> Result<Self, DiskError> {
         let base = open_image(base_path, true)?;
-        let base_len = base.metadata()?.len();
+        let ident = BaseIdentity::of(&base)?;
+        let base_len = ident.len;
         let capacity = base_len / SECTOR_SIZE * SECTOR_SIZE;
         let path = overlay_path.display().to_string();
         let err = |reason: String| DiskError::Overlay {
@@ -112,25 +178,31 @@ impl Overlay {
             data_offset,
             bitmap: vec![0; bitmap_len as usize],
             dirty: vec![false; (bitmap_len as usize) / BITMAP_PAGE],
+            can_punch: true,
         };
         if existing == 0 {
-            me.write_header(base_len)?;
+            me.write_header(&ident)?;
             me.overlay.set_len(data_offset + capacity)?;
             fdatasync(&me.overlay)?;
         } else {
-            let mut h = [0u8; 64];
+            let mut magic = [0u8; 8];
             me.overlay
-                .read_exact_at(&mut h, 0)
+                .read_exact_at(&mut magic, 0)
                 .map_err(|_| err("too short for a header".into()))?;
-            if &h[0..8] != MAGIC {
+            if &magic != MAGIC {
                 return Err(err(
                     "not a microvirt overlay (bad magic); refusing to overwrite".into(),
                 ));
             }
+            let mut h = [0u8; 88];
+            me.overlay
+                .read_exact_at(&mut h, 0)
+                .map_err(|_| err("too short for a header".into()))?;
             let u32_at = |o: usize| u32::from_le_bytes(h[o..o + 4].try_into().expect("4 bytes"));
             let u64_at = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().expect("8 bytes"));
-            if u32_at(8) != VERSION {
-                return Err(err(format!("unknown version {}", u32_at(8))));
+            let version = u32_at(8);
+            if version != 1 && version != VERSION {
+                return Err(err(format!("unknown version {version}")));
             }
             let (cap, blen, boff, doff) = (u64_at(16), u64_at(32), u64_at(40), u64_at(48));
             if cap != capacity || blen != bitmap_len || boff != bitmap_offset || doff != data_offset
@@ -139,6 +211,35 @@ impl Overlay {
                     "made for a base of {cap} bytes, this base has {capacity} bytes"
                 )));
             }
+            if version == 1 {
+                log::warn!(
+                    "overlay {path}: version 1 records no base identity; only the capacity was \
+                     checked (upgraded to version {VERSION})"
+                );
+                me.write_header(&ident)?;
+            } else {
+                let made_for = BaseIdentity {
+                    len: u64_at(24),
+                    dev: u64_at(56),
+                    ino: u64_at(64),
+                    mtime_sec: u64_at(72) as i64,
+                    mtime_nsec: u32_at(80),
+                };
+                let ok = match check {
+                    BaseCheck::SameFile => made_for == ident,
+                    BaseCheck::SameImage => made_for.same_image(&ident),
+                };
+                if !ok {
+                    return Err(err(format!(
+                        "belongs to another base image: made for {made_for}, {} is {ident}; \
+                         refusing it (remove the overlay to start over from this base)",
+                        base_path.display()
+                    )));
+                }
+                if made_for != ident {
+                    me.write_header(&ident)?;
+                }
+            }
             me.overlay
                 .read_exact_at(&mut me.bitmap, bitmap_offset)
                 .map_err(|e| err(format!("cannot read bitmap: {e}")))?;
@@ -146,16 +247,20 @@ impl Overlay {
         Ok(me)
     }
 
-    fn write_header(&self, base_len: u64) -> Result<(), DiskError> {
+    fn write_header(&self, base: &BaseIdentity) -> Result<(), DiskError> {
         let mut h = vec![0u8; HEADER_SIZE as usize];
         h[0..8].copy_from_slice(MAGIC);
         h[8..12].copy_from_slice(&VERSION.to_le_bytes());
         h[12..16].copy_from_slice(&(SECTOR_SIZE as u32).to_le_bytes());
         h[16..24].copy_from_slice(&self.capacity.to_le_bytes());
-        h[24..32].copy_from_slice(&base_len.to_le_bytes());
+        h[24..32].copy_from_slice(&base.len.to_le_bytes());
         h[32..40].copy_from_slice(&(self.bitmap.len() as u64).to_le_bytes());
         h[40..48].copy_from_slice(&self.bitmap_offset.to_le_bytes());
         h[48..56].copy_from_slice(&self.data_offset.to_le_bytes());
+        h[56..64].copy_from_slice(&base.dev.to_le_bytes());
+        h[64..72].copy_from_slice(&base.ino.to_le_bytes());
+        h[72..80].copy_from_slice(&base.mtime_sec.to_le_bytes());
+        h[80..84].copy_from_slice(&base.mtime_nsec.to_le_bytes());
         self.overlay.write_all_at(&h, 0)?;
         Ok(())
     }
@@ -338,7 +443,11 @@ impl DiskBackend for Overlay {
     }
 
     fn discard(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
-        self.write_zeroes(offset, len)
+        match self.write_zeroes(offset, len) {
+            // A hint: where holes cannot be punched, the data simply stays.
+            Err(DiskError::Unsupported(_)) => Ok(()),
+            r => r,
+        }
     }
 
     fn save_overlay(&mut self, out: &File) -> Result<u64, DiskError> {
@@ -354,16 +463,27 @@ impl DiskBackend for Overlay {
                 capacity: self.capacity,
             });
         }
-        zero_range(&self.overlay, self.data_offset + offset, len, true)?;
+        if !self.can_punch || !punch_hole(&self.overlay, self.data_offset + offset, len)? {
+            if self.can_punch {
+                log::info!(
+                    "overlay {}: the file system cannot punch holes; discards are ignored and \
+                     write-zeroes is reported unsupported",
+                    self.path
+                );
+                self.can_punch = false;
+            }
+            return Err(DiskError::Unsupported("punching a hole in the overlay"));
+        }
         self.set_allocated(offset / SECTOR_SIZE, len / SECTOR_SIZE);
         Ok(())
     }
 }
 
 impl Drop for Overlay {
+    /// A [`flush`](DiskBackend::flush): data synced before the bitmap that points at it.
     fn drop(&mut self) {
-        if let Err(e) = self.persist_bitmap() {
-            log::error!("overlay {}: cannot persist the bitmap: {e}", self.path);
+        if let Err(e) = self.flush() {
+            log::error!("overlay {}: cannot flush on close: {e}", self.path);
         }
     }
 }

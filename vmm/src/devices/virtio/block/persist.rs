@@ -10,7 +10,7 @@ use std::fs::File;
 
 use serde::{Deserialize, Serialize};
 
-use super::device::{BlockDevice, BlockDeviceState};
+use super::device::{BlockDevice, BlockDeviceState, IoThreadOptions};
 use super::disk::{DiskBackend, RawFile};
 use super::overlay::Overlay;
 use super::BlockConfig;
@@ -28,20 +28,23 @@ pub struct BlockState {
 }
 
 impl BlockDevice {
-    /// Writes this disk's overlay (flushed) to `out`; returns the bytes copied.
+    /// Writes this disk's overlay (flushed) to `out`; returns the bytes copied. Call with
+    /// nothing in flight (after [`BlockDevice::quiesce`]).
     pub fn save_overlay(&mut self, out: &File) -> Result<u64, VirtioError> {
-        self.flush_disk()?;
-        Ok(self.disk_mut().save_overlay(out)?)
+        let mut disk = self.lock_disk();
+        disk.flush()?;
+        Ok(disk.save_overlay(out)?)
     }
 
     /// Opens the backend `cfg` names — for an overlay disk, the overlay becomes a copy of
     /// `saved_overlay` — and gives the device the saved `state`. The disk must have the saved
-    /// capacity and read-only setting.
+    /// capacity and read-only setting. The I/O thread starts as `io` says.
     pub fn restore(
         cfg: &BlockConfig,
         saved_overlay: Option<&File>,
         irq: IrqLine,
         state: &BlockDeviceState,
+        io: IoThreadOptions,
     ) -> Result<Self, PersistError> {
         let disk: Box<dyn DiskBackend> = match (&cfg.overlay, saved_overlay) {
             (Some(o), Some(saved)) => {
@@ -66,7 +69,7 @@ impl BlockDevice {
                 expected: state.read_only,
             });
         }
-        let mut dev = BlockDevice::new(disk, cfg.id_bytes(), irq)?;
+        let mut dev = BlockDevice::with_io_thread(disk, cfg.id_bytes(), irq, io)?;
         if state.acked_features & !dev.avail_features() != 0 {
             return Err(PersistError::Features {
                 what: format!("virtio-blk {path}"),

@@ -119,6 +119,17 @@ pub enum RequestError {
     BadGetId,
     #[error("disk I/O: {0}")]
     Io(String),
+    #[error("{0} is not supported by the file system holding the disk")]
+    BackendUnsupported(&'static str),
+}
+
+impl From<super::disk::DiskError> for RequestError {
+    fn from(e: super::disk::DiskError) -> Self {
+        match e {
+            super::disk::DiskError::Unsupported(what) => Self::BackendUnsupported(what),
+            e => Self::Io(e.to_string()),
+        }
+    }
 }
 
 impl RequestError {
@@ -126,7 +137,9 @@ impl RequestError {
     pub fn status(&self) -> Option<u8> {
         match self {
             Self::Chain(_) | Self::NoStatusDescriptor | Self::StatusOutOfMemory(_) => None,
-            Self::UnsupportedType(_) | Self::UnsupportedFlags(_) => Some(VIRTIO_BLK_S_UNSUPP),
+            Self::UnsupportedType(_) | Self::UnsupportedFlags(_) | Self::BackendUnsupported(_) => {
+                Some(VIRTIO_BLK_S_UNSUPP)
+            }
             _ => Some(VIRTIO_BLK_S_IOERR),
         }
     }
@@ -262,7 +275,7 @@ impl Request {
         disk: &mut dyn DiskBackend,
         ctx: &BlockContext,
     ) -> Result<u32, RequestError> {
-        let io = |e: super::disk::DiskError| RequestError::Io(e.to_string());
+        let io = RequestError::from;
         match self.req_type {
             RequestType::In => {
                 let mut off = self.check_disk_range(disk)?;
@@ -391,18 +404,22 @@ pub enum ChainOutcome {
     Fatal(RequestError),
 }
 
-/// Process the descriptors of one chain: parse, execute, write the status.
-pub fn process_descriptors(
+/// Executes a parsed request and writes its status byte (the I/O thread's part).
+pub fn execute_and_answer(
+    req: &Request,
     mem: &GuestMemoryMmap,
-    descs: &[Descriptor],
     disk: &mut dyn DiskBackend,
     ctx: &BlockContext,
 ) -> ChainOutcome {
-    let (status_addr, result) = match Request::parse(mem, descs) {
-        Ok(req) => (req.status_addr, req.execute(mem, disk, ctx)),
-        Err((Some(addr), e)) => (addr, Err(e)),
-        Err((None, e)) => return ChainOutcome::Fatal(e),
-    };
+    answer(mem, req.status_addr, req.execute(mem, disk, ctx))
+}
+
+/// Writes the status byte for `result` at `status_addr`.
+fn answer(
+    mem: &GuestMemoryMmap,
+    status_addr: GuestAddress,
+    result: Result<u32, RequestError>,
+) -> ChainOutcome {
     let (status, written) = match result {
         Ok(n) => (VIRTIO_BLK_S_OK, n),
         Err(e) => {
@@ -420,6 +437,40 @@ pub fn process_descriptors(
     }
 }
 
+/// One chain taken from the available ring by [`pop_request`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Popped {
+    /// A well-formed request, to be executed (on the I/O thread) and completed as `head`.
+    Request { head: u16, req: Request },
+    /// A malformed request already answered with an error status: complete `head` with `len`.
+    Answered { head: u16, len: u32 },
+    /// A chain without a usable status byte, or unusable rings: the device needs a reset.
+    Fatal(String),
+}
+
+/// Takes the next available chain of `queue` and parses it; `None` when none is available.
+/// Requests that parse are returned for execution; malformed ones with a usable status byte
+/// are answered here (nothing touches the disk).
+pub fn pop_request(queue: &mut Queue, mem: &GuestMemoryMmap) -> Option<Popped> {
+    let chain = match queue.iter(mem) {
+        Ok(mut it) => it.next()?,
+        Err(e) => return Some(Popped::Fatal(format!("available ring: {e}"))),
+    };
+    let head = chain.head_index();
+    let descs = match collect_chain(chain) {
+        Ok(d) => d,
+        Err(e) => return Some(Popped::Fatal(format!("chain {head}: {e}"))),
+    };
+    Some(match Request::parse(mem, &descs) {
+        Ok(req) => Popped::Request { head, req },
+        Err((Some(addr), e)) => match answer(mem, addr, Err(e)) {
+            ChainOutcome::Done { len, .. } => Popped::Answered { head, len },
+            ChainOutcome::Fatal(e) => Popped::Fatal(format!("chain {head}: {e}")),
+        },
+        Err((None, e)) => Popped::Fatal(format!("chain {head}: {e}")),
+    })
+}
+
 /// Result of draining a queue.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct QueueOutcome {
@@ -429,8 +480,10 @@ pub struct QueueOutcome {
     pub fatal: Option<String>,
 }
 
-/// Process every available chain of `queue` against `disk`. Stops at the
-/// first fatal error (the caller marks the device NEEDS_RESET).
+/// Process every available chain of `queue` against `disk` synchronously, on the calling
+/// thread (the device does the same in two halves: [`pop_request`] on the event loop,
+/// [`execute_and_answer`] on its I/O thread). Stops at the first fatal error (the caller marks
+/// the device NEEDS_RESET).
 pub fn process_queue(
     queue: &mut Queue,
     mem: &GuestMemoryMmap,
@@ -438,35 +491,26 @@ pub fn process_queue(
     ctx: &BlockContext,
 ) -> QueueOutcome {
     let mut out = QueueOutcome::default();
-    loop {
-        let chain = match queue.iter(mem) {
-            Ok(mut it) => match it.next() {
-                Some(c) => c,
-                None => break,
-            },
-            Err(e) => {
-                out.fatal = Some(format!("available ring: {e}"));
-                break;
-            }
-        };
-        let head = chain.head_index();
-        let outcome = match collect_chain(chain) {
-            Ok(descs) => process_descriptors(mem, &descs, disk, ctx),
-            Err(e) => ChainOutcome::Fatal(e.into()),
-        };
-        match outcome {
-            ChainOutcome::Done { len, .. } => {
-                if let Err(e) = queue.add_used(mem, head, len) {
-                    out.fatal = Some(format!("cannot complete chain {head}: {e}"));
+    while let Some(p) = pop_request(queue, mem) {
+        let (head, len) = match p {
+            Popped::Request { head, req } => match execute_and_answer(&req, mem, disk, ctx) {
+                ChainOutcome::Done { len, .. } => (head, len),
+                ChainOutcome::Fatal(e) => {
+                    out.fatal = Some(format!("chain {head}: {e}"));
                     break;
                 }
-                out.used += 1;
-            }
-            ChainOutcome::Fatal(e) => {
-                out.fatal = Some(format!("chain {head}: {e}"));
+            },
+            Popped::Answered { head, len } => (head, len),
+            Popped::Fatal(f) => {
+                out.fatal = Some(f);
                 break;
             }
+        };
+        if let Err(e) = queue.add_used(mem, head, len) {
+            out.fatal = Some(format!("cannot complete chain {head}: {e}"));
+            break;
         }
+        out.used += 1;
     }
     if let Some(f) = &out.fatal {
         log::error!("virtio-blk: {f}; device needs reset");
