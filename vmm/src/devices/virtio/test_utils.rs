@@ -111,3 +111,117 @@ pub fn temp_image(len: usize, fill: u8) -> TempPath {
 }
 
 pub use super::testing::*;
+
+/// Runs `f(dir)` on a thread of its own that has a private mount namespace, in which a fresh
+/// `fstype` file system (mount options `data`) is mounted at `dir`. The mount exists only in
+/// that namespace and disappears with the thread, also when `f` panics (the panic is passed
+/// on).
+pub fn with_private_mount<T: Send>(
+    fstype: &str,
+    data: &str,
+    f: impl FnOnce(&std::path::Path) -> T + Send,
+) -> T {
+    use std::ffi::CString;
+    let dir = TempDir::new(&format!("mnt-{fstype}"));
+    let path = dir.0.clone();
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare affects only this thread's mount namespace (CLONE_NEWNS implies
+            // CLONE_FS, which a thread may unshare on its own).
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNS) }, 0, "unshare");
+            let root = CString::new("/").unwrap();
+            // SAFETY: valid C strings; keeps mounts made here from propagating out.
+            let r = unsafe {
+                libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                )
+            };
+            assert_eq!(r, 0, "make / private: {}", std::io::Error::last_os_error());
+            let (src, target) = (
+                CString::new(fstype).unwrap(),
+                CString::new(path.as_os_str().as_encoded_bytes()).unwrap(),
+            );
+            let opts = CString::new(data).unwrap();
+            // SAFETY: valid C strings.
+            let r = unsafe {
+                libc::mount(
+                    src.as_ptr(),
+                    target.as_ptr(),
+                    src.as_ptr(),
+                    0,
+                    opts.as_ptr().cast(),
+                )
+            };
+            assert_eq!(r, 0, "mount {fstype}: {}", std::io::Error::last_os_error());
+            f(&path)
+        })
+        .join()
+    });
+    drop(dir);
+    match r {
+        Ok(v) => v,
+        Err(p) => std::panic::resume_unwind(p),
+    }
+}
+
+/// A directory under the temp dir, removed (with its contents) on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let p = TempPath::new(tag);
+        let d = p.0.clone();
+        drop(p);
+        std::fs::create_dir_all(&d).unwrap();
+        TempDir(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A loop block device over a file (`losetup`), detached on drop.
+pub struct LoopDevice(pub std::path::PathBuf);
+
+impl LoopDevice {
+    pub fn attach(file: &std::path::Path, read_only: bool) -> Self {
+        let mut c = std::process::Command::new("losetup");
+        c.args(["--find", "--show"]);
+        if read_only {
+            c.arg("--read-only");
+        }
+        let out = c.arg(file).output().expect("run losetup");
+        assert!(
+            out.status.success(),
+            "losetup {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        LoopDevice(String::from_utf8_lossy(&out.stdout).trim().into())
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .arg("-d")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Bytes this thread passed to write system calls so far (`/proc/thread-self/io`, `wchar`).
+pub fn thread_write_bytes() -> u64 {
+    let io = std::fs::read_to_string("/proc/thread-self/io").expect("read /proc/thread-self/io");
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar: "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("wchar in /proc/thread-self/io")
+}

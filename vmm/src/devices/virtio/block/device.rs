@@ -414,7 +414,242 @@ impl BlockDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::virtio::block::disk::MemDisk;
+    use crate::devices::virtio::block::disk::{DiskError, GuestSlice, MemDisk};
+    use crate::devices::virtio::block::request::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_OUT};
+    use crate::devices::virtio::test_utils::{mem, TestQueue};
+    use crate::devices::virtio::{INT_VRING, VIRTIO_F_VERSION_1};
+    use std::sync::Condvar;
+    use std::time::Duration;
+    use vm_memory::{Bytes, GuestAddress};
+
+    /// A [`MemDisk`] whose writes wait while its gate is closed, recording which thread ran
+    /// them.
+    #[derive(Default)]
+    struct Gate {
+        open: Mutex<bool>,
+        cv: Condvar,
+        /// Writes started, and the threads they ran on.
+        started: Mutex<Vec<Option<String>>>,
+    }
+
+    impl Gate {
+        fn open(&self) {
+            *self.open.lock().unwrap() = true;
+            self.cv.notify_all();
+        }
+        fn started(&self) -> usize {
+            self.started.lock().unwrap().len()
+        }
+        fn wait_started(&self, n: usize) {
+            for _ in 0..2000 {
+                if self.started() >= n {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            panic!("{n} writes never started");
+        }
+    }
+
+    struct GatedDisk {
+        disk: MemDisk,
+        gate: Arc<Gate>,
+    }
+
+    impl DiskBackend for GatedDisk {
+        fn capacity(&self) -> u64 {
+            self.disk.capacity()
+        }
+        fn read_only(&self) -> bool {
+            false
+        }
+        fn read_at(&mut self, offset: u64, dst: &GuestSlice) -> Result<(), DiskError> {
+            self.disk.read_at(offset, dst)
+        }
+        fn write_at(&mut self, offset: u64, src: &GuestSlice) -> Result<(), DiskError> {
+            let name = std::thread::current().name().map(str::to_string);
+            self.gate.started.lock().unwrap().push(name);
+            let mut open = self.gate.open.lock().unwrap();
+            while !*open {
+                open = self.gate.cv.wait(open).unwrap();
+            }
+            self.disk.write_at(offset, src)
+        }
+        fn flush(&mut self) -> Result<(), DiskError> {
+            self.disk.flush()
+        }
+        fn discard(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
+            self.disk.discard(offset, len)
+        }
+        fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
+            self.disk.write_zeroes(offset, len)
+        }
+    }
+
+    const HDRS: u64 = 0x10000;
+    const DATA: u64 = 0x20000;
+    const STATUS: u64 = 0x30000;
+
+    /// An active device over a closed gate, and a queue at 0x1000.
+    fn gated(m: &GuestMemoryMmap) -> (BlockDevice, Arc<Gate>, TestQueue<'_>) {
+        let gate = Arc::new(Gate::default());
+        let disk = GatedDisk {
+            disk: MemDisk::new(1 << 20, false),
+            gate: gate.clone(),
+        };
+        let io = IoThreadOptions {
+            name: Some("blk-io-test".into()),
+            setup: None,
+        };
+        let mut d =
+            BlockDevice::with_io_thread(Box::new(disk), [0; 20], IrqLine::new(5).unwrap(), io)
+                .unwrap();
+        let tq = TestQueue::new(m, 0x1000, 16);
+        d.set_acked_features(1 << VIRTIO_F_VERSION_1);
+        d.activate(m.clone(), vec![tq.queue()]).unwrap();
+        (d, gate, tq)
+    }
+
+    /// Makes request `i` available: write 512 bytes of `i` to sector `i`.
+    fn add_write(m: &GuestMemoryMmap, tq: &mut TestQueue<'_>, i: u64) {
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&VIRTIO_BLK_T_OUT.to_le_bytes());
+        h[8..16].copy_from_slice(&i.to_le_bytes());
+        m.write_slice(&h, GuestAddress(HDRS + 16 * i)).unwrap();
+        m.write_slice(&[i as u8; 512], GuestAddress(DATA + 512 * i))
+            .unwrap();
+        m.write_obj(0xeeu8, GuestAddress(STATUS + i)).unwrap();
+        tq.add_chain(&[
+            (HDRS + 16 * i, 16, false),
+            (DATA + 512 * i, 512, false),
+            (STATUS + i, 1, true),
+        ]);
+    }
+
+    /// Waits (at most 10 s) until the completion eventfd is readable.
+    fn wait_completion_event(d: &BlockDevice) {
+        let mut p = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(d.completion_event()),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+        assert_eq!(n, 1, "no completion signalled");
+    }
+
+    #[test]
+    fn requests_run_on_the_io_thread_and_complete_through_its_eventfd() {
+        let m = mem();
+        let (mut d, gate, mut tq) = gated(&m);
+        add_write(&m, &mut tq, 0);
+        add_write(&m, &mut tq, 1);
+        // Submitting does not wait for the disk (its writes are blocked).
+        d.process_queue();
+        assert_eq!(d.in_flight(), 2);
+        gate.wait_started(1);
+        assert_eq!(tq.used_idx(), 0);
+        assert_eq!(d.interrupt().status() & INT_VRING, 0);
+        gate.open();
+        while d.in_flight() > 0 {
+            wait_completion_event(&d);
+            let _ = d.completion_event().read();
+            d.process_completions();
+        }
+        assert_eq!(tq.used_idx(), 2);
+        assert_ne!(d.interrupt().status() & INT_VRING, 0);
+        for i in 0..2 {
+            assert_eq!(
+                m.read_obj::<u8>(GuestAddress(STATUS + i)).unwrap(),
+                VIRTIO_BLK_S_OK
+            );
+        }
+        let threads = gate.started.lock().unwrap().clone();
+        assert_eq!(threads, vec![Some("blk-io-test".to_string()); 2]);
+    }
+
+    #[test]
+    fn quiesce_waits_for_every_request_in_flight() {
+        let m = mem();
+        let (mut d, gate, mut tq) = gated(&m);
+        for i in 0..3 {
+            add_write(&m, &mut tq, i);
+        }
+        d.process_queue();
+        gate.wait_started(1);
+        let g = gate.clone();
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            g.open();
+        });
+        d.quiesce().unwrap();
+        assert!(
+            *gate.open.lock().unwrap(),
+            "quiesce returned before the disk finished"
+        );
+        assert_eq!(d.in_flight(), 0);
+        assert_eq!(tq.used_idx(), 3);
+        assert_eq!(gate.started(), 3);
+        opener.join().unwrap();
+    }
+
+    #[test]
+    fn reset_drops_requests_not_started_and_waits_for_the_running_one() {
+        let m = mem();
+        let (mut d, gate, mut tq) = gated(&m);
+        for i in 0..3 {
+            add_write(&m, &mut tq, i);
+        }
+        d.process_queue();
+        gate.wait_started(1);
+        let g = gate.clone();
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            g.open();
+        });
+        d.reset();
+        assert!(
+            *gate.open.lock().unwrap(),
+            "reset returned while a write was running"
+        );
+        assert_eq!(d.in_flight(), 0);
+        // The running write finished; the two queued after it were never executed; nothing
+        // was put in the used ring of the queue the driver reset.
+        assert_eq!(gate.started(), 1);
+        assert_eq!(tq.used_idx(), 0);
+        assert_eq!(m.read_obj::<u8>(GuestAddress(STATUS + 1)).unwrap(), 0xee);
+        opener.join().unwrap();
+        // The device works again after the driver sets it up anew.
+        let mut tq = TestQueue::new(&m, 0x1000, 16);
+        d.activate(m.clone(), vec![tq.queue()]).unwrap();
+        add_write(&m, &mut tq, 2);
+        d.quiesce().unwrap();
+        assert_eq!(tq.used_idx(), 1);
+        assert_eq!(
+            m.read_obj::<u8>(GuestAddress(STATUS + 2)).unwrap(),
+            VIRTIO_BLK_S_OK
+        );
+    }
+
+    #[test]
+    fn a_failed_io_thread_setup_fails_the_device() {
+        let io = IoThreadOptions {
+            name: Some("blk-io-bad".into()),
+            setup: Some(Box::new(|| Err("no filter".into()))),
+        };
+        let e = BlockDevice::with_io_thread(
+            Box::new(MemDisk::new(4096, false)),
+            [0; 20],
+            IrqLine::new(5).unwrap(),
+            io,
+        )
+        .err()
+        .expect("device created");
+        assert_eq!(
+            e.to_string(),
+            "disk I/O thread: blk-io-bad: setup: no filter"
+        );
+    }
 
     fn cfg_u32(d: &BlockDevice, off: u64) -> u32 {
         let mut b = [0u8; 4];

@@ -391,7 +391,11 @@ impl DiskBackend for MemDisk {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::virtio::test_utils::{mem, temp_image};
+    use crate::devices::virtio::block::request;
+    use crate::devices::virtio::test_utils::{
+        mem, temp_image, thread_write_bytes, with_private_mount, LoopDevice, TestQueue,
+    };
+    use std::os::unix::fs::FileExt;
     use vm_memory::{GuestAddress, GuestMemoryBackend};
 
     #[test]
@@ -442,6 +446,118 @@ mod tests {
         assert!(matches!(d.write_zeroes(0, 512), Err(DiskError::ReadOnly)));
         d.flush().unwrap();
         assert_eq!(std::fs::read(&img.0).unwrap(), vec![0x11; 4096]);
+    }
+
+    #[test]
+    fn a_block_device_has_its_real_size() {
+        // A loop device over a 3 MiB + 100 byte file: the device is 3 MiB (whole sectors of
+        // the file), its inode's st_size is 0.
+        let img = temp_image((3 << 20) + 100, 0x5c);
+        let lo = LoopDevice::attach(&img.0, false);
+        assert_eq!(
+            std::fs::metadata(&lo.0).unwrap().len(),
+            0,
+            "st_size of a device"
+        );
+        let mut d = RawFile::open(&lo.0, false).unwrap();
+        assert_eq!(d.capacity(), 3 << 20);
+        let m = mem();
+        let r = m.get_slice(GuestAddress(0x9000), 512).unwrap();
+        d.read_at((3 << 20) - 512, &r).unwrap();
+        let mut back = [0u8; 512];
+        r.copy_to(&mut back);
+        assert_eq!(back, [0x5c; 512]);
+        // The device the guest sees has that capacity too.
+        drop(d);
+        let dev = crate::devices::virtio::block::BlockDevice::from_config(
+            &crate::devices::virtio::BlockConfig::new(&lo.0),
+            crate::devices::interrupt::IrqLine::new(5).unwrap(),
+            Default::default(),
+        )
+        .unwrap();
+        let mut cap = [0u8; 8];
+        crate::devices::virtio::VirtioDevice::read_config(&dev, 0, &mut cap);
+        assert_eq!(u64::from_le_bytes(cap), (3 << 20) / 512);
+    }
+
+    #[test]
+    fn without_hole_punching_discard_writes_nothing_and_write_zeroes_is_unsupported() {
+        // ramfs has no fallocate at all: no hole punching, no zero range.
+        with_private_mount("ramfs", "", |dir| {
+            let path = dir.join("disk.img");
+            let f = std::fs::File::create(&path).unwrap();
+            f.set_len(64 << 20).unwrap();
+            f.write_all_at(&[0x77; 4096], 0).unwrap();
+            drop(f);
+            let mut d = RawFile::open(&path, false).unwrap();
+            let before = thread_write_bytes();
+            // Discard all of it: a hint the file system cannot act on; nothing is written.
+            d.discard(0, 64 << 20).unwrap();
+            d.discard(4096, 8192).unwrap();
+            assert_eq!(thread_write_bytes() - before, 0, "bytes written by discard");
+            // Write-zeroes must not write zeroes either: it is reported unsupported.
+            assert!(matches!(
+                d.write_zeroes(0, 32 << 20),
+                Err(DiskError::Unsupported(_))
+            ));
+            assert_eq!(
+                thread_write_bytes() - before,
+                0,
+                "bytes written by write-zeroes"
+            );
+            // The guest is told: VIRTIO_BLK_S_UNSUPP (Linux then writes zeroes itself).
+            let m = mem();
+            let mut tq = TestQueue::new(&m, 0x1000, 16);
+            let mut hdr = [0u8; 16];
+            hdr[0..4].copy_from_slice(&request::VIRTIO_BLK_T_WRITE_ZEROES.to_le_bytes());
+            m.write_slice(&hdr, GuestAddress(0x10000)).unwrap();
+            let mut seg = 0u64.to_le_bytes().to_vec();
+            seg.extend_from_slice(&(1u32 << 16).to_le_bytes());
+            seg.extend_from_slice(&request::WRITE_ZEROES_FLAG_UNMAP.to_le_bytes());
+            m.write_slice(&seg, GuestAddress(0x20000)).unwrap();
+            tq.add_chain(&[
+                (0x10000, 16, false),
+                (0x20000, 16, false),
+                (0x30000, 1, true),
+            ]);
+            let ctx = request::BlockContext { id: [0; 20] };
+            let out = request::process_queue(&mut tq.queue(), &m, &mut d, &ctx);
+            assert_eq!((out.used, out.fatal), (1, None));
+            assert_eq!(
+                m.read_obj::<u8>(GuestAddress(0x30000)).unwrap(),
+                request::VIRTIO_BLK_S_UNSUPP
+            );
+            assert_eq!(
+                thread_write_bytes() - before,
+                0,
+                "bytes written by the request"
+            );
+            // The data is still there (a discard leaves contents unspecified).
+            let m = mem();
+            let r = m.get_slice(GuestAddress(0x9000), 4096).unwrap();
+            d.read_at(0, &r).unwrap();
+            let mut back = [0u8; 4096];
+            r.copy_to(&mut back);
+            assert_eq!(back, [0x77; 4096]);
+            // The copy-on-write overlay on such a file system behaves the same.
+            let base = dir.join("base.img");
+            std::fs::write(&base, vec![0x11u8; 1 << 20]).unwrap();
+            let mut o = super::super::overlay::Overlay::open(&base, &dir.join("vm.ovl")).unwrap();
+            let before = thread_write_bytes();
+            o.discard(0, 1 << 20).unwrap();
+            assert!(matches!(
+                o.write_zeroes(0, 1 << 20),
+                Err(DiskError::Unsupported(_))
+            ));
+            assert_eq!(
+                thread_write_bytes() - before,
+                0,
+                "bytes written to the overlay"
+            );
+            o.read_at(0, &r).unwrap();
+            r.copy_to(&mut back);
+            assert_eq!(back, [0x11; 4096]);
+        });
     }
 
     #[test]

@@ -492,6 +492,7 @@ impl Drop for Overlay {
 mod tests {
     use super::*;
     use crate::devices::virtio::test_utils::{mem, temp_image, TempPath};
+    use std::os::unix::fs::FileExt;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
     fn read(
@@ -564,6 +565,174 @@ mod tests {
         // The overlay file is sparse: far smaller on disk than the capacity.
         use std::os::unix::fs::MetadataExt;
         assert!(std::fs::metadata(&o1.0).unwrap().blocks() * 512 < 1 << 20);
+    }
+
+    /// Sets `path`'s modification time to `sec`.`nsec`.
+    fn set_mtime(path: &Path, sec: i64, nsec: i64) {
+        let f = OpenOptions::new().write(true).open(path).unwrap();
+        let t = [
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+            libc::timespec {
+                tv_sec: sec,
+                tv_nsec: nsec,
+            },
+        ];
+        // SAFETY: futimens on an owned fd with a two-element timespec array.
+        assert_eq!(
+            unsafe { libc::futimens(std::os::fd::AsRawFd::as_raw_fd(&f), t.as_ptr()) },
+            0
+        );
+    }
+
+    fn refused(r: Result<Overlay, DiskError>) -> String {
+        match r {
+            Err(e @ DiskError::Overlay { .. }) => e.to_string(),
+            Err(e) => panic!("other error: {e}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    #[test]
+    fn an_overlay_belongs_to_its_base() {
+        let m = mem();
+        let base = temp_image(256 * 1024, 0x5a);
+        set_mtime(&base.0, 1_700_000_000, 123);
+        let o = TempPath::new("ovl");
+        {
+            let mut a = Overlay::open(&base.0, &o.0).unwrap();
+            write(&mut a, &m, 0, &[3u8; 512]);
+        }
+        // Another image of the same size (what `cp` of another VM's disk would give).
+        let other = temp_image(256 * 1024, 0x5a);
+        set_mtime(&other.0, 1_700_000_000, 123);
+        let e = refused(Overlay::open(&other.0, &o.0));
+        assert!(e.contains("belongs to another base image"), "{e}");
+        assert!(e.contains("inode"), "{e}");
+        // The base itself, modified since (its mtime moved).
+        set_mtime(&base.0, 1_700_000_001, 123);
+        let e = refused(Overlay::open(&base.0, &o.0));
+        assert!(e.contains("modified 1700000000.000000123"), "{e}");
+        set_mtime(&base.0, 1_700_000_000, 123);
+        let mut a = Overlay::open(&base.0, &o.0).unwrap();
+        assert_eq!(read(&mut a, &m, 0, 512), vec![3u8; 512]);
+
+        // A snapshot's copy restored over the same image through another file: accepted, and
+        // the overlay now belongs to that file.
+        let saved = TempPath::new("saved");
+        a.save_to(&File::create(&saved.0).unwrap()).unwrap();
+        drop(a);
+        let o2 = TempPath::new("ovl2");
+        let mut r = Overlay::restore(&other.0, &o2.0, &File::open(&saved.0).unwrap()).unwrap();
+        assert_eq!(read(&mut r, &m, 0, 1024)[..512], [3u8; 512]);
+        assert_eq!(read(&mut r, &m, 512, 512), vec![0x5a; 512]);
+        drop(r);
+        assert!(Overlay::open(&other.0, &o2.0).is_ok());
+        refused(Overlay::open(&base.0, &o2.0));
+        // ... but not over an image modified at another time or of another length.
+        set_mtime(&other.0, 1_600_000_000, 0);
+        let o3 = TempPath::new("ovl3");
+        let e = refused(Overlay::restore(
+            &other.0,
+            &o3.0,
+            &File::open(&saved.0).unwrap(),
+        ));
+        assert!(e.contains("belongs to another base image"), "{e}");
+        let longer = temp_image(256 * 1024 + 7, 0x5a);
+        set_mtime(&longer.0, 1_700_000_000, 123);
+        let e = refused(Overlay::restore(
+            &longer.0,
+            &o3.0,
+            &File::open(&saved.0).unwrap(),
+        ));
+        assert!(e.contains("262151 bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_version_1_overlay_is_checked_by_capacity_and_upgraded() {
+        let m = mem();
+        let base = temp_image(64 * 1024, 0x22);
+        let o = TempPath::new("ovl");
+        {
+            let mut a = Overlay::open(&base.0, &o.0).unwrap();
+            write(&mut a, &m, 512, &[9u8; 512]);
+        }
+        // Make it what version 1 wrote: no identity.
+        let f = OpenOptions::new().write(true).open(&o.0).unwrap();
+        f.write_all_at(&1u32.to_le_bytes(), 8).unwrap();
+        f.write_all_at(&[0u8; 32], 56).unwrap();
+        drop(f);
+        let mut a = Overlay::open(&base.0, &o.0).unwrap();
+        assert_eq!(read(&mut a, &m, 512, 512), vec![9u8; 512]);
+        drop(a);
+        let mut h = [0u8; 88];
+        File::open(&o.0).unwrap().read_exact_at(&mut h, 0).unwrap();
+        assert_eq!(u32::from_le_bytes(h[8..12].try_into().unwrap()), VERSION);
+        assert_ne!(&h[56..88], &[0u8; 32], "identity recorded");
+    }
+
+    /// Dropping an overlay with unflushed writes syncs the data before writing the bitmap that
+    /// points at it, and syncs again after (what FLUSH does), as `strace` of a child process
+    /// shows.
+    #[test]
+    fn drop_syncs_data_before_the_bitmap() {
+        const CHILD: &str = "MICROVIRT_OVERLAY_DROP_CHILD";
+        if let Some(dir) = std::env::var_os(CHILD) {
+            // The traced child: create, write one whole sector (no copy-up), drop.
+            let dir = std::path::PathBuf::from(dir);
+            let m = mem();
+            let mut a = Overlay::open(&dir.join("base.img"), &dir.join("vm.ovl")).unwrap();
+            write(&mut a, &m, 4096, &[5u8; 4096]);
+            drop(a);
+            return;
+        }
+        let dir = crate::devices::virtio::test_utils::TempDir::new("ovl-strace");
+        std::fs::write(dir.0.join("base.img"), vec![1u8; 64 * 1024]).unwrap();
+        let log = dir.0.join("strace.log");
+        let out = std::process::Command::new("strace")
+            .args(["-f", "-qq", "-e", "trace=pwrite64,fdatasync,fsync", "-o"])
+            .arg(&log)
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "devices::virtio::block::overlay::tests::drop_syncs_data_before_the_bitmap",
+                "--test-threads=1",
+            ])
+            .env(CHILD, &dir.0)
+            .output()
+            .expect("run strace (Debian package strace)");
+        assert!(
+            out.status.success(),
+            "child: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let trace = std::fs::read_to_string(&log).unwrap();
+        // What happened to the overlay after the guest's data was written (at the data offset,
+        // 1 MiB here): "S" for a sync, "B" for a bitmap write (at 4096), "D" for data.
+        let mut events = String::new();
+        let mut seen_data = false;
+        for l in trace.lines() {
+            let call = l.split_once(' ').map_or(l, |(_, c)| c).trim_start();
+            if call.starts_with("pwrite64(") {
+                let off: u64 = call
+                    .rsplit_once(", ")
+                    .and_then(|(_, r)| r.split(')').next())
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("pwrite64 offset in {l:?}"));
+                if off >= DATA_ALIGN {
+                    seen_data = true;
+                    events.push('D');
+                } else if seen_data && off >= HEADER_SIZE {
+                    events.push('B');
+                }
+            } else if seen_data && (call.starts_with("fdatasync(") || call.starts_with("fsync(")) {
+                events.push('S');
+            }
+        }
+        assert_eq!(events, "DSBS", "overlay writes and syncs:\n{trace}");
     }
 
     #[test]
