@@ -26,7 +26,7 @@ const COUNT: u64 = 8;
 const STATUS_UNSET: u8 = 0xff;
 /// A guest-physical address far outside RAM (1020 GiB).
 const HOSTILE_ADDR: u64 = 0xff_0000_0000;
-const REQUEST_TIMEOUT_MS: u64 = 2000;
+pub(crate) const REQUEST_TIMEOUT_MS: u64 = 2000;
 
 /// 64-bit word `w` (0..64) of sector `s` in the test pattern.
 pub(crate) fn pattern(s: u64, w: u64) -> u64 {
@@ -40,6 +40,8 @@ pub(crate) struct Blk {
     /// Request header (16 bytes) at +0, status byte at +0x100, id at +0x200.
     pub(crate) req: u64,
     pub(crate) tsc_ms: u64,
+    /// How long a request may take before it counts as not completed.
+    pub(crate) timeout_ms: u64,
 }
 
 /// Outcome of one request.
@@ -72,7 +74,7 @@ impl Blk {
             return Done::Status(STATUS_UNSET);
         }
         self.q.notify();
-        let r = self.q.wait_used(self.tsc_ms * REQUEST_TIMEOUT_MS);
+        let r = self.q.wait_used(self.tsc_ms * self.timeout_ms);
         self.mmio.ack_interrupt();
         match r {
             Some(_) => Done::Status(read8(self.req + 0x100)),
@@ -127,6 +129,7 @@ fn exercise(i: usize, mmio: Mmio, arena: &mut DmaArena, tsc_ms: u64) -> Result<(
         q,
         req,
         tsc_ms,
+        timeout_ms: REQUEST_TIMEOUT_MS,
     };
 
     // GET_ID: up to 20 bytes, NUL-padded.

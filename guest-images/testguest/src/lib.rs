@@ -18,6 +18,7 @@ pub mod netserve;
 pub mod packet;
 pub mod parse;
 pub mod serial;
+pub mod slowdisk;
 pub mod smp;
 pub mod snap;
 pub mod virtio;

@@ -47,6 +47,10 @@ pub fn run(bi: &BootInfo) -> ! {
             crate::snap::stream(bi);
             reset()
         }
+        b"slowdisk" => {
+            crate::slowdisk::run(bi);
+            reset()
+        }
         b"halt-forever" => {
             println!("halting");
             halt_forever()

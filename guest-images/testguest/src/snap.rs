@@ -12,7 +12,8 @@
 //!   virtio-blk and the first virtio-net device (either may be absent): request i writes sector
 //!   i with a pattern, then sends `microvirt req <i> <try>` and waits up to 300 ms for
 //!   `microvirt ack <i> <try'>` (any try), resending with the next try number otherwise. Each
-//!   completed block request must have moved the used ring by exactly one. Prints `stream: <i>`
+//!   completed block request must have moved the used ring by exactly one (a request may take
+//!   `testguest.blk_timeout_ms`, default 2000, before it counts as failed). Prints `stream: <i>`
 //!   every 10 requests and at the end reads every sector back and prints
 //!   `stream: done K blk=ok|none|MISMATCH@<i>|ERR@<i> net=ok|none|FAIL@<i> resent=<n>
 //!   dup_rx=<n> stale_rx=<n>` (dup_rx: an ack with the same numbers seen twice; stale_rx: an
@@ -158,6 +159,7 @@ pub fn stream(bi: &BootInfo) {
                     q,
                     req,
                     tsc_ms,
+                    timeout_ms: param(bi, "testguest.blk_timeout_ms", blk::REQUEST_TIMEOUT_MS),
                 },
                 data,
                 features & blk::F_FLUSH != 0,

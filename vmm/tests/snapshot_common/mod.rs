@@ -5,10 +5,11 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::hash::Hasher;
+use std::io::Write;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,15 +22,25 @@ pub const WAIT: Duration = Duration::from_secs(60);
 /// A `microvm` process whose console is read line by line; killed when dropped.
 pub struct Proc {
     pub child: Child,
+    stdin: Option<ChildStdin>,
     lines: Receiver<String>,
     pub seen: Vec<String>,
     pub stderr: Arc<Mutex<String>>,
 }
 
 impl Proc {
-    pub fn spawn(mut cmd: Command) -> Proc {
+    pub fn spawn(cmd: Command) -> Proc {
+        Self::spawn_with(cmd, false)
+    }
+
+    /// Like [`Proc::spawn`], with the console's input writable through [`Proc::send`].
+    pub fn spawn_with_input(cmd: Command) -> Proc {
+        Self::spawn_with(cmd, true)
+    }
+
+    fn spawn_with(mut cmd: Command, input: bool) -> Proc {
         let mut child = cmd
-            .stdin(Stdio::null())
+            .stdin(if input { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -59,6 +70,7 @@ impl Proc {
             }
         });
         Proc {
+            stdin: child.stdin.take(),
             child,
             lines: rx,
             seen: Vec::new(),
@@ -74,6 +86,13 @@ impl Proc {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Types `text` on the guest's console.
+    pub fn send(&mut self, text: &str) {
+        let i = self.stdin.as_mut().expect("spawned with input");
+        i.write_all(text.as_bytes()).unwrap();
+        i.flush().unwrap();
     }
 
     pub fn context(&self) -> String {
@@ -265,4 +284,131 @@ pub fn fingerprint(dir: &Path) -> BTreeMap<String, (u64, u64, std::time::SystemT
         );
     }
     out
+}
+
+/// An ext4 file system image at `dir/name` (32 MiB) holding zero-filled files `files` (name,
+/// length).
+pub fn ext4_image(t: &TempDir, name: &str, files: &[(&str, u64)]) -> PathBuf {
+    let src = t.path(&format!("{name}.d"));
+    std::fs::create_dir_all(&src).unwrap();
+    for (f, len) in files {
+        File::create(src.join(f)).unwrap().set_len(*len).unwrap();
+    }
+    let img = t.path(name);
+    let out = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-d"])
+        .arg(&src)
+        .arg(&img)
+        .arg("32M")
+        .output()
+        .expect("run mkfs.ext4 (Debian package e2fsprogs)");
+    assert!(
+        out.status.success(),
+        "mkfs.ext4: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    img
+}
+
+/// `microvm ARGS` in a private mount namespace (gone with the process) in which `image` is
+/// loop-mounted at `mnt`; with console input when `input`.
+pub fn microvm_with_mount(image: &Path, mnt: &Path, args: &[&str], input: bool) -> Proc {
+    std::fs::create_dir_all(mnt).unwrap();
+    let mut c = Command::new("unshare");
+    c.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -o loop "$0" "$1" && shift && exec "$@""#)
+        .arg(image)
+        .arg(mnt)
+        .arg(MICROVM)
+        .args(args);
+    if input {
+        Proc::spawn_with_input(c)
+    } else {
+        Proc::spawn(c)
+    }
+}
+
+const FIFREEZE: libc::c_ulong = 0xc004_5877;
+const FITHAW: libc::c_ulong = 0xc004_5878;
+
+/// A frozen file system (FIFREEZE: writes to it block until it is thawed), thawed when
+/// dropped. Holds the file system's root directory open, so it stays reachable (and is thawed)
+/// even once the namespace it was mounted in is gone.
+pub struct Frozen {
+    root: File,
+    frozen: bool,
+}
+
+impl Frozen {
+    /// Freezes the file system mounted at `mnt` in process `pid`'s mount namespace.
+    pub fn freeze(pid: u32, mnt: &Path) -> Frozen {
+        let p = PathBuf::from(format!("/proc/{pid}/root{}", mnt.display()));
+        let root = File::open(&p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
+        // SAFETY: FIFREEZE on an owned directory fd; the argument is ignored.
+        let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&root), FIFREEZE, 0) };
+        assert_eq!(
+            r,
+            0,
+            "FIFREEZE {}: {}",
+            p.display(),
+            std::io::Error::last_os_error()
+        );
+        Frozen { root, frozen: true }
+    }
+
+    pub fn thaw(&mut self) {
+        if std::mem::take(&mut self.frozen) {
+            // SAFETY: FITHAW on an owned directory fd; the argument is ignored.
+            let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&self.root), FITHAW, 0) };
+            assert_eq!(r, 0, "FITHAW: {}", std::io::Error::last_os_error());
+        }
+    }
+
+    /// A file of the file system, reachable through the held root.
+    pub fn path(&self, name: &str) -> PathBuf {
+        PathBuf::from(format!(
+            "/proc/self/fd/{}/{name}",
+            std::os::fd::AsRawFd::as_raw_fd(&self.root)
+        ))
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if std::mem::take(&mut self.frozen) {
+            // SAFETY: as in `thaw`.
+            unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&self.root), FITHAW, 0) };
+        }
+    }
+}
+
+/// Waits until process `pid`'s thread named `name` is in state `state` (`/proc/.../stat`),
+/// e.g. `D`: blocked in the kernel (a write to a frozen file system).
+pub fn wait_thread_state(pid: u32, name: &str, state: char) {
+    let t = Instant::now();
+    loop {
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+        {
+            let dir = task.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            if comm.trim() != name {
+                continue;
+            }
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+            // "tid (comm) S ...": the state follows the last ')'.
+            let st = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.trim_start().chars().next());
+            if st == Some(state) {
+                return;
+            }
+        }
+        assert!(
+            t.elapsed() < WAIT,
+            "thread {name} of {pid} never reached state {state}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
