@@ -545,3 +545,92 @@ fn disk_writes_and_network_traffic_survive_restore_exactly_once() {
             .status();
     }
 }
+
+/// A disk request still in flight when a snapshot is asked for (its write blocked: the
+/// overlay's file system is frozen): the snapshot waits for it to complete, and the restored
+/// guest sees every request completed exactly once.
+#[test]
+fn a_disk_request_in_flight_at_snapshot_time_completes_exactly_once() {
+    let t = TempDir::new("inflight");
+    let img = ext4_image(&t, "ovl.ext4", &[]);
+    let mnt = t.path("mnt");
+    let base = t.path("base.img");
+    std::fs::write(&base, vec![0u8; 4 << 20]).unwrap();
+    const K: u64 = 4000;
+    let kernel = guest().pvh.display().to_string();
+    let sock = t.path("orig.sock");
+    // The guest waits for its requests (it may take a minute; the snapshot sits in between).
+    let cmdline = format!(
+        "testguest.scenario=stream testguest.stream_count={K} testguest.blk_timeout_ms=60000"
+    );
+    let mut orig = microvm_with_mount(
+        &img,
+        &mnt,
+        &[
+            "--kernel",
+            &kernel,
+            "--disk",
+            &format!(
+                "path={},overlay={}",
+                base.display(),
+                mnt.join("o1.ovl").display()
+            ),
+            "--cmdline",
+            &cmdline,
+            "--control-socket",
+            &sock.display().to_string(),
+        ],
+        false,
+    );
+    orig.wait_line("stream progress", |l| l == "stream: 50");
+    let mut frozen = Frozen::freeze(orig.pid(), &mnt);
+    // The guest's next write is stuck in the disk's I/O thread.
+    wait_thread_state(orig.pid(), "blk-io0", 'D');
+    let snap = t.path("snap");
+    let (tx, rx) = channel();
+    let (s, d) = (sock.clone(), snap.clone());
+    let taker = std::thread::spawn(move || {
+        let a = control(
+            &s,
+            json!({"cmd": "snapshot", "dir": d.display().to_string()}),
+        );
+        let _ = tx.send(());
+        a
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(500)).is_err(),
+        "the snapshot was written while a request was in flight"
+    );
+    frozen.thaw();
+    let a = taker.join().unwrap();
+    assert_eq!(a["ok"], true, "snapshot failed: {a}");
+    let at = orig
+        .drain()
+        .iter()
+        .rev()
+        .find_map(|l| {
+            l.strip_prefix("stream: ")
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .unwrap();
+    assert!(at < K, "the stream ended before the snapshot");
+    drop(orig);
+    let mut clone = Proc::microvm(&[
+        "--restore",
+        &snap.display().to_string(),
+        "--disk",
+        &format!("path={},overlay={}", base.display(), t.s("o2.ovl")),
+    ]);
+    let done = clone.wait_line("the stream's end", |l| l.starts_with("stream: done"));
+    assert!(clone.wait_exit(WAIT).success(), "{}", clone.context());
+    assert!(
+        done.starts_with(&format!("stream: done {K} blk=ok net=none")),
+        "{}",
+        clone.context()
+    );
+    assert!(
+        !clone.seen.iter().any(|l| l.starts_with("stream: start")),
+        "the clone started over: {}",
+        clone.context()
+    );
+}
