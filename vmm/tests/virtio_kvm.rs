@@ -60,7 +60,8 @@ impl TestVm {
         let cfg: BlockConfig = cfg.parse().unwrap();
         let mut bus = self.bus.lock().unwrap();
         let ev = self.evmgr.as_mut().expect("attach before start");
-        virtio::attach_block(&self.vm, &self.mem, &mut bus, &mut self.mgr, ev, &cfg)
+        let io = Default::default();
+        virtio::attach_block(&self.vm, &self.mem, &mut bus, &mut self.mgr, ev, &cfg, io)
             .map(|a| a.slot.addr)
     }
 

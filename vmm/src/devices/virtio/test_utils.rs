@@ -225,3 +225,23 @@ pub fn thread_write_bytes() -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .expect("wchar in /proc/thread-self/io")
 }
+
+/// Runs `open` again while it fails with [`DiskError::Locked`](super::block::DiskError), for at
+/// most 2 s. For tests that reopen a file they just closed: another test thread that spawns a
+/// process can hold a copy of the closed descriptor — and its `flock` — from its fork until
+/// its child's exec.
+pub fn retry_locked<T>(
+    mut open: impl FnMut() -> Result<T, super::block::DiskError>,
+) -> Result<T, super::block::DiskError> {
+    let t = std::time::Instant::now();
+    loop {
+        match open() {
+            Err(super::block::DiskError::Locked { .. })
+                if t.elapsed() < std::time::Duration::from_secs(2) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            r => return r,
+        }
+    }
+}

@@ -224,9 +224,9 @@ impl BlockDevice {
                     self.complete(c, &mut used, &mut fatal);
                 }
                 Ok(None) => break,
-                Err(()) => {
+                Err(e) => {
                     self.in_flight = 0;
-                    fatal = Some("the I/O thread is gone".into());
+                    fatal = Some(e.to_string());
                     break;
                 }
             }
@@ -257,9 +257,9 @@ impl BlockDevice {
                     self.in_flight -= 1;
                     f(self, c);
                 }
-                Err(()) => {
+                Err(e) => {
                     self.in_flight = 0;
-                    log::error!("virtio-blk: the I/O thread is gone; device needs reset");
+                    log::error!("virtio-blk: {e}; device needs reset");
                     self.broken = true;
                     self.interrupt.set_needs_reset();
                 }

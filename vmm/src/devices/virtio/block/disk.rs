@@ -468,11 +468,10 @@ mod tests {
         r.copy_to(&mut back);
         assert_eq!(back, [0x5c; 512]);
         // The device the guest sees has that capacity too.
-        drop(d);
-        let dev = crate::devices::virtio::block::BlockDevice::from_config(
-            &crate::devices::virtio::BlockConfig::new(&lo.0),
+        let dev = crate::devices::virtio::block::BlockDevice::new(
+            Box::new(d),
+            [0; 20],
             crate::devices::interrupt::IrqLine::new(5).unwrap(),
-            Default::default(),
         )
         .unwrap();
         let mut cap = [0u8; 8];

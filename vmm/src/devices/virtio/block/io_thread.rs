@@ -58,6 +58,11 @@ pub enum Completion {
     Cancelled,
 }
 
+/// The I/O thread ended (it panicked): nothing more completes.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("the disk's I/O thread is gone")]
+pub struct IoThreadGone;
+
 /// Handle of a running I/O thread.
 pub struct IoThread {
     jobs: Option<Sender<Job>>,
@@ -129,18 +134,18 @@ impl IoThread {
         self.jobs.as_ref().is_some_and(|j| j.send(job).is_ok())
     }
 
-    /// A completion, if one is waiting. `Err` when the thread is gone.
-    pub fn try_completion(&self) -> Result<Option<Completion>, ()> {
+    /// A completion, if one is waiting.
+    pub fn try_completion(&self) -> Result<Option<Completion>, IoThreadGone> {
         match self.completions.try_recv() {
             Ok(c) => Ok(Some(c)),
             Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(()),
+            Err(TryRecvError::Disconnected) => Err(IoThreadGone),
         }
     }
 
-    /// Waits for the next completion. `Err` when the thread is gone.
-    pub fn wait_completion(&self) -> Result<Completion, ()> {
-        self.completions.recv().map_err(|_| ())
+    /// Waits for the next completion.
+    pub fn wait_completion(&self) -> Result<Completion, IoThreadGone> {
+        self.completions.recv().map_err(|_| IoThreadGone)
     }
 
     /// Starts a new generation: jobs submitted before that have not started are cancelled.

@@ -491,7 +491,7 @@ impl Drop for Overlay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::devices::virtio::test_utils::{mem, temp_image, TempPath};
+    use crate::devices::virtio::test_utils::{mem, retry_locked, temp_image, TempPath};
     use std::os::unix::fs::FileExt;
     use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
@@ -556,7 +556,7 @@ mod tests {
             "base image modified"
         );
         // Reopen: the bitmap was persisted.
-        let mut a = Overlay::open(&base.0, &o1.0).unwrap();
+        let mut a = retry_locked(|| Overlay::open(&base.0, &o1.0)).unwrap();
         assert_eq!(read(&mut a, &m, 4096, 8192), vec![1u8; 8192]);
         assert_eq!(read(&mut a, &m, 0, 1024), vec![0u8; 1024]);
         assert_eq!(read(&mut a, &m, 200_000, 512), vec![0x5a; 512]);
@@ -608,15 +608,15 @@ mod tests {
         // Another image of the same size (what `cp` of another VM's disk would give).
         let other = temp_image(256 * 1024, 0x5a);
         set_mtime(&other.0, 1_700_000_000, 123);
-        let e = refused(Overlay::open(&other.0, &o.0));
+        let e = refused(retry_locked(|| Overlay::open(&other.0, &o.0)));
         assert!(e.contains("belongs to another base image"), "{e}");
         assert!(e.contains("inode"), "{e}");
         // The base itself, modified since (its mtime moved).
         set_mtime(&base.0, 1_700_000_001, 123);
-        let e = refused(Overlay::open(&base.0, &o.0));
+        let e = refused(retry_locked(|| Overlay::open(&base.0, &o.0)));
         assert!(e.contains("modified 1700000000.000000123"), "{e}");
         set_mtime(&base.0, 1_700_000_000, 123);
-        let mut a = Overlay::open(&base.0, &o.0).unwrap();
+        let mut a = retry_locked(|| Overlay::open(&base.0, &o.0)).unwrap();
         assert_eq!(read(&mut a, &m, 0, 512), vec![3u8; 512]);
 
         // A snapshot's copy restored over the same image through another file: accepted, and
@@ -629,8 +629,8 @@ mod tests {
         assert_eq!(read(&mut r, &m, 0, 1024)[..512], [3u8; 512]);
         assert_eq!(read(&mut r, &m, 512, 512), vec![0x5a; 512]);
         drop(r);
-        assert!(Overlay::open(&other.0, &o2.0).is_ok());
-        refused(Overlay::open(&base.0, &o2.0));
+        assert!(retry_locked(|| Overlay::open(&other.0, &o2.0)).is_ok());
+        refused(retry_locked(|| Overlay::open(&base.0, &o2.0)));
         // ... but not over an image modified at another time or of another length.
         set_mtime(&other.0, 1_600_000_000, 0);
         let o3 = TempPath::new("ovl3");
@@ -664,7 +664,7 @@ mod tests {
         f.write_all_at(&1u32.to_le_bytes(), 8).unwrap();
         f.write_all_at(&[0u8; 32], 56).unwrap();
         drop(f);
-        let mut a = Overlay::open(&base.0, &o.0).unwrap();
+        let mut a = retry_locked(|| Overlay::open(&base.0, &o.0)).unwrap();
         assert_eq!(read(&mut a, &m, 512, 512), vec![9u8; 512]);
         drop(a);
         let mut h = [0u8; 88];
@@ -748,7 +748,7 @@ mod tests {
         drop(Overlay::open(&base.0, &o.0).unwrap());
         let bigger = temp_image(128 * 1024, 0);
         assert!(matches!(
-            Overlay::open(&bigger.0, &o.0),
+            retry_locked(|| Overlay::open(&bigger.0, &o.0)),
             Err(DiskError::Overlay { .. })
         ));
         assert!(Overlay::open(&base.0, &base.0).is_err());
