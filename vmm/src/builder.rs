@@ -670,6 +670,20 @@ impl Vmm {
                 device: a.device,
             });
         }
+        if cfg.rng.is_some() {
+            let a = virtio::attach_rng(
+                &p.vm,
+                &mem,
+                &mut p.mmio,
+                &mut mmio_mgr,
+                &mut p.event_manager,
+            )?;
+            p.virtio.push(AttachedDevice::Rng {
+                slot: a.slot,
+                transport: a.transport,
+                device: a.device,
+            });
+        }
 
         let cmdline = compose_cmdline(cfg, &mmio_mgr.cmdline_entries());
         boot::write_cmdline(&mem, &cmdline)?;
@@ -755,6 +769,7 @@ impl Vmm {
         let (n_disks, n_nets) = st.devices.iter().fold((0, 0), |(b, n), d| match d.device {
             DeviceState::Block(_) => (b + 1, n),
             DeviceState::Net(_) => (b, n + 1),
+            DeviceState::Rng(_) => (b, n),
         });
         if rc.disks.len() > n_disks || rc.nets.len() > n_nets {
             return Err(mismatch(format!(
@@ -789,6 +804,7 @@ impl Vmm {
                     plan.push((None, rc.nets.get(ni)));
                     ni += 1;
                 }
+                DeviceState::Rng(_) => plan.push((None, None)),
             }
         }
 
@@ -838,7 +854,7 @@ impl Vmm {
             };
             let target_overlay = match &d.device {
                 DeviceState::Block(b) => block.unwrap_or(&b.config).overlay.clone(),
-                DeviceState::Net(_) => None,
+                DeviceState::Net(_) | DeviceState::Rng(_) => None,
             };
             if let Some(o) = target_overlay.filter(|o| !o.exists()) {
                 written_overlays.0.push(o);

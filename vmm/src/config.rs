@@ -7,7 +7,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::arch::x86_64::layout::MAX_VCPUS;
-use crate::devices::virtio::{BlockConfig, NetConfig};
+use crate::devices::virtio::{BlockConfig, NetConfig, RngConfig};
 
 pub const DEFAULT_MEM_MIB: u64 = 128;
 pub const DEFAULT_VCPUS: u8 = 1;
@@ -112,6 +112,9 @@ pub struct VmConfig {
     /// virtio-net interfaces, in order: eth0, eth1, ...
     #[serde(default)]
     pub nets: Vec<NetConfig>,
+    /// A virtio-rng device (entropy from the host), after the disks and NICs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rng: Option<RngConfig>,
 }
 
 impl VmConfig {
@@ -126,6 +129,7 @@ impl VmConfig {
             serial: SerialConfig::Stdio,
             disks: Vec::new(),
             nets: Vec::new(),
+            rng: None,
         }
     }
 

@@ -13,7 +13,7 @@ const USAGE: &str = "\
 usage: microvm --kernel PATH [--initrd PATH] [--cmdline STR] [--mem-mib N] [--vcpus N]
                [--serial stdio|none|unix:PATH] [--no-default-cmdline] [--log-level LEVEL]
                [--disk path=IMG[,ro][,id=SERIAL][,overlay=PATH]]... [--net tap=NAME[,mac=MAC]]...
-               [--control-socket PATH]
+               [--rng] [--control-socket PATH]
        microvm --config FILE.json [same flags to override]
        microvm --restore DIR [--paused] [--serial ...] [--disk ...]... [--net ...]...
                [--mem-mib N] [--vcpus N] [--control-socket PATH] [--log-level LEVEL]
@@ -22,7 +22,8 @@ usage: microvm --kernel PATH [--initrd PATH] [--cmdline STR] [--mem-mib N] [--vc
 Boots PATH (ELF vmlinux with or without a PVH note, or bzImage) on /dev/kvm.
 Defaults: 128 MiB, 1 vCPU, serial console on stdin/stdout. Disks become
 /dev/vda, /dev/vdb... in order (overlay=PATH: copy-on-write, the image is never
-written); nets become eth0, eth1... over the named TAP devices. The guest's command line
+written); nets become eth0, eth1... over the named TAP devices; --rng adds a virtio-rng
+device (entropy from the host's getrandom, at most 1 MiB/s). The guest's command line
 is the VMM's defaults followed by --cmdline. Exit status: 0 when the guest resets or
 powers off, 1 on a VM error, 2 on bad usage or a forced stop. SIGTERM/SIGINT ask the
 guest to shut down (Ctrl-Alt-Del); a second one stops the VM at once.
@@ -90,6 +91,7 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
     let mut config: Option<VmConfig> = None;
     let mut overrides: Vec<(String, String)> = Vec::new();
     let mut no_default_cmdline = false;
+    let mut rng = false;
     let mut level = log::LevelFilter::Info;
     let mut restore: Option<PathBuf> = None;
     let mut paused = false;
@@ -112,6 +114,7 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
                     Some(serde_json::from_str(&text).map_err(|e| format!("config {path}: {e}"))?);
             }
             "--no-default-cmdline" => no_default_cmdline = true,
+            "--rng" => rng = true,
             "--restore" => restore = Some(PathBuf::from(value("--restore")?)),
             "--paused" => paused = true,
             "--control-socket" => control_socket = Some(PathBuf::from(value("--control-socket")?)),
@@ -128,6 +131,11 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
             }
             other => return Err(format!("unknown argument {other:?}")),
         }
+    }
+    if rng && restore.is_some() {
+        return Err(
+            "--rng cannot be used with --restore (the snapshot has the guest's devices)".into(),
+        );
     }
     if paused && restore.is_none() {
         return Err("--paused only goes with --restore".into());
@@ -165,6 +173,9 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
     }
     if no_default_cmdline {
         cfg.default_cmdline = false;
+    }
+    if rng {
+        cfg.rng = Some(vmm::devices::virtio::RngConfig::default());
     }
     if cfg.kernel.as_os_str().is_empty() {
         return Err("--kernel (or a config file with \"kernel\") is required".into());

@@ -1,4 +1,4 @@
-//! virtio-mmio transport and virtio devices (block, net).
+//! virtio-mmio transport and virtio devices (block, net, rng).
 //!
 //! Threading model:
 //! - Register accesses (feature negotiation, status, queue setup, config space)
@@ -10,16 +10,18 @@
 //! - Interrupts leave through an [`IrqLine`] (irqfd); the interrupt status
 //!   register is shared lock-free between both sides ([`VirtioInterrupt`]).
 //!
-//! Queue processing is pure code (`block::request`, `net::frames`) over
-//! `virtio_queue` chains so it can be unit-tested and fuzzed without KVM.
+//! Queue processing is pure code (`block::request`, `net::frames`, `rng::queue`) over
+//! `virtio_queue` chains so it can be unit-tested and fuzzed without KVM. Disk I/O runs on a
+//! per-disk I/O thread (`block::io_thread`), never on the event loop.
 //!
-//! The builder calls one function per device kind: [`attach_block`] and
-//! [`attach_net`].
+//! The builder calls one function per device kind: [`attach_block`], [`attach_net`] and
+//! [`attach_rng`].
 
 pub mod block;
 pub mod mmio;
 pub mod net;
 pub mod persist;
+pub mod rng;
 pub mod testing;
 
 use std::os::fd::AsRawFd;
@@ -38,11 +40,14 @@ use crate::vstate::memory::GuestMemoryMmap;
 
 pub use block::{BlockConfig, BlockConfigError};
 pub use net::{NetConfig, NetConfigError};
+pub use rng::RngConfig;
 
 /// virtio device type ids (virtio 1.2, 5).
 pub const TYPE_NET: u32 = 1;
 /// virtio-blk device id.
 pub const TYPE_BLOCK: u32 = 2;
+/// virtio-rng (entropy) device id.
+pub const TYPE_RNG: u32 = 4;
 
 /// Device status bits (virtio 1.2, 2.1).
 pub mod status {
@@ -317,6 +322,37 @@ pub fn attach_net(
         None,
     )
 }
+
+/// Attach the virtio-rng device (entropy from the host's `getrandom`), like
+/// [`attach_block`].
+pub fn attach_rng(
+    vm: &VmFd,
+    mem: &GuestMemoryMmap,
+    mmio_bus: &mut Bus,
+    mgr: &mut MmioDeviceManager,
+    evmgr: &mut VmmEventManager,
+) -> Result<Attached<rng::RngDevice>, VirtioError> {
+    let slot = mgr.peek_next()?;
+    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
+    let dev = rng::RngDevice::new(irq)?;
+    let mut ctx = AttachContext {
+        vm,
+        mem,
+        mmio_bus,
+        mgr,
+        evmgr,
+    };
+    attach_device(
+        &mut ctx,
+        Arc::new(Mutex::new(dev)),
+        slot,
+        RNG_NAME.into(),
+        None,
+    )
+}
+
+/// Device-manager name of the virtio-rng device.
+pub(crate) const RNG_NAME: &str = "virtio-rng";
 
 pub(crate) fn block_name(cfg: &BlockConfig) -> String {
     format!("virtio-blk({})", cfg.path.display())

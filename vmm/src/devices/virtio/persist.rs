@@ -1,5 +1,6 @@
 //! Snapshot state of the virtio devices: per device its MMIO slot, the transport registers and
-//! queues (`mmio.rs`), and the device's own state (`block/persist.rs`, `net/persist.rs`).
+//! queues (`mmio.rs`), and the device's own state (`block/persist.rs`, `net/persist.rs`,
+//! `rng/persist.rs`).
 
 use std::fs::File;
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,11 @@ use super::block::{BlockConfig, BlockDevice, IoThreadOptions};
 use super::mmio::{MmioTransport, MmioTransportState};
 use super::net::persist::NetState;
 use super::net::{NetConfig, NetDevice};
-use super::{attach_device, block_name, net_name, AttachContext, VirtioDevice, VirtioError};
+use super::rng::persist::RngState;
+use super::rng::RngDevice;
+use super::{
+    attach_device, block_name, net_name, AttachContext, VirtioDevice, VirtioError, RNG_NAME,
+};
 use crate::device_manager::mmio::MmioSlot;
 use crate::devices::interrupt::IrqLine;
 
@@ -60,6 +65,7 @@ pub enum PersistError {
 pub enum DeviceState {
     Block(BlockState),
     Net(NetState),
+    Rng(RngState),
 }
 
 /// One virtio device in a snapshot.
@@ -84,12 +90,19 @@ pub enum AttachedDevice {
         transport: Arc<Mutex<MmioTransport>>,
         device: Arc<Mutex<NetDevice>>,
     },
+    Rng {
+        slot: MmioSlot,
+        transport: Arc<Mutex<MmioTransport>>,
+        device: Arc<Mutex<RngDevice>>,
+    },
 }
 
 impl AttachedDevice {
     /// Finishes the guest's outstanding work so the rings hold nothing half done: every
-    /// request already queued is completed, written data is flushed to the disk, queued frames
-    /// are sent. Runs on the VMM thread with the vCPUs paused.
+    /// request already queued is completed (a disk's requests in flight on its I/O thread are
+    /// waited for), written data is flushed to the disk, queued frames are sent. virtio-rng
+    /// completes requests as it takes them: chains the rate limit holds back stay available.
+    /// Runs on the VMM thread with the vCPUs paused.
     pub fn quiesce(&self) -> Result<(), VirtioError> {
         match self {
             AttachedDevice::Block { device, .. } => {
@@ -100,6 +113,7 @@ impl AttachedDevice {
                 d.process_tx();
                 d.process_rx();
             }
+            AttachedDevice::Rng { .. } => {}
         }
         Ok(())
     }
@@ -131,6 +145,15 @@ impl AttachedDevice {
                 transport: transport.lock().expect("transport lock").state(),
                 device: DeviceState::Net(device.lock().expect("virtio-net lock").save(config)),
             },
+            AttachedDevice::Rng {
+                slot,
+                transport,
+                device,
+            } => VirtioDeviceState {
+                slot: *slot,
+                transport: transport.lock().expect("transport lock").state(),
+                device: DeviceState::Rng(device.lock().expect("virtio-rng lock").save()),
+            },
         }
     }
 
@@ -145,9 +168,9 @@ impl AttachedDevice {
                     path: config.path.display().to_string(),
                     source,
                 }),
-            AttachedDevice::Net { .. } => Err(PersistError::Virtio(VirtioError::Disk(
-                super::block::DiskError::NotAnOverlay,
-            ))),
+            AttachedDevice::Net { .. } | AttachedDevice::Rng { .. } => Err(PersistError::Virtio(
+                VirtioError::Disk(super::block::DiskError::NotAnOverlay),
+            )),
         }
     }
 
@@ -160,12 +183,17 @@ impl AttachedDevice {
             AttachedDevice::Net { device, .. } => {
                 device.lock().expect("virtio-net lock").interrupt().clone()
             }
+            AttachedDevice::Rng { device, .. } => {
+                device.lock().expect("virtio-rng lock").interrupt().clone()
+            }
         }
     }
 
     pub fn slot(&self) -> MmioSlot {
         match self {
-            AttachedDevice::Block { slot, .. } | AttachedDevice::Net { slot, .. } => *slot,
+            AttachedDevice::Block { slot, .. }
+            | AttachedDevice::Net { slot, .. }
+            | AttachedDevice::Rng { slot, .. } => *slot,
         }
     }
 
@@ -240,6 +268,21 @@ pub fn restore_device(
                     tap: cfg.tap.clone(),
                     mac: n.device.mac,
                 },
+                transport: a.transport,
+                device: a.device,
+            })
+        }
+        DeviceState::Rng(r) => {
+            let dev = RngDevice::restore(irq, r)?;
+            let a = attach_device(
+                ctx,
+                Arc::new(Mutex::new(dev)),
+                slot,
+                RNG_NAME.into(),
+                Some(&state.transport),
+            )?;
+            Ok(AttachedDevice::Rng {
+                slot,
                 transport: a.transport,
                 device: a.device,
             })
