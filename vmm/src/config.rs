@@ -186,5 +186,14 @@ mod tests {
         assert!(serde_json::from_str::<VmConfig>(r#"{"kernel": "/k", "bogus": 1}"#).is_err());
         let round: VmConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
         assert_eq!(round, c);
+        assert_eq!(c.rng, None);
+        let r: VmConfig = serde_json::from_str(r#"{"kernel": "/k", "rng": {}}"#).unwrap();
+        assert_eq!(r.rng, Some(RngConfig::default()));
+        let round: VmConfig = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(round, r);
+        let e = serde_json::from_str::<VmConfig>(r#"{"kernel": "/k", "rng": {"rate": 5}}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `rate`"), "{e}");
     }
 }

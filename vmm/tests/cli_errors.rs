@@ -120,6 +120,8 @@ fn zero_vcpus_and_bad_numbers() {
     assert!(e.contains("--mem-mib: \"lots\" is not a number"), "{e}");
     let e = one_line_error(&microvm(&["--kernel", "/k", "--serial", "tcp:1"]));
     assert!(e.contains("serial must be"), "{e}");
+    let e = one_line_error(&microvm(&["--restore", "/snap", "--rng"]));
+    assert!(e.contains("--rng cannot be used with --restore"), "{e}");
     let e = one_line_error(&microvm(&["--bogus"]));
     assert!(e.contains("unknown argument"), "{e}");
     let e = one_line_error(&microvm(&[]));

@@ -634,3 +634,34 @@ fn a_disk_request_in_flight_at_snapshot_time_completes_exactly_once() {
         clone.context()
     );
 }
+
+/// A guest using virtio-rng across snapshot and restore: the restored device goes on
+/// answering (its queue positions and negotiated state come back).
+#[test]
+fn rng_works_after_restore() {
+    let t = TempDir::new("rng");
+    let kernel = guest().pvh.display().to_string();
+    let sock = t.path("orig.sock");
+    let mut orig = Proc::microvm(&[
+        "--kernel",
+        &kernel,
+        "--rng",
+        "--cmdline",
+        "testguest.scenario=rng testguest.rng_wait=1",
+        "--control-socket",
+        &sock.display().to_string(),
+    ]);
+    orig.wait_line("rng waiting", |l| l == "rng: waiting");
+    assert!(orig.seen.iter().any(|l| l == "rng: after-mistake len=64"));
+    let snap = t.path("snap");
+    snapshot(&sock, &snap);
+    drop(orig);
+    let mut c = Command::new(MICROVM);
+    c.args(["--restore", &snap.display().to_string()]);
+    let mut clone = Proc::spawn_with_input(c);
+    clone.send("go\n");
+    let l = clone.wait_line("a read after restore", |l| l.starts_with("rng: after-wait"));
+    assert_eq!(l, "rng: after-wait len=64 differ=1", "{}", clone.context());
+    clone.wait_line("the end", |l| l == "rng: end");
+    assert!(clone.wait_exit(WAIT).success(), "{}", clone.context());
+}

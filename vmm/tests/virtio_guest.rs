@@ -100,6 +100,48 @@ fn blk_rw_ro_overlay_and_hostile_from_the_guest() {
 }
 
 /// `microvm` inside the namespace (so the TAP it creates lives there).
+#[test]
+fn rng_entropy_for_the_guest_and_no_panic_on_a_driver_mistake() {
+    let kernel = guest().pvh.to_str().unwrap().to_string();
+    let r = run(
+        &[
+            "--kernel",
+            &kernel,
+            "--rng",
+            "--cmdline",
+            "testguest.scenario=rng",
+        ],
+        b"",
+    );
+    r.assert_ok();
+    let read = r.line("rng: read ");
+    let nonzero: u32 = read
+        .strip_prefix("64 bytes nonzero=")
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{read}"));
+    // 64 random bytes: the chance that more than 8 are zero is below 1e-9.
+    assert!(nonzero >= 56, "{read}");
+    assert!(read.ends_with(" differ=1"), "{read}");
+    has(&r, "rng: readonly-buffer len=0");
+    has(&r, "rng: after-mistake len=64");
+    has(&r, "rng: end");
+    // The device sits after the disks and NICs and appears on the command line.
+    assert!(
+        r.line("cmdline: ")
+            .contains("virtio_mmio.device=4K@0xc0001000:5"),
+        "{}",
+        r.stdout
+    );
+    // Without --rng there is no device.
+    let r = run(
+        &["--kernel", &kernel, "--cmdline", "testguest.scenario=rng"],
+        b"",
+    );
+    r.assert_ok();
+    has(&r, "rng: no device");
+}
+
 fn spawn_in_netns(ns: &str, args: &[&str]) -> std::process::Child {
     Command::new("ip")
         .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_microvm")])

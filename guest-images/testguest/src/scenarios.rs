@@ -47,6 +47,10 @@ pub fn run(bi: &BootInfo) -> ! {
             crate::snap::stream(bi);
             reset()
         }
+        b"rng" => {
+            crate::rng::run(bi);
+            reset()
+        }
         b"slowdisk" => {
             crate::slowdisk::run(bi);
             reset()
