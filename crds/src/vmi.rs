@@ -249,7 +249,14 @@ pub struct Devices {
     #[schemars(length(max = 64))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub interfaces: Vec<Interface>,
+    /// A virtio-rng device: entropy for the guest from the host (KubeVirt's `rng: {}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rng: Option<Rng>,
 }
+
+/// The random number generator device (no settings).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct Rng {}
 
 /// A disk of the guest.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -5,7 +5,7 @@
 //! | volume | pod mode (docs/launcher-pod.md) | run mode (local files) |
 //! |---|---|---|
 //! | containerDisk | `<root>/container-disks/<vol>/<path>` (default: first file in `disk/`) | `path`, absolute or relative to the VMI file's directory |
-//! | persistentVolumeClaim | `<root>/pvcs/<vol>`: `disk.img` inside, or the block device itself | `claimName`: a path when it has a `/`, else `<pvc-root>/<claimName>`; a directory means its `disk.img` |
+//! | persistentVolumeClaim | `<root>/pvcs/<vol>`: `disk.img` inside (`volumeMode: Filesystem`), else the block device `<pvc-devices>/<vol>` (`volumeMode: Block`, default `/dev/microvirt/pvcs`) | `claimName`: a path when it has a `/`, else `<pvc-root>/<claimName>`; a directory means its `disk.img`; a block device is the disk |
 //! | emptyDisk | sparse `<root>/empty-disks/<vol>/disk.img` | sparse file in the runtime directory |
 //! | cloudInitNoCloud | VFAT `cidata` image in the runtime directory | same |
 //!
@@ -53,9 +53,14 @@ pub enum Layout {
         /// Where `persistentVolumeClaim.claimName` without a `/` is looked up.
         pvc_root: PathBuf,
     },
-    /// `virt-launcher pod`: the pod's mounts under `root` (normally `/var/run/microvirt`).
-    Pod { root: PathBuf },
+    /// `virt-launcher pod`: the pod's mounts under `root` (normally `/var/run/microvirt`);
+    /// `volumeMode: Block` claims are devices in `pvc_devices` ([`PVC_DEVICE_DIR`]).
+    Pod { root: PathBuf, pvc_devices: PathBuf },
 }
+
+/// Where the operator puts `volumeMode: Block` claims in the launcher container
+/// (`volumeDevices`), one device per volume name.
+pub const PVC_DEVICE_DIR: &str = "/dev/microvirt/pvcs";
 
 /// What a disk was made from (for status and logs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,7 +189,7 @@ fn volume_disk(
     let name = vol.name.as_str();
     if let Some(cd) = &vol.container_disk {
         let path = match layout {
-            Layout::Pod { root } => {
+            Layout::Pod { root, .. } => {
                 let mount = root.join("container-disks").join(name);
                 match cd.path.as_deref() {
                     Some(p) => inside(&mount, p, name)?,
@@ -211,7 +216,26 @@ fn volume_disk(
     }
     if let Some(pvc) = &vol.persistent_volume_claim {
         let loc = match layout {
-            Layout::Pod { root } => root.join("pvcs").join(name),
+            Layout::Pod { root, pvc_devices } => {
+                let mount = root.join("pvcs").join(name);
+                if mount.exists() {
+                    mount
+                } else {
+                    let dev = pvc_devices.join(name);
+                    if !std::fs::metadata(&dev).is_ok_and(|m| m.file_type().is_block_device()) {
+                        return Err(invalid(
+                            name,
+                            format!(
+                                "neither {} (volumeMode: Filesystem) nor the block device {} \
+                                 (volumeMode: Block) is there",
+                                mount.display(),
+                                dev.display()
+                            ),
+                        ));
+                    }
+                    dev
+                }
+            }
             Layout::Local { base_dir, pvc_root } => {
                 if pvc.claim_name.contains('/') {
                     local(base_dir, &pvc.claim_name)
@@ -227,7 +251,7 @@ fn volume_disk(
     if let Some(ed) = &vol.empty_disk {
         let cap = ed.capacity.bytes("emptyDisk.capacity")?;
         let path = match layout {
-            Layout::Pod { root } => root.join("empty-disks").join(name).join("disk.img"),
+            Layout::Pod { root, .. } => root.join("empty-disks").join(name).join("disk.img"),
             Layout::Local { .. } => scratch.join(format!("{name}.empty.img")),
         };
         create_sparse(name, &path, cap)?;
@@ -374,9 +398,65 @@ spec:
     }
 
     #[test]
+    fn pod_mode_block_pvc_is_the_device_in_the_device_dir() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = std::env::temp_dir().join(format!("launcher-blockpvc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (root, devs) = (dir.join("root"), dir.join("dev"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&devs).unwrap();
+        // A block device node for a real loop device, as the container runtime creates it.
+        let backing = dir.join("backing.img");
+        std::fs::write(&backing, vec![0u8; 1 << 20]).unwrap();
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&backing)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let lo = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let detach = || {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &lo])
+                .status();
+        };
+        let rdev = std::fs::metadata(&lo).unwrap().rdev();
+        let node =
+            std::ffi::CString::new(devs.join("data").as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: valid C string; creates a device node in our temp directory.
+        let r = unsafe { libc::mknod(node.as_ptr(), libc::S_IFBLK | 0o600, rdev) };
+        detach();
+        assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+        let layout = Layout::Pod {
+            root: root.clone(),
+            pvc_devices: devs.clone(),
+        };
+        let d = doc("spec: {domain: {devices: {disks: [{name: data}]}}, volumes: [{name: data, persistentVolumeClaim: {claimName: c}}]}");
+        let disks = prepare(&d, &layout, &dir.join("run")).unwrap();
+        assert_eq!(disks[0].config.path, devs.join("data"));
+        assert_eq!(disks[0].kind, DiskKind::PersistentVolumeClaim);
+        // A file system claim (its mount) wins when both are there.
+        std::fs::create_dir_all(root.join("pvcs/data")).unwrap();
+        std::fs::write(root.join("pvcs/data/disk.img"), vec![0u8; 4096]).unwrap();
+        let disks = prepare(&d, &layout, &dir.join("run")).unwrap();
+        assert_eq!(disks[0].config.path, root.join("pvcs/data/disk.img"));
+        // Something that is not a block device in the device directory is refused.
+        std::fs::remove_dir_all(root.join("pvcs")).unwrap();
+        std::fs::remove_file(devs.join("data")).unwrap();
+        std::fs::write(devs.join("data"), b"not a device").unwrap();
+        let e = prepare(&d, &layout, &dir.join("run"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("volumeMode: Block"), "{e}");
+        assert!(e.contains(&devs.join("data").display().to_string()), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn errors_are_named() {
         let layout = Layout::Pod {
             root: PathBuf::from("/nonexistent-root"),
+            pvc_devices: PathBuf::from("/nonexistent-devices"),
         };
         let e = prepare(
             &doc("spec: {domain: {devices: {disks: [{name: a}]}}}"),
@@ -399,5 +479,6 @@ spec:
         )
         .unwrap_err();
         assert!(e.to_string().contains("/nonexistent-root/pvcs/a"), "{e}");
+        assert!(e.to_string().contains("/nonexistent-devices/a"), "{e}");
     }
 }

@@ -170,7 +170,7 @@ fn setup_network(
 
 fn kernel_path(layout: &Layout, p: &str) -> Result<PathBuf, LaunchError> {
     match layout {
-        Layout::Pod { root } => disks::inside(&root.join("kernel-boot"), p, "kernel-boot")
+        Layout::Pod { root, .. } => disks::inside(&root.join("kernel-boot"), p, "kernel-boot")
             .map_err(|e| LaunchError::Kernel(e.to_string())),
         Layout::Local { base_dir, .. } => Ok(disks::local(base_dir, p)),
     }
@@ -222,6 +222,13 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
     };
     let prepared = disks::prepare(doc, &opts.layout, &opts.runtime_dir)?;
     vm.disks = prepared.iter().map(|d| d.config.clone()).collect();
+    vm.rng = doc
+        .spec
+        .domain
+        .devices
+        .rng
+        .as_ref()
+        .map(|_| vmm::devices::virtio::RngConfig::default());
 
     let (net_setup, nics, network) = setup_network(doc, opts)?;
     vm.nets = nics;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::mpsc::channel;
 use std::time::Duration;
 
-use launcher::disks::Layout;
+use launcher::disks::{Layout, PVC_DEVICE_DIR};
 use launcher::launch::{self, Console, Options};
 use launcher::runner::{self, exit_code, Outcome};
 use launcher::vmi::VmiDocument;
@@ -357,7 +357,12 @@ fn cmd_pod(start: Clock) -> ExitCode {
         }
     };
     let opts = Options {
-        layout: Layout::Pod { root: root.clone() },
+        layout: Layout::Pod {
+            root: root.clone(),
+            pvc_devices: std::env::var_os("MICROVIRT_PVC_DEVICE_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(PVC_DEVICE_DIR)),
+        },
         runtime_dir: root.join("run"),
         console: Console::Socket,
         console_echo: true,

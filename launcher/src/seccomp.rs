@@ -65,6 +65,9 @@ pub const VMM_SYSCALLS: &[(&str, libc::c_long)] = &[
     ("epoll_wait", libc::SYS_epoll_wait),
     ("epoll_pwait", libc::SYS_epoll_pwait),
     ("eventfd2", libc::SYS_eventfd2),
+    // virtio-rng's rate limit resumes a throttled queue with a timer.
+    ("timerfd_create", libc::SYS_timerfd_create),
+    ("timerfd_settime", libc::SYS_timerfd_settime),
     // The serial console's unix socket.
     ("socket", libc::SYS_socket),
     ("bind", libc::SYS_bind),

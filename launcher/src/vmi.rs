@@ -148,7 +148,14 @@ pub struct Devices {
     pub disks: Vec<Disk>,
     #[serde(default)]
     pub interfaces: Vec<Interface>,
+    /// `rng: {}`: a virtio-rng device.
+    #[serde(default)]
+    pub rng: Option<Rng>,
 }
+
+/// The random number generator device (no settings).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+pub struct Rng {}
 
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct Disk {

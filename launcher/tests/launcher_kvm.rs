@@ -718,3 +718,75 @@ fn pod_mode_sets_up_masquerade_networking_in_the_pod_namespace() {
     assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
     let _ = console.wait();
 }
+
+/// A loop block device over a file (`losetup`), detached on drop.
+struct LoopDevice(PathBuf);
+
+impl LoopDevice {
+    fn attach(file: &Path) -> Self {
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(file)
+            .output()
+            .expect("run losetup");
+        assert!(
+            out.status.success(),
+            "losetup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        LoopDevice(String::from_utf8_lossy(&out.stdout).trim().into())
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+    }
+}
+
+/// A persistentVolumeClaim that is a block device (what a `volumeMode: Block` claim is) has
+/// its real size, and `devices.rng: {}` gives the guest entropy.
+#[test]
+fn a_block_device_pvc_and_rng() {
+    let t = TempDir::new("blockpvc");
+    let backing = t.path().join("backing.img");
+    std::fs::write(&backing, vec![0u8; 2 << 20]).unwrap();
+    let lo = LoopDevice::attach(&backing);
+    let spec = format!(
+        "    devices:\n      rng: {{}}\n      disks:\n        - {{name: data}}\n  volumes:\n    - {{name: data, persistentVolumeClaim: {{claimName: {}}}}}\n",
+        lo.0.display()
+    );
+    let vmi = demo_vmi(t.path(), "blockpvc", "testguest.scenario=blk", &spec);
+    let mut l = Launcher::spawn(&mut run_cmd(&vmi, &[]));
+    let (st, _) = l.wait(Duration::from_secs(30));
+    assert_eq!(st.code(), Some(0), "{}\n{}", l.stdout(), l.stderr());
+    let out = l.stdout();
+    for line in ["blk0: capacity=4096 ro=0 id=", "blk0: write-flush-read ok"] {
+        assert!(out.contains(line), "missing {line:?}:\n{out}");
+    }
+    drop(lo);
+    let img = std::fs::read(&backing).unwrap();
+    for s in 1..=8 {
+        assert_eq!(word(&img, s, 0), pattern(s, 0), "sector {s}");
+    }
+    // The same VMI's rng device, read by the guest.
+    let vmi = demo_vmi(
+        t.path(),
+        "rng",
+        "testguest.scenario=rng",
+        "    devices:\n      rng: {}\n",
+    );
+    let mut l = Launcher::spawn(&mut run_cmd(&vmi, &[]));
+    let (st, _) = l.wait(Duration::from_secs(30));
+    assert_eq!(st.code(), Some(0), "{}\n{}", l.stdout(), l.stderr());
+    let out = l.stdout();
+    assert!(out.contains("rng: read 64 bytes nonzero="), "{out}");
+    assert!(out.contains(" differ=1"), "{out}");
+    assert!(out.contains("rng: readonly-buffer len=0"), "{out}");
+    // Without it, no device.
+    let vmi = demo_vmi(t.path(), "norng", "testguest.scenario=rng", "");
+    let mut l = Launcher::spawn(&mut run_cmd(&vmi, &[]));
+    let (st, _) = l.wait(Duration::from_secs(30));
+    assert_eq!(st.code(), Some(0), "{}\n{}", l.stdout(), l.stderr());
+    assert!(l.stdout().contains("rng: no device"), "{}", l.stdout());
+}

@@ -24,6 +24,13 @@ pub struct Config {
     pub cpu_request_millis_per_vcpu: u32,
     /// Guest memory when a VMI names none, in bytes.
     pub default_guest_memory: u64,
+    /// Local disk the launcher's own runtime files need (console socket, cloud-init image,
+    /// logs), in bytes; part of the pod's `ephemeral-storage` request and limit.
+    pub launcher_scratch: u64,
+    /// Local disk each writable containerDisk's copy-on-write overlay may take, in bytes; part
+    /// of the pod's `ephemeral-storage` request and limit. A guest that writes more to its
+    /// containerDisks than this allows gets its pod evicted by the kubelet.
+    pub container_disk_overlay: u64,
 }
 
 impl Default for Config {
@@ -34,6 +41,8 @@ impl Default for Config {
             kvm_mode: KvmMode::DevicePlugin,
             cpu_request_millis_per_vcpu: 100,
             default_guest_memory: 128 << 20,
+            launcher_scratch: 64 << 20,
+            container_disk_overlay: 2 << 30,
         }
     }
 }

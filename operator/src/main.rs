@@ -42,6 +42,13 @@ struct Args {
     /// Guest memory for VMIs that name none (a quantity).
     #[arg(long, default_value = "128Mi")]
     default_guest_memory: String,
+    /// Local disk for the launcher's runtime files (a quantity; ephemeral-storage).
+    #[arg(long, env = "MICROVIRT_LAUNCHER_SCRATCH", default_value = "64Mi")]
+    launcher_scratch: String,
+    /// Local disk each writable containerDisk's copy-on-write overlay may take (a quantity;
+    /// ephemeral-storage).
+    #[arg(long, env = "MICROVIRT_CONTAINER_DISK_OVERLAY", default_value = "2Gi")]
+    container_disk_overlay: String,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "MICROVIRT_WATCH_NAMESPACE")]
     namespace: Option<String>,
@@ -125,6 +132,9 @@ async fn operate(args: Args) -> Result<()> {
         kvm_mode: args.kvm_mode,
         default_guest_memory: parse_bytes(&args.default_guest_memory)
             .context("--default-guest-memory")?,
+        launcher_scratch: parse_bytes(&args.launcher_scratch).context("--launcher-scratch")?,
+        container_disk_overlay: parse_bytes(&args.container_disk_overlay)
+            .context("--container-disk-overlay")?,
         ..Config::default()
     };
     let identity = args

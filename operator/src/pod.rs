@@ -1,13 +1,13 @@
 //! The launcher pod a VMI runs in (pure: no API calls). The contract is documented in
 //! `docs/launcher-pod.md`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
     EnvVar, ExecAction, HostPathVolumeSource, ImageVolumeSource, ObjectFieldSelector,
     PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe, ResourceRequirements, SecurityContext,
-    Volume, VolumeMount,
+    Volume, VolumeDevice, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -52,6 +52,12 @@ pub enum PodError {
     /// The VMI document could not be serialized.
     #[error("serializing the VMI document: {0}")]
     Json(#[from] serde_json::Error),
+    /// An emptyDisk capacity is not a usable quantity.
+    #[error("volume {volume:?}: emptyDisk.capacity: {source}")]
+    EmptyDiskCapacity {
+        volume: String,
+        source: QuantityError,
+    },
 }
 
 /// The document handed to the launcher at `/var/run/microvirt/vmi/vmi.json`.
@@ -118,6 +124,33 @@ pub fn pvc_dir(volume: &str) -> String {
     format!("{RUNTIME_DIR}/pvcs/{volume}")
 }
 
+/// Where a `volumeMode: Block` persistentVolumeClaim's device appears in the launcher
+/// container (`volumeDevices`); the launcher looks there when `pvc_dir` is absent.
+pub const PVC_DEVICE_DIR: &str = "/dev/microvirt/pvcs";
+
+/// Device path of a `volumeMode: Block` persistentVolumeClaim volume.
+pub fn pvc_device(volume: &str) -> String {
+    format!("{PVC_DEVICE_DIR}/{volume}")
+}
+
+/// The `sizeLimit` of an emptyDisk's emptyDir for a disk of `capacity` bytes: the disk file
+/// (the capacity rounded up to whole sectors, as the launcher creates it) plus what the file
+/// system spends on it once the guest has written all of it — indirect or extent blocks, at
+/// most 0.4% on ext2/3 with 1 KiB blocks, less elsewhere — with margin: 1/128 of the capacity
+/// plus 1 MiB, rounded up to a MiB. The kubelet measures usage in allocated blocks, which
+/// include that metadata.
+pub fn empty_disk_size_limit(capacity: u64) -> u64 {
+    let file = capacity.div_ceil(512).saturating_mul(512);
+    file.saturating_add(file / 128)
+        .saturating_add(1 << 20)
+        .div_ceil(1 << 20)
+        .saturating_mul(1 << 20)
+}
+
+/// Volumes whose persistentVolumeClaim has `volumeMode: Block` (the controller looks the
+/// claims up; a claim it has not seen counts as a file system).
+pub type BlockVolumes = BTreeSet<String>;
+
 /// Mount path of an emptyDisk volume (the launcher creates `disk.img` inside).
 pub fn empty_disk_dir(volume: &str) -> String {
     format!("{RUNTIME_DIR}/empty-disks/{volume}")
@@ -126,8 +159,13 @@ pub fn empty_disk_dir(volume: &str) -> String {
 /// Mount path of the kernel boot image.
 pub const KERNEL_BOOT_DIR: &str = "/var/run/microvirt/kernel-boot";
 
-/// The launcher pod for a VMI.
-pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, PodError> {
+/// The launcher pod for a VMI. `block` names the persistentVolumeClaim volumes whose claims
+/// have `volumeMode: Block`: they reach the launcher as devices (`volumeDevices`).
+pub fn desired_pod(
+    vmi: &VirtualMachineInstance,
+    cfg: &Config,
+    block: &BlockVolumes,
+) -> Result<Pod, PodError> {
     let name = vmi
         .metadata
         .name
@@ -185,6 +223,31 @@ pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, Po
         ("cpu".to_string(), Quantity(cpu_request)),
     ]);
     let mut limits = BTreeMap::from([("memory".to_string(), Quantity(format_bytes(pod_memory)))]);
+    // Local disk: the runtime directory (launcher files, containerDisk overlays) and every
+    // emptyDisk. The kubelet evicts a pod whose ephemeral storage (emptyDirs included) exceeds
+    // the limit, so the limit covers all of it; the request reserves the same on the node.
+    let scratch = runtime_scratch(vmi, cfg);
+    let mut ephemeral = scratch;
+    let mut empty_limits = BTreeMap::new();
+    for v in &vmi.spec.volumes {
+        if let Some(ed) = &v.empty_disk {
+            let cap = quantity::parse_bytes(&ed.capacity.0).map_err(|source| {
+                PodError::EmptyDiskCapacity {
+                    volume: v.name.clone(),
+                    source,
+                }
+            })?;
+            let limit = empty_disk_size_limit(cap);
+            ephemeral = ephemeral.saturating_add(limit);
+            empty_limits.insert(v.name.clone(), limit);
+        }
+    }
+    for m in [&mut requests, &mut limits] {
+        m.insert(
+            "ephemeral-storage".into(),
+            Quantity(format_bytes(ephemeral)),
+        );
+    }
     if let Some(res) = &vmi.spec.domain.resources {
         if let Some(cpu) = res.requests.as_ref().and_then(|r| r.get("cpu")) {
             requests.insert("cpu".into(), cpu.clone());
@@ -212,10 +275,14 @@ pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, Po
         },
         Volume {
             name: "runtime".into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
+            empty_dir: Some(EmptyDirVolumeSource {
+                size_limit: Some(Quantity(format_bytes(scratch))),
+                ..Default::default()
+            }),
             ..Default::default()
         },
     ];
+    let mut devices: Vec<VolumeDevice> = Vec::new();
     let mut mounts = vec![
         VolumeMount {
             name: "runtime".into(),
@@ -280,17 +347,26 @@ pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, Po
                 }),
                 ..Default::default()
             });
-            mounts.push(VolumeMount {
-                name: vol_name,
-                mount_path: pvc_dir(&v.name),
-                read_only: pvc.read_only,
-                ..Default::default()
-            });
-        } else if let Some(ed) = &v.empty_disk {
+            if block.contains(&v.name) {
+                devices.push(VolumeDevice {
+                    name: vol_name,
+                    device_path: pvc_device(&v.name),
+                });
+            } else {
+                mounts.push(VolumeMount {
+                    name: vol_name,
+                    mount_path: pvc_dir(&v.name),
+                    read_only: pvc.read_only,
+                    ..Default::default()
+                });
+            }
+        } else if v.empty_disk.is_some() {
             volumes.push(Volume {
                 name: vol_name.clone(),
                 empty_dir: Some(EmptyDirVolumeSource {
-                    size_limit: Some(ed.capacity.clone()),
+                    size_limit: empty_limits
+                        .get(&v.name)
+                        .map(|&l| Quantity(format_bytes(l))),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -366,6 +442,7 @@ pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, Po
         termination_message_path: Some(TERMINATION_LOG.into()),
         termination_message_policy: Some("File".into()),
         volume_mounts: Some(mounts),
+        volume_devices: (!devices.is_empty()).then_some(devices),
         ..Default::default()
     };
 
@@ -394,6 +471,28 @@ pub fn desired_pod(vmi: &VirtualMachineInstance, cfg: &Config) -> Result<Pod, Po
         }),
         status: None,
     })
+}
+
+/// The runtime directory's share of local disk: the launcher's own files plus an overlay
+/// allowance per writable containerDisk (the launcher gives those a copy-on-write overlay
+/// there; read-only ones need none).
+fn runtime_scratch(vmi: &VirtualMachineInstance, cfg: &Config) -> u64 {
+    let overlays = vmi
+        .spec
+        .volumes
+        .iter()
+        .filter(|v| v.container_disk.is_some())
+        .filter(|v| {
+            !vmi.spec
+                .domain
+                .devices
+                .iter()
+                .flat_map(|d| &d.disks)
+                .any(|d| d.name == v.name && d.disk.as_ref().and_then(|t| t.readonly) == Some(true))
+        })
+        .count() as u64;
+    cfg.launcher_scratch
+        .saturating_add(overlays.saturating_mul(cfg.container_disk_overlay))
 }
 
 /// Names of volumes of `desired` that `created` (as returned by the API server) lacks.
@@ -491,7 +590,7 @@ mod tests {
     #[test]
     fn pod_follows_the_contract() {
         let v = vmi(spec(Some("256Mi"), Some(2)));
-        let pod = desired_pod(&v, &Config::default()).unwrap();
+        let pod = desired_pod(&v, &Config::default(), &BlockVolumes::new()).unwrap();
         assert_eq!(pod.metadata.name.as_deref(), Some("virt-launcher-vm1"));
         let labels = pod.metadata.labels.clone().unwrap();
         assert_eq!(labels["app"], "web");
@@ -559,7 +658,7 @@ mod tests {
         };
         // No memory given: default 128Mi guest + 64Mi overhead; 1 vCPU.
         let v = vmi(spec(None, None));
-        let pod = desired_pod(&v, &cfg).unwrap();
+        let pod = desired_pod(&v, &cfg, &BlockVolumes::new()).unwrap();
         let c = container(&pod);
         let res = c.resources.as_ref().unwrap();
         assert_eq!(res.requests.as_ref().unwrap()["memory"].0, "192Mi");
@@ -578,10 +677,166 @@ mod tests {
         assert_eq!(host_paths, vec!["/dev/kvm", "/dev/net/tun"]);
     }
 
+    fn volume(pod: &Pod, vol: &str) -> Volume {
+        pod.spec
+            .as_ref()
+            .unwrap()
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == vol)
+            .unwrap_or_else(|| panic!("no volume {vol}"))
+            .clone()
+    }
+
+    fn bytes(q: &Quantity) -> u64 {
+        quantity::parse_bytes(&q.0).unwrap()
+    }
+
+    #[test]
+    fn block_mode_claims_are_devices_and_filesystem_claims_mounts() {
+        let mut sp = spec(Some("64Mi"), None);
+        for (name, claim) in [("fast", "fast-claim"), ("files", "files-claim")] {
+            sp.volumes.push(VmiVolume {
+                name: name.into(),
+                persistent_volume_claim: Some(microvirt_crds::vmi::PersistentVolumeClaimSource {
+                    claim_name: claim.into(),
+                    read_only: None,
+                }),
+                ..Default::default()
+            });
+        }
+        let block = BlockVolumes::from(["fast".to_string()]);
+        let pod = desired_pod(&vmi(sp), &Config::default(), &block).unwrap();
+        let c = container(&pod);
+        let devices = c.volume_devices.clone().unwrap_or_default();
+        assert_eq!(
+            devices,
+            vec![VolumeDevice {
+                name: "vol-2".into(),
+                device_path: "/dev/microvirt/pvcs/fast".into(),
+            }]
+        );
+        assert_eq!(
+            volume(&pod, "vol-2")
+                .persistent_volume_claim
+                .unwrap()
+                .claim_name,
+            "fast-claim"
+        );
+        let mounts = c.volume_mounts.as_ref().unwrap();
+        assert!(mounts.iter().all(|m| m.name != "vol-2"), "{mounts:?}");
+        assert!(mounts
+            .iter()
+            .any(|m| m.name == "vol-3" && m.mount_path == "/var/run/microvirt/pvcs/files"));
+        // Without block claims there is no volumeDevices field at all.
+        let pod = desired_pod(
+            &vmi(spec(None, None)),
+            &Config::default(),
+            &BlockVolumes::new(),
+        )
+        .unwrap();
+        assert_eq!(container(&pod).volume_devices, None);
+    }
+
+    #[test]
+    fn local_disk_is_requested_and_limited() {
+        let cfg = Config {
+            launcher_scratch: 64 << 20,
+            container_disk_overlay: 1 << 30,
+            ..Config::default()
+        };
+        // One writable containerDisk (root) and a 1Gi emptyDisk (scratch).
+        let v = vmi(spec(Some("64Mi"), None));
+        let pod = desired_pod(&v, &cfg, &BlockVolumes::new()).unwrap();
+        let runtime = bytes(
+            &volume(&pod, "runtime")
+                .empty_dir
+                .unwrap()
+                .size_limit
+                .unwrap(),
+        );
+        assert_eq!(runtime, (64 << 20) + (1 << 30));
+        let empty = bytes(&volume(&pod, "vol-1").empty_dir.unwrap().size_limit.unwrap());
+        assert_eq!(empty, empty_disk_size_limit(1 << 30));
+        assert!(empty > 1 << 30, "no room for the file system's overhead");
+        let res = container(&pod).resources.clone().unwrap();
+        let (req, lim) = (res.requests.unwrap(), res.limits.unwrap());
+        assert_eq!(bytes(&req["ephemeral-storage"]), runtime + empty);
+        assert_eq!(bytes(&lim["ephemeral-storage"]), runtime + empty);
+        // A read-only containerDisk gets no overlay allowance.
+        let mut sp = spec(Some("64Mi"), None);
+        sp.domain.devices = Some(microvirt_crds::vmi::Devices {
+            disks: vec![microvirt_crds::vmi::Disk {
+                name: "root".into(),
+                disk: Some(microvirt_crds::vmi::DiskTarget {
+                    bus: None,
+                    readonly: Some(true),
+                }),
+                serial: None,
+            }],
+            ..Default::default()
+        });
+        let pod = desired_pod(&vmi(sp), &cfg, &BlockVolumes::new()).unwrap();
+        let runtime = bytes(
+            &volume(&pod, "runtime")
+                .empty_dir
+                .unwrap()
+                .size_limit
+                .unwrap(),
+        );
+        assert_eq!(runtime, 64 << 20);
+    }
+
+    /// The emptyDisk's sizeLimit holds the disk file the launcher creates once the guest has
+    /// written all of it, on the file system that spends the most on a file's metadata
+    /// (ext2, 1 KiB blocks: an indirect block per 256 data blocks), measured as the kubelet
+    /// does (allocated blocks). The capacity alone does not.
+    #[test]
+    fn an_empty_disk_fully_written_fits_its_size_limit() {
+        let dir = std::env::temp_dir().join(format!("operator-emptydisk-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("mnt")).unwrap();
+        let cap: u64 = 48 << 20;
+        let mut sp = spec(None, None);
+        sp.volumes[1].empty_disk = Some(EmptyDiskSource {
+            capacity: Quantity(format_bytes(cap)),
+        });
+        let pod = desired_pod(&vmi(sp), &Config::default(), &BlockVolumes::new()).unwrap();
+        let limit = bytes(&volume(&pod, "vol-1").empty_dir.unwrap().size_limit.unwrap());
+        // In a private mount namespace (gone with the shell): a fresh ext2, the disk file as
+        // the launcher makes it (sparse, the capacity), then every byte written.
+        let script = format!(
+            "set -e; mkfs.ext2 -q -F -b 1024 fs.img 80M >/dev/null; mount -o loop fs.img mnt; \
+             truncate -s {cap} mnt/disk.img; \
+             dd if=/dev/urandom of=mnt/disk.img bs=1M count={} conv=notrunc,fsync status=none; \
+             stat -c %b mnt/disk.img",
+            cap >> 20
+        );
+        let out = std::process::Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let used = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+            * 512;
+        assert!(
+            used > cap,
+            "ext2 spent nothing on metadata? {used} <= {cap}"
+        );
+        assert!(used <= limit, "{used} bytes used, sizeLimit {limit}");
+    }
+
     #[test]
     fn dropped_volumes_are_detected() {
         let v = vmi(spec(Some("64Mi"), None));
-        let desired = desired_pod(&v, &Config::default()).unwrap();
+        let desired = desired_pod(&v, &Config::default(), &BlockVolumes::new()).unwrap();
         assert!(missing_volumes(&desired, &desired).is_empty());
         let mut created = desired.clone();
         let vols = created.spec.as_mut().unwrap().volumes.as_mut().unwrap();
@@ -596,13 +851,13 @@ mod tests {
     fn bad_memory_and_missing_uid_are_errors() {
         let v = vmi(spec(Some("lots"), None));
         assert!(matches!(
-            desired_pod(&v, &Config::default()),
+            desired_pod(&v, &Config::default(), &BlockVolumes::new()),
             Err(PodError::Memory(_))
         ));
         let mut v = vmi(spec(Some("64Mi"), None));
         v.metadata.uid = None;
         assert!(matches!(
-            desired_pod(&v, &Config::default()),
+            desired_pod(&v, &Config::default(), &BlockVolumes::new()),
             Err(PodError::MissingMeta("uid"))
         ));
     }

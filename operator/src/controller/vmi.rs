@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
@@ -19,7 +19,7 @@ use serde_json::json;
 
 use super::{finalizer_result, is_not_found, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
-use crate::pod::{desired_pod, pod_belongs_to, pod_name};
+use crate::pod::{desired_pod, pod_belongs_to, pod_name, BlockVolumes};
 use crate::{preset, status};
 
 /// Finalizer on every VMI: the launcher pod is stopped before the VMI goes away.
@@ -136,7 +136,25 @@ async fn apply(
             .filter(|p| pod_belongs_to(p, &vmi));
     }
     if pod.is_none() && phase.is_none_or(|p| p == microvirt_crds::VmiPhase::Pending) {
-        let desired = match desired_pod(&vmi, &ctx.config) {
+        let block = match block_volumes(&vmi, ctx, &ns).await? {
+            Ok(b) => b,
+            Err(missing) => {
+                ctx.event(
+                    &*vmi,
+                    EventType::Warning,
+                    "PVCNotFound",
+                    "CreatePod",
+                    format!(
+                        "persistentVolumeClaim {missing:?} does not exist (yet); waiting for it"
+                    ),
+                );
+                if vmi.status.is_none() {
+                    write_status(api, &vmi, ctx, None).await?;
+                }
+                return Ok(Action::requeue(Duration::from_secs(5)));
+            }
+        };
+        let desired = match desired_pod(&vmi, &ctx.config, &block) {
             Ok(p) => p,
             Err(e) => {
                 return fail(api, &vmi, ctx, "InvalidSpec", &e.to_string()).await;
@@ -195,6 +213,33 @@ async fn apply(
     // 3. Status from the pod.
     write_status(api, &vmi, ctx, pod.as_ref()).await?;
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// The VMI's persistentVolumeClaim volumes whose claims have `volumeMode: Block` (KubeVirt's
+/// behaviour: such a claim reaches the launcher as a device). `Ok(Err(claim))` when a claim
+/// does not exist: the pod waits for it (its mode decides how it is attached).
+async fn block_volumes(
+    vmi: &VirtualMachineInstance,
+    ctx: &Context,
+    ns: &str,
+) -> Result<Result<BlockVolumes, String>, Error> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let mut block = BlockVolumes::new();
+    for v in &vmi.spec.volumes {
+        let Some(pvc) = &v.persistent_volume_claim else {
+            continue;
+        };
+        match claims.get_opt(&pvc.claim_name).await? {
+            None => return Ok(Err(pvc.claim_name.clone())),
+            Some(c) => {
+                let mode = c.spec.as_ref().and_then(|s| s.volume_mode.as_deref());
+                if mode == Some("Block") {
+                    block.insert(v.name.clone());
+                }
+            }
+        }
+    }
+    Ok(Ok(block))
 }
 
 /// Write the status derived from `pod` when it differs from the current one (SSA on the status
