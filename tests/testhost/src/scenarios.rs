@@ -38,6 +38,7 @@ pub const ALL: &[Scenario] = &[
     scenario!("boot-bzimage"),
     scenario!("persist"),
     scenario!("readonly"),
+    scenario!("rng"),
     scenario!("overlay"),
     scenario!("net"),
     scenario!("smp"),

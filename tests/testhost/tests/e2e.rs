@@ -182,6 +182,25 @@ fn disk_write_persists_to_next_boot() {
 }
 
 #[test]
+fn rng_device_is_the_linux_guests_hardware_rng() {
+    let sec = section("rng");
+    assert_eq!(
+        guest(sec, "rng", "hwrng ").as_deref(),
+        Some("virtio_rng.0"),
+        "{}",
+        sec.vm_lines("rng").join("\n")
+    );
+    // Two reads of 32 bytes (64 hex digits each) that differ.
+    assert_eq!(
+        guest(sec, "rng", "hwrng-read ").as_deref(),
+        Some("64 differ"),
+        "{}",
+        sec.vm_lines("rng").join("\n")
+    );
+    assert_exit0(sec, "rng");
+}
+
+#[test]
 fn readonly_disk_refuses_writes() {
     let sec = section("readonly");
     let lines = sec.vm_lines("ro").join("\n");
