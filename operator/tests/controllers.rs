@@ -928,22 +928,42 @@ spec:
             mark_running(&pods, pod_name, "10.4.0.1", true).await
         }
     };
-    let wait_failed = |uid: String| {
+    // Watches from `rv` (read before the failure is caused) for the VMI `uid` in phase Failed.
+    // A poll can miss that state: RerunOnFailure deletes the Failed VMI and creates the next
+    // one within milliseconds once nothing holds the pod, so only a watch sees every version.
+    let wait_failed = |uid: String, rv: String| {
         let vmis = vmis.clone();
         async move {
-            wait_for("the old VMI Failed (or gone)", WAIT, || async {
-                Ok(match vmis.get_opt("web").await? {
-                    Some(v) if v.metadata.uid.as_deref() == Some(uid.as_str()) => match v.phase() {
-                        Some(VmiPhase::Succeeded) => {
-                            anyhow::bail!("VMI Succeeded: {:?}", v.status)
-                        }
-                        Some(VmiPhase::Failed) => Some(v.status),
-                        _ => None,
-                    },
-                    _ => None,
-                })
-            })
-            .await
+            use futures::{StreamExt, TryStreamExt};
+            use kube::api::{WatchEvent, WatchParams};
+            let wp = WatchParams::default()
+                .fields("metadata.name=web")
+                .timeout(WAIT.as_secs() as u32);
+            let mut events = vmis.watch(&wp, &rv).await?.boxed();
+            while let Some(ev) = events.try_next().await? {
+                let v = match ev {
+                    WatchEvent::Added(v) | WatchEvent::Modified(v) | WatchEvent::Deleted(v) => v,
+                    WatchEvent::Bookmark(_) => continue,
+                    WatchEvent::Error(e) => anyhow::bail!("watch error: {e:?}"),
+                };
+                if v.metadata.uid.as_deref() != Some(uid.as_str()) {
+                    continue;
+                }
+                match v.phase() {
+                    Some(VmiPhase::Succeeded) => anyhow::bail!("VMI Succeeded: {:?}", v.status),
+                    Some(VmiPhase::Failed) => return Ok(v.status),
+                    _ => {}
+                }
+            }
+            anyhow::bail!("watch ended after {WAIT:?} without the VMI {uid} Failed")
+        }
+    };
+    let rv_of = |uid: String| {
+        let vmis = vmis.clone();
+        async move {
+            let v = vmis.get("web").await?;
+            anyhow::ensure!(v.metadata.uid.as_deref() == Some(uid.as_str()), "VMI replaced early");
+            Ok::<_, anyhow::Error>(v.metadata.resource_version.unwrap_or_default())
         }
     };
 
@@ -957,9 +977,10 @@ spec:
         &Patch::Merge(&json!({"metadata": {"finalizers": ["microvirt.io/test-hold"]}})),
     )
     .await?;
+    let rv = rv_of(uid1.clone()).await?;
     pods.delete(pod_name, &DeleteParams::default()).await?;
     mark_terminated(&pods, pod_name, 0, &asked).await?;
-    let st = wait_failed(uid1.clone()).await?.unwrap_or_default();
+    let st = wait_failed(uid1.clone(), rv).await?.unwrap_or_default();
     assert_eq!(st.reason.as_deref(), Some("LauncherStopped"), "{st:?}");
     assert_eq!(st.boot_time_ms, Some(7));
     pods.patch(
@@ -972,8 +993,9 @@ spec:
 
     // 2. Eviction by the kubelet: the pod object stays, phase Failed.
     start_pod(uid2.clone()).await?;
+    let rv = rv_of(uid2.clone()).await?;
     mark_evicted(&pods, pod_name, &asked).await?;
-    let st = wait_failed(uid2.clone()).await?.unwrap_or_default();
+    let st = wait_failed(uid2.clone(), rv).await?.unwrap_or_default();
     assert_eq!(
         st.message.as_deref(),
         Some("Evicted: guest reset after the shutdown request"),

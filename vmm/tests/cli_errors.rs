@@ -25,10 +25,26 @@ fn one_line_error(out: &Output) -> String {
     errors[0].to_string()
 }
 
-fn tmpdir(name: &str) -> PathBuf {
+/// A scratch directory removed (with its contents) when the test ends, also on failure.
+struct TmpDir(PathBuf);
+
+impl std::ops::Deref for TmpDir {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tmpdir(name: &str) -> TmpDir {
     let d = std::env::temp_dir().join(format!("microvm-cli-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
-    d
+    TmpDir(d)
 }
 
 /// A minimal ELF64 executable whose single PT_LOAD segment spans `memsz` bytes at 1 MiB.
@@ -147,7 +163,7 @@ fn no_access_to_dev_kvm() {
     let bin = d.join("microvm");
     std::fs::copy(env!("CARGO_BIN_EXE_microvm"), &bin).unwrap();
     use std::os::unix::fs::PermissionsExt;
-    for (p, mode) in [(&d, 0o755), (&k, 0o644), (&bin, 0o755)] {
+    for (p, mode) in [(&*d, 0o755), (&k, 0o644), (&bin, 0o755)] {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
     let mut dir = d.parent();

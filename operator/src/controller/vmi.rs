@@ -17,7 +17,7 @@ use microvirt_crds::vmi::ANNOTATION_PRESETS_APPLIED;
 use microvirt_crds::VirtualMachineInstance;
 use serde_json::json;
 
-use super::{finalizer_result, is_not_found, name_ns, Context, Error};
+use super::{finalizer_result, is_conflict, is_not_found, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
 use crate::pod::{desired_pod, pod_belongs_to, pod_name, BlockVolumes};
 use crate::{preset, status};
@@ -255,17 +255,30 @@ async fn write_status(
     let desired = status::desired_status(vmi, pod, &now);
     if vmi.status.as_ref() != Some(&desired) {
         let old_phase = vmi.phase();
+        // The read resourceVersion is a precondition: a reconcile that runs on a VMI from a
+        // stale cache gets 409 instead of writing (and counting a phase transition, and
+        // emitting its Event) a second time; the newer object's watch event reconciles again.
         let patch = json!({
             "apiVersion": "microvirt.io/v1alpha1",
             "kind": "VirtualMachineInstance",
+            "metadata": {"resourceVersion": vmi.metadata.resource_version},
             "status": status::operator_owned(&desired),
         });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        match api
+            .patch_status(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if is_conflict(&e) => {
+                tracing::debug!(vmi = %name, "status not written: the VMI changed since it was read");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        }
         if let Some(new_phase) = desired.phase.filter(|p| Some(*p) != old_phase) {
             if let Some(created) = vmi.metadata.creation_timestamp.as_ref() {
                 let since = now.0.duration_since(created.0);

@@ -126,8 +126,11 @@ pub async fn impersonating_client(kubeconfig: &Path, user: &str) -> Result<Clien
 /// One test's world: a namespace, a client, and the operator running against that namespace.
 pub struct Env {
     pub client: Client,
-    /// The client the operator uses (the admin client unless impersonating).
+    /// The client the operator uses: its own admin client (a new one at every
+    /// [`Env::start_operator`], as a restarted operator process would have) unless one was given
+    /// (e.g. an impersonated one).
     pub operator_client: Client,
+    given_operator_client: bool,
     pub ns: String,
     pub kubeconfig: PathBuf,
     pub metrics: Arc<Metrics>,
@@ -168,6 +171,7 @@ impl Env {
             Err(e) => return Err(e.into()),
         }
         let mut env = Env {
+            given_operator_client: operator_client.is_some(),
             operator_client: operator_client.unwrap_or_else(|| client.clone()),
             client,
             ns: ns.to_string(),
@@ -187,6 +191,10 @@ impl Env {
 
     /// Start the controllers (scoped to this namespace) and wait until their caches are filled.
     pub async fn start_operator(&mut self) -> Result<()> {
+        if !self.given_operator_client {
+            // Nothing of an earlier (aborted) operator's connections is shared with the new one.
+            self.operator_client = client_for(&self.kubeconfig).await?;
+        }
         let ready = Arc::new(AtomicBool::new(false));
         let opts = RunOptions {
             namespace: Some(self.ns.clone()),
