@@ -57,7 +57,16 @@ pub enum Error {
     /// Adding or removing a finalizer failed.
     #[error("finalizer: {0}")]
     Finalizer(String),
+    /// The reconcile did not finish within [`RECONCILE_TIMEOUT`] (an API request that never
+    /// answered); it was abandoned and is retried.
+    #[error("reconcile abandoned after {0:?} (an API request did not answer)")]
+    Timeout(Duration),
 }
+
+/// How long one reconcile may take. Each does a handful of API requests that answer in
+/// milliseconds; one that hangs (a connection the API server will never answer on, e.g. after
+/// it restarted) would otherwise hold that object's reconciles for minutes.
+pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Whether an error is a plain `404 Not Found`.
 pub fn is_not_found(e: &kube::Error) -> bool {
@@ -219,7 +228,10 @@ where
     F: std::future::Future<Output = Result<Action, Error>>,
 {
     let start = Instant::now();
-    let res = fut.await;
+    let res = match tokio::time::timeout(RECONCILE_TIMEOUT, fut).await {
+        Ok(res) => res,
+        Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
+    };
     let failed = matches!(&res, Err(e) if !matches!(e, Error::PodTerminating(_)));
     ctx.metrics.reconciled(controller, start.elapsed(), failed);
     res

@@ -962,7 +962,10 @@ spec:
         let vmis = vmis.clone();
         async move {
             let v = vmis.get("web").await?;
-            anyhow::ensure!(v.metadata.uid.as_deref() == Some(uid.as_str()), "VMI replaced early");
+            anyhow::ensure!(
+                v.metadata.uid.as_deref() == Some(uid.as_str()),
+                "VMI replaced early"
+            );
             Ok::<_, anyhow::Error>(v.metadata.resource_version.unwrap_or_default())
         }
     };
