@@ -449,6 +449,9 @@ pub fn run(
             boot_ms = Some(on_booted(&cfg, &status, t));
         }
     }
+    if let Ok((_, timings)) = &result {
+        log::info!("VM exits: {}", timings.exits.summary());
+    }
     set_state(&status, "stopped");
     if let Some(p) = &cfg.control_socket {
         let _ = std::fs::remove_file(p);

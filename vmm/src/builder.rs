@@ -4,18 +4,17 @@
 
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
-use kvm_bindings::{CpuId, KVM_MAX_CPUID_ENTRIES};
+use kvm_bindings::CpuId;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::arch::x86_64::{boot, layout, mptable};
+use crate::arch::x86_64::{boot, cpuid, layout, mptable};
 use crate::config::{SerialConfig, VmConfig};
 use crate::device_manager::mmio::MmioDeviceManager;
 use crate::devices::bus::Bus;
@@ -33,11 +32,12 @@ use crate::machine::Machine;
 use crate::snapshot::host::HostError;
 use crate::snapshot::state::MachineInfo;
 use crate::snapshot::{LoadedSnapshot, SnapshotError, SnapshotSummary, SnapshotWriter};
-use crate::timing::{cpu_time_us, Clock};
-use crate::vstate::memory::GuestRam;
+use crate::timing::{cpu_time_us, Clock, Phases};
+use crate::vstate::exits::{AddressNames, ExitStats};
+use crate::vstate::memory::{self, GuestRam};
 use crate::vstate::persist as vpersist;
 use crate::vstate::vcpu::{
-    self, ExitStats, SaveSpec, Vcpu, VcpuCmd, VcpuContext, VcpuExitReason, VcpuHandle,
+    self, RunMarks, SaveSpec, Vcpu, VcpuCmd, VcpuContext, VcpuExitReason, VcpuHandle,
 };
 use crate::vstate::vm;
 
@@ -235,7 +235,7 @@ pub struct RestoreConfig {
     pub expect_vcpus: Option<u64>,
 }
 
-/// Timestamps of a run, relative to the build start.
+/// Timestamps of a run, relative to the build start, and the run's VM exits.
 #[derive(Clone, Debug, Default)]
 pub struct RunTimings {
     /// Building (or restoring) the VM.
@@ -246,6 +246,23 @@ pub struct RunTimings {
     pub first_vcpu_entry_us: Option<u64>,
     /// First return from KVM_RUN: the guest executed instructions.
     pub first_vcpu_exit_us: Option<u64>,
+    /// VM exits of the whole run, by reason (see [`ExitStats`]).
+    pub exits: ExitStats,
+}
+
+/// Names exit addresses after the devices on the buses.
+struct BusNames<'a> {
+    pio: &'a Bus,
+    mmio: &'a Bus,
+}
+
+impl AddressNames for BusNames<'_> {
+    fn pio_name(&self, port: u16) -> Option<(String, String)> {
+        self.pio.describe(u64::from(port))
+    }
+    fn mmio_name(&self, addr: u64) -> Option<(String, String)> {
+        self.mmio.describe(addr)
+    }
 }
 
 /// The state the control subscriber acts on.
@@ -441,7 +458,10 @@ pub struct Vmm {
     control: Arc<Mutex<Control>>,
     event_manager: VmmEventManager,
     controller: VmmController,
-    stats: Arc<ExitStats>,
+    marks: Arc<RunMarks>,
+    /// The buses, to name the addresses of exits.
+    pio: Bus,
+    mmio: Bus,
     timings: RunTimings,
     first_debug_port_us: Arc<Mutex<Option<u64>>>,
     boot_time: Arc<Mutex<Option<BootTime>>>,
@@ -550,7 +570,7 @@ fn legacy_devices(
     let serial = Arc::new(Mutex::new(serial));
     let bus_err = |e: crate::devices::bus::BusError| VmmError::Device(e.to_string());
     p.pio
-        .insert(serial.clone(), u64::from(layout::SERIAL_PORT), 8)
+        .insert_named(serial.clone(), u64::from(layout::SERIAL_PORT), 8, "serial")
         .map_err(bus_err)?;
     p.event_manager
         .add_subscriber(Arc::new(Mutex::new(SerialInput::new(
@@ -566,17 +586,18 @@ fn legacy_devices(
     }
     let i8042 = Arc::new(Mutex::new(i8042));
     p.pio
-        .insert(i8042.clone(), u64::from(layout::I8042_PORT), 5)
+        .insert_named(i8042.clone(), u64::from(layout::I8042_PORT), 5, "i8042")
         .map_err(bus_err)?;
     let first_debug_port_us = Arc::new(Mutex::new(None));
     p.pio
-        .insert(
+        .insert_named(
             Arc::new(Mutex::new(DebugPort::new(
                 start,
                 first_debug_port_us.clone(),
             ))),
             0x80,
             1,
+            "post-code",
         )
         .map_err(bus_err)?;
     let boot_time = Arc::new(Mutex::new(None));
@@ -586,10 +607,11 @@ fn legacy_devices(
         opts.boot_notify.clone()
     };
     p.mmio
-        .insert(
+        .insert_named(
             Arc::new(Mutex::new(BootTimer::new(start, notify, boot_time.clone()))),
             layout::BOOT_TIMER_ADDR,
             layout::BOOT_TIMER_SIZE,
+            "boot-timer",
         )
         .map_err(bus_err)?;
     Ok(Legacy {
@@ -609,14 +631,21 @@ impl Vmm {
         let vcpu_count = cfg.vcpu_count();
         let mem_size = cfg.mem_mib << 20;
 
+        let mut phases = Phases::new(start.wall);
         let kvm = vm::open_kvm()?;
+        // KVM_GET_SUPPORTED_CPUID takes a while (hundreds of CPUID instructions, each a trap when
+        // the host is itself virtualized): ask on the side while the VM is created.
+        let tsc_deadline = kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
+        let supported_cpuid = vm::supported_cpuid_async();
+        phases.mark("open-kvm");
         let regions = boot::memory_regions(mem_size);
         let ram = GuestRam::create(&regions).map_err(|e| VmmError::GuestMemory {
             mib: cfg.mem_mib,
             detail: e.to_string(),
         })?;
         let mem = ram.memory().clone();
-        let vm = Arc::new(vm::create_vm(&kvm, &mem)?);
+        phases.mark("guest-memory");
+        let vm = Arc::new(vm::create_vm(&kvm, &mem, &mut phases)?);
 
         // Kernel, initrd, command line, boot information, MP table.
         let kernel = boot::load_kernel(&mem, mem_size, &cfg.kernel)?;
@@ -624,6 +653,7 @@ impl Vmm {
             Some(p) => Some(boot::load_initrd(&mem, mem_size, p, &kernel)?),
             None => None,
         };
+        phases.mark("load-kernel");
         let mut p = Parts {
             kvm,
             vm,
@@ -685,20 +715,23 @@ impl Vmm {
             });
         }
 
+        phases.mark("virtio-devices");
         let cmdline = compose_cmdline(cfg, &mmio_mgr.cmdline_entries());
         boot::write_cmdline(&mem, &cmdline)?;
         boot::write_boot_info(&mem, &kernel, mem_size, cmdline.len(), initrd)?;
         mptable::setup(&mem, vcpu_count)?;
 
         let legacy = legacy_devices(&mut p, &opts, &cfg.serial, start, None)?;
+        phases.mark("boot-info+legacy-devices");
 
         // vCPUs, created paused.
         vcpu::install_kick_handler()?;
-        let base_cpuid = p
-            .kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(VmmError::Cpuid)?;
-        let stats = Arc::new(ExitStats::new(start.wall));
+        let mut base_cpuid = supported_cpuid.wait(&p.kvm).map_err(VmmError::Cpuid)?;
+        if tsc_deadline {
+            cpuid::enable_tsc_deadline(&mut base_cpuid);
+        }
+        phases.mark("supported-cpuid");
+        let marks = Arc::new(RunMarks::new(start.wall));
         let save_spec = Arc::new(OnceLock::new());
         let info = MachineInfo {
             mem_mib: cfg.mem_mib,
@@ -713,7 +746,7 @@ impl Vmm {
             count: vcpu_count,
             pio: Arc::new(p.pio.clone()),
             mmio: Arc::new(p.mmio.clone()),
-            stats: stats.clone(),
+            marks: marks.clone(),
             save_spec: save_spec.clone(),
         };
         let mut vcpus = Vec::with_capacity(vcpu_count as usize);
@@ -721,14 +754,19 @@ impl Vmm {
             let boot = (id == 0).then_some((kernel.protocol, kernel.entry));
             vcpus.push(Vcpu::new(&ctx, id, boot)?);
         }
+        phases.mark("vcpus");
+        let aligned = memory::huge_page_aligned(&mem);
+        let vmm = Self::assemble(p, legacy, vcpus, save_spec, info, start, marks, None)?;
+        phases.mark("threads+control");
         log::debug!(
-            "built VM: {} vCPU(s), {} MiB, {:?} entry {:#x}",
+            "built VM: {} vCPU(s), {} MiB (2 MiB aligned: {aligned}), {:?} entry {:#x}, in {} us: {phases}",
             vcpu_count,
             cfg.mem_mib,
             kernel.protocol,
             kernel.entry,
+            vmm.timings.build_us,
         );
-        Self::assemble(p, legacy, vcpus, save_spec, info, start, stats, None)
+        Ok(vmm)
     }
 
     /// Restores the VM saved in `rc.dir`, paused: the state of every vCPU and device is in
@@ -823,7 +861,8 @@ impl Vmm {
             detail: e.to_string(),
         })?;
         let mem = ram.memory().clone();
-        let vm = Arc::new(vm::create_vm(&kvm, &mem)?);
+        let mut phases = Phases::new(start.wall);
+        let vm = Arc::new(vm::create_vm(&kvm, &mem, &mut phases)?);
         // Real time since the snapshot: the guest's clocks advance by it (vstate/persist.rs).
         let elapsed_ns = vpersist::realtime_ns().saturating_sub(st.vm.realtime_ns);
         vpersist::restore_vm(&vm, &st.vm, elapsed_ns).map_err(|e| VmmError::RestoreState {
@@ -872,7 +911,7 @@ impl Vmm {
         vcpu::install_kick_handler()?;
         // Restored vCPUs take their CPUID from the snapshot.
         let no_cpuid = CpuId::new(0).map_err(|e| VmmError::Kvm(format!("CPUID table: {e:?}")))?;
-        let stats = Arc::new(ExitStats::new(start.wall));
+        let marks = Arc::new(RunMarks::new(start.wall));
         let save_spec = Arc::new(OnceLock::new());
         let ctx = VcpuContext {
             vm: &p.vm,
@@ -881,7 +920,7 @@ impl Vmm {
             count: st.machine.vcpus,
             pio: Arc::new(p.pio.clone()),
             mmio: Arc::new(p.mmio.clone()),
-            stats: stats.clone(),
+            marks: marks.clone(),
             save_spec: save_spec.clone(),
         };
         let tsc_scaling = p.kvm.check_extension(kvm_ioctls::Cap::TscControl);
@@ -893,7 +932,7 @@ impl Vmm {
         }
         let info = st.machine.clone();
         let notify = opts.boot_notify.clone().map(|tx| (start, tx));
-        let vmm = Self::assemble(p, legacy, vcpus, save_spec, info, start, stats, notify)?;
+        let vmm = Self::assemble(p, legacy, vcpus, save_spec, info, start, marks, notify)?;
         vmm.control
             .lock()
             .expect("control lock")
@@ -901,10 +940,11 @@ impl Vmm {
             .raise_pending_interrupts();
         written_overlays.0.clear();
         log::debug!(
-            "restored VM from {}: {} vCPU(s), {} MiB, clocks advanced by {} ms",
+            "restored VM from {}: {} vCPU(s), {} MiB (2 MiB aligned: {}), clocks advanced by {} ms; {phases}",
             rc.dir.display(),
             st.machine.vcpus,
             st.machine.mem_mib,
+            memory::huge_page_aligned(&mem),
             elapsed_ns / 1_000_000
         );
         Ok(Vmm {
@@ -921,7 +961,7 @@ impl Vmm {
         save_spec: Arc<OnceLock<SaveSpec>>,
         info: MachineInfo,
         start: Clock,
-        stats: Arc<ExitStats>,
+        marks: Arc<RunMarks>,
         restored_notify: Option<(Clock, Sender<BootTime>)>,
     ) -> Result<Vmm, VmmError> {
         let (exit_tx, exit_rx) = channel();
@@ -931,6 +971,7 @@ impl Vmm {
             handles.push(v.start_paused(exit_tx.clone(), vcpu_exit_evt.clone())?);
         }
         let cmdline = info.cmdline.clone();
+        let (pio, mmio) = (p.pio.clone(), p.mmio.clone());
         let machine = Machine {
             kvm: p.kvm,
             vm: p.vm.clone(),
@@ -969,7 +1010,9 @@ impl Vmm {
                 evt: action_evt,
                 overlay_devices,
             },
-            stats,
+            marks,
+            pio,
+            mmio,
             timings,
             first_debug_port_us: legacy.first_debug_port_us,
             boot_time: legacy.boot_time,
@@ -1027,15 +1070,21 @@ impl Vmm {
                 return Err(VmmError::EventLoop(e.to_string()));
             }
         };
-        let unknown_pio = self.stats.unknown_pio.load(Ordering::Relaxed);
-        let unknown_mmio = self.stats.unknown_mmio.load(Ordering::Relaxed);
-        if unknown_pio + unknown_mmio > 0 {
-            log::debug!("unknown accesses ignored: {unknown_pio} port I/O, {unknown_mmio} MMIO");
-        }
+        let reports: Vec<_> = {
+            let mut c = self.control.lock().expect("control lock");
+            c.vcpus.iter_mut().filter_map(|v| v.take_report()).collect()
+        };
+        self.timings.exits = ExitStats::collect(
+            &reports,
+            &BusNames {
+                pio: &self.pio,
+                mmio: &self.mmio,
+            },
+        );
         self.timings.first_debug_port_us = *self.first_debug_port_us.lock().expect("lock");
         self.timings.boot_timer = *self.boot_time.lock().expect("lock");
-        self.timings.first_vcpu_entry_us = self.stats.first_entry_us();
-        self.timings.first_vcpu_exit_us = self.stats.first_exit_us();
+        self.timings.first_vcpu_entry_us = self.marks.first_entry_us();
+        self.timings.first_vcpu_exit_us = self.marks.first_exit_us();
         Ok((reason, self.timings))
     }
 }

@@ -13,10 +13,11 @@ const USAGE: &str = "\
 usage: microvm --kernel PATH [--initrd PATH] [--cmdline STR] [--mem-mib N] [--vcpus N]
                [--serial stdio|none|unix:PATH] [--no-default-cmdline] [--log-level LEVEL]
                [--disk path=IMG[,ro][,id=SERIAL][,overlay=PATH]]... [--net tap=NAME[,mac=MAC]]...
-               [--rng] [--control-socket PATH]
+               [--rng] [--control-socket PATH] [--exit-stats]
        microvm --config FILE.json [same flags to override]
        microvm --restore DIR [--paused] [--serial ...] [--disk ...]... [--net ...]...
                [--mem-mib N] [--vcpus N] [--control-socket PATH] [--log-level LEVEL]
+               [--exit-stats]
        microvm control SOCKET REQUEST_JSON
 
 Boots PATH (ELF vmlinux with or without a PVH note, or bzImage) on /dev/kvm.
@@ -36,7 +37,10 @@ one request and prints the answer (exit 0 when ok).
 --restore DIR continues the VM saved in DIR (kernel, memory, devices come from there);
 --paused keeps it paused until a resume. --disk/--net given with --restore replace the
 snapshot's disks/NICs in order (image, overlay path, TAP); --mem-mib/--vcpus, when
-given, must match the snapshot. Snapshot format and guarantees: docs/snapshot.md.";
+given, must match the snapshot. Snapshot format and guarantees: docs/snapshot.md.
+
+At the end one line sums up the VM exits; --exit-stats prints them all by
+reason, port and device register.";
 
 struct Logger(log::LevelFilter);
 
@@ -69,6 +73,7 @@ enum Cli {
         start: Start,
         control_socket: Option<PathBuf>,
         level: log::LevelFilter,
+        exit_stats: bool,
     },
     Control {
         socket: PathBuf,
@@ -92,6 +97,7 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
     let mut overrides: Vec<(String, String)> = Vec::new();
     let mut no_default_cmdline = false;
     let mut rng = false;
+    let mut exit_stats = false;
     let mut level = log::LevelFilter::Info;
     let mut restore: Option<PathBuf> = None;
     let mut paused = false;
@@ -118,6 +124,7 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
             "--restore" => restore = Some(PathBuf::from(value("--restore")?)),
             "--paused" => paused = true,
             "--control-socket" => control_socket = Some(PathBuf::from(value("--control-socket")?)),
+            "--exit-stats" => exit_stats = true,
             "--log-level" => {
                 let v = value("--log-level")?;
                 level = v
@@ -146,6 +153,7 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
                 start: Start::Restore { rc, paused },
                 control_socket,
                 level,
+                exit_stats,
             }
         });
     }
@@ -184,6 +192,7 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
         start: Start::Boot(cfg),
         control_socket,
         level,
+        exit_stats,
     })
 }
 
@@ -253,6 +262,7 @@ fn forward_signals(controller: vmm::VmmController) -> std::io::Result<()> {
     let mut reader = unsafe { std::fs::File::from_raw_fd(fds[0]) };
     std::thread::Builder::new()
         .name("signals".into())
+        .stack_size(64 << 10)
         .spawn(move || {
             use std::io::Read;
             let mut count = 0;
@@ -302,12 +312,13 @@ fn main() -> ExitCode {
     let start = Clock::now();
     let start_mono = monotonic_ns();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (what, control_socket, level) = match parse_args(&args) {
+    let (what, control_socket, level, exit_stats) = match parse_args(&args) {
         Ok(Cli::Run {
             start,
             control_socket,
             level,
-        }) => (start, control_socket, level),
+            exit_stats,
+        }) => (start, control_socket, level, exit_stats),
         Ok(Cli::Control { socket, request }) => return control_client(&socket, &request),
         Ok(Cli::Help) => {
             println!("{USAGE}");
@@ -377,6 +388,10 @@ fn main() -> ExitCode {
                 opt(timings.boot_timer.map(|b| b.wall_us)),
                 opt(timings.boot_timer.map(|b| b.cpu_us)),
             );
+            log::info!("exits: {}", timings.exits.summary());
+            if exit_stats {
+                eprint!("{}", timings.exits.table());
+            }
             match &reason {
                 ExitReason::GuestReset => log::info!("guest reset; VM stopped"),
                 ExitReason::GuestPowerOff => log::info!("guest powered off; VM stopped"),

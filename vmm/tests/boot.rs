@@ -252,3 +252,42 @@ fn serial_on_a_unix_socket() {
         r.stdout
     );
 }
+
+/// The exit accounting: one summary line always, the full table with `--exit-stats`, naming the
+/// devices and registers the test guest used (its serial output, the boot timer, its POST code,
+/// the i8042 reset).
+#[test]
+fn exit_statistics_name_devices_and_registers() {
+    let r = boot(&guest().pvh, &["--exit-stats"]);
+    r.assert_ok();
+    let summary = r
+        .stderr
+        .lines()
+        .find(|l| l.contains("info: exits: "))
+        .unwrap_or_else(|| panic!("no exits line:\n{}", r.stderr));
+    assert!(summary.contains(" to-vmm="), "{summary}");
+    assert!(
+        r.stderr.contains("exit statistics (1 vCPU):"),
+        "{}",
+        r.stderr
+    );
+    let count = |what: &str| -> u64 {
+        r.stderr
+            .lines()
+            .find(|l| l.trim_start().starts_with(what))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {what:?} row:\n{}", r.stderr))
+    };
+    // Every character the guest printed went through the THR.
+    let printed = r.stdout.len() as u64;
+    assert!(
+        count("serial THR/RBR write") >= printed.saturating_sub(printed / 4),
+        "{printed} bytes printed\n{}",
+        r.stderr
+    );
+    assert_eq!(count("boot-timer +0x0 write"), 1);
+    assert!(count("post-code +0x0 write") >= 1);
+    assert!(count("i8042 status/command write") >= 1);
+    assert!(count("pio-out") >= count("serial THR/RBR write"));
+}

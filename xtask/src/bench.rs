@@ -6,6 +6,8 @@
 //! - VMM memory overhead: RSS of the process minus the guest-RAM mapping's
 //!   resident pages (Firecracker's method), 1 vCPU, 128 MiB, guest idle;
 //! - boots per second, sequential and with 2 in parallel;
+//! - the VMM's own build steps (`--log-level debug` "built VM" line), medians;
+//! - `virt-launcher` (built static like `microvm`) memory overhead with the embedded demo guest.
 //! - snapshots and restores (`bench_snapshot.rs`).
 
 use std::io::{BufRead, BufReader};
@@ -33,16 +35,10 @@ extern "C" {
     fn clock_gettime(clk: i32, ts: *mut libc_timespec) -> i32;
 }
 
-pub fn build_release_microvm(root: &Path) -> Result<PathBuf> {
-    let st = Command::new(env!("CARGO"))
-        .args(["build", "--release", "-p", "vmm", "--bin", "microvm"])
-        .current_dir(root)
-        .status()
-        .context("cargo build --release")?;
-    if !st.success() {
-        bail!("building microvm (release) failed");
-    }
-    Ok(root.join("target/release/microvm"))
+/// The release `microvm`, statically linked (no dynamic loader at exec; docs/boot-time.md).
+pub fn build_release_microvm(_root: &Path) -> Result<PathBuf> {
+    microvirt_testhost::scenarios::cargo_build_release_static("vmm", "microvm")
+        .map_err(|e| anyhow::anyhow!("building microvm (release, static): {e}"))
 }
 
 fn field(line: &str, key: &str) -> Option<u64> {
@@ -51,6 +47,7 @@ fn field(line: &str, key: &str) -> Option<u64> {
 }
 
 struct Sample {
+    phases: Vec<(String, u64)>,
     to_main_us: u64,
     to_first_insn_us: u64,
     to_boot_timer_us: u64,
@@ -83,7 +80,22 @@ fn one_boot(microvm: &Path, kernel: &Path) -> Result<Sample> {
         .find(|l| l.contains("timings:"))
         .context("no timings line")?;
     let to_main = field(line, "spawn-to-main-us").context("spawn-to-main-us")?;
+    // "built VM: ... in N us: open-kvm=12 guest-memory=34 ..."
+    let phases = stderr
+        .lines()
+        .find(|l| l.contains("built VM:"))
+        .and_then(|l| l.rsplit_once(" us: "))
+        .map(|(_, p)| {
+            p.split_whitespace()
+                .filter_map(|kv| {
+                    let (k, v) = kv.split_once('=')?;
+                    Some((k.to_string(), v.parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     Ok(Sample {
+        phases,
         to_main_us: to_main,
         to_first_insn_us: to_main
             + field(line, "first-guest-io-us")
@@ -155,6 +167,48 @@ fn memory_overhead(microvm: &Path, kernel: &Path) -> Result<(u64, u64)> {
     let r = rss_split(child.id(), 128 * 1024);
     let _ = child.kill();
     let _ = child.wait();
+    r
+}
+
+/// RSS of `virt-launcher run` with the embedded demo guest idling (1 vCPU, 128 MiB), split like
+/// [`memory_overhead`].
+fn launcher_overhead(launcher: &Path) -> Result<(u64, u64)> {
+    let dir = std::env::temp_dir().join(format!("xtask-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let vmi = dir.join("vmi.yaml");
+    std::fs::write(
+        &vmi,
+        "metadata: {name: bench}\nspec:\n  domain:\n    cpu: {cores: 1}\n    memory: {guest: 128Mi}\n    \
+         firmware: {kernelBoot: {kernelArgs: \"testguest.scenario=halt-forever\"}}\n",
+    )?;
+    let mut child = Command::new(launcher)
+        .arg("run")
+        .arg(&vmi)
+        .args(["--grace-period", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let halted = loop {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("halting") => break true,
+            Some(Ok(_)) if Instant::now() < deadline => {}
+            _ => break false,
+        }
+    };
+    let r = if halted {
+        std::thread::sleep(Duration::from_millis(200));
+        rss_split(child.id(), 128 * 1024)
+    } else {
+        Err(anyhow::anyhow!(
+            "the demo guest did not reach its idle loop under virt-launcher"
+        ))
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
     r
 }
 
@@ -252,6 +306,26 @@ pub fn main(args: &[String]) -> Result<()> {
                 p95
             );
         }
+        if name == "pvh" {
+            let names: Vec<String> = samples
+                .first()
+                .map(|s| s.phases.iter().map(|(n, _)| n.clone()).collect())
+                .unwrap_or_default();
+            for n in names {
+                let v: Vec<u64> = samples
+                    .iter()
+                    .filter_map(|s| s.phases.iter().find(|(k, _)| *k == n).map(|p| p.1))
+                    .collect();
+                let (min, med, p95) = stats(v);
+                println!(
+                    "{:<44} {:>9.3} {:>9.3} {:>9.3}",
+                    format!("[{name}]   build step {n}"),
+                    min,
+                    med,
+                    p95
+                );
+            }
+        }
     }
     let mut overheads = Vec::new();
     for _ in 0..5 {
@@ -262,6 +336,23 @@ pub fn main(args: &[String]) -> Result<()> {
     let (total, guest_kib) = overheads[overheads.len() / 2];
     println!(
         "memory: RSS {:.2} MiB, guest RAM resident {:.2} MiB, VMM overhead {:.2} MiB (median of 5)",
+        total as f64 / 1024.0,
+        guest_kib as f64 / 1024.0,
+        (total - guest_kib) as f64 / 1024.0
+    );
+    let mut launcher = Vec::new();
+    let launcher_bin = microvirt_testhost::scenarios::cargo_build_release_static(
+        "microvirt-launcher",
+        "virt-launcher",
+    )
+    .map_err(|e| anyhow::anyhow!("building virt-launcher (release, static): {e}"))?;
+    for _ in 0..5 {
+        launcher.push(launcher_overhead(&launcher_bin)?);
+    }
+    launcher.sort_by_key(|(t, g)| t - g);
+    let (total, guest_kib) = launcher[launcher.len() / 2];
+    println!(
+        "virt-launcher memory: RSS {:.2} MiB, guest RAM resident {:.2} MiB, launcher overhead {:.2} MiB (median of 5)",
         total as f64 / 1024.0,
         guest_kib as f64 / 1024.0,
         (total - guest_kib) as f64 / 1024.0

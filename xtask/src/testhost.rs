@@ -1,7 +1,7 @@
 //! `cargo xtask testhost [SCENARIO...]`: run end-to-end scenarios by hand in the QEMU-TCG test host
 //! (directly on hardware KVM when the host has it), and `cargo xtask bench-testhost [RUNS] [--disk|--initrd]
-//! [--snapshot-only]`: the microvm vs QEMU `-M microvm` comparison in the test host, then restores
-//! of a Linux guest (only those with `--snapshot-only`).
+//! [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only]`: the microvm vs QEMU `-M microvm`
+//! comparison in the test host, then restores of a Linux guest (only those with `--snapshot-only`).
 
 use anyhow::{bail, Result};
 use microvirt_testhost::{bench, scenarios};
@@ -52,33 +52,100 @@ pub fn main(args: &[String]) -> Result<()> {
 }
 
 pub fn bench_main(args: &[String]) -> Result<()> {
-    let mut runs = 5;
-    let mut root = bench::RootMode::Disk;
-    let mut snapshot_only = false;
-    for a in args {
+    let mut o = bench::BenchOptions {
+        runs: 5,
+        root: bench::RootMode::Disk,
+        kernel: None,
+        append: String::new(),
+        boot_log: false,
+        snapshot_only: false,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
         match a.as_str() {
-            "--initrd" => root = bench::RootMode::Initrd,
-            "--disk" => root = bench::RootMode::Disk,
-            "--snapshot-only" => snapshot_only = true,
-            n => runs = n.parse()?,
+            "--initrd" => o.root = bench::RootMode::Initrd,
+            "--boot-log" => o.boot_log = true,
+            "--snapshot-only" => o.snapshot_only = true,
+            "--disk" => o.root = bench::RootMode::Disk,
+            "--kernel" => {
+                o.kernel = Some(
+                    it.next()
+                        .ok_or_else(|| anyhow::anyhow!("--kernel needs a path"))?
+                        .into(),
+                )
+            }
+            "--append" => {
+                o.append = it
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("--append needs a value"))?
+                    .clone()
+            }
+            n => {
+                o.runs = n
+                    .parse()
+                    .map_err(|_| anyhow::anyhow!("unknown argument {n:?}"))?
+            }
         }
     }
     let prep = scenarios::prepare()?;
-    let (samples, log) = bench::run(
-        &prep,
-        runs,
-        root,
-        std::env::var_os("MICROVIRT_VERBOSE").is_some(),
-        snapshot_only,
-    )?;
-    for s in &samples {
+    let r = bench::run(&prep, &o, std::env::var_os("MICROVIRT_VERBOSE").is_some())?;
+    for s in &r.samples {
         eprintln!("{s:?}");
     }
+    let summaries = bench::summarize(&r.samples);
     println!(
-        "root: {root:?}, guest {} MiB, 1 vCPU, medians over the successful runs:",
+        "root: {:?}, kernel: {}, guest {} MiB, 1 vCPU, medians over the successful runs:",
+        o.root,
+        o.kernel
+            .as_ref()
+            .map_or("shipped guest kernel".to_string(), |k| k
+                .display()
+                .to_string()),
         bench::GUEST_MIB
     );
-    println!("{}", bench::table(&bench::summarize(&samples)));
-    eprintln!("[bench] test-host console log: {}", log.display());
+    if !o.append.is_empty() {
+        println!("extra command line: {}", o.append);
+    }
+    if !o.snapshot_only {
+        println!("{}", bench::table(&summaries));
+        println!("KVM exits per boot (medians; sampled from debugfs every 10 ms):\n");
+        println!("{}", bench::exit_table(&summaries));
+    }
+    println!("Linux guest restores (microvm):\n");
+    println!("{}", bench::restore_table(&summaries));
+    if !r.microvm_exit_table.is_empty() {
+        println!("microvm --exit-stats of its last run:\n```");
+        for l in &r.microvm_exit_table {
+            println!("{l}");
+        }
+        println!("```");
+    }
+    if o.boot_log {
+        use microvirt_testhost::bootlog;
+        let syms = bootlog::Symbols::of(o.kernel.as_ref().unwrap_or(&prep.images.vmlinux));
+        let log = bootlog::parse(&r.boot_log);
+        println!("\nkernel log breakdown of one microvm boot with initcall_debug:\n");
+        println!("{}", bootlog::breakdown(&log, 15, &syms).report());
+        let qlog = bootlog::parse(&r.qemu_boot_log);
+        println!("\nthe same boot under QEMU -M microvm:\n");
+        println!("{}", bootlog::breakdown(&qlog, 15, &syms).report());
+        if let Some(l) = r.boot_log.iter().find(|l| l.contains("built VM:")) {
+            println!("microvm's own start-up (µs per build step): {l}\n");
+        }
+        let exits: Vec<&String> = r
+            .boot_log
+            .iter()
+            .skip_while(|l| !l.starts_with("exit statistics ("))
+            .take_while(|l| l.starts_with("exit statistics (") || l.starts_with("  "))
+            .collect();
+        if !exits.is_empty() {
+            println!("its exits:\n```");
+            for l in exits {
+                println!("{l}");
+            }
+            println!("```");
+        }
+    }
+    eprintln!("[bench] test-host console log: {}", r.log.display());
     Ok(())
 }

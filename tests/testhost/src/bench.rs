@@ -1,6 +1,9 @@
-//! Comparison benchmark inside the test host: the same kernel and rootfs booted by `microvm` and by
-//! `qemu-system-x86_64 -M microvm -accel kvm`, several runs each; medians of the time from VMM
-//! process start to the guest init's first console line, and of the VMM's RSS.
+//! Comparison benchmark inside the test host: the same kernel, rootfs and command line booted by
+//! `microvm` and by `qemu-system-x86_64 -M microvm -accel kvm`, several runs each; medians of the
+//! time from VMM process start to the first guest instruction, to the init's first console line,
+//! to the guest's ready line and to the VMM's exit after the guest rebooted; KVM's exit counters of
+//! each VM by reason; the VMM's RSS; and microvm's own exit table (port I/O and MMIO by device
+//! register).
 //!
 //! Then snapshot/restore of that Linux guest with `microvm`: the guest is snapshotted in the
 //! middle of `sleep 2; echo restored-output; exit` typed on its console, and restored several
@@ -8,6 +11,7 @@
 //! so the sleep is over at once): `microvm-restore` rows measure process start → the guest's
 //! first output after restore, with the VMM's own restore time and main → first guest exit.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::l1::{self, InitramfsSpec};
@@ -17,21 +21,48 @@ use crate::scenarios::{self, Prepared, ScenarioError};
 /// Guest memory used by both VMMs.
 pub const GUEST_MIB: u32 = 256;
 
+/// KVM exit statistics shown in the exit table, in this order.
+pub const EXIT_COLUMNS: &[&str] = &[
+    "exits",
+    "io_exits",
+    "mmio_exits",
+    "halt_exits",
+    "irq_window_exits",
+    "irq_exits",
+    "signal_exits",
+    "request_irq_exits",
+    "insn_emulation",
+    "hypercalls",
+    "irq_injections",
+    "pf_fixed",
+    "pages_4k",
+    "pages_2m",
+];
+
 /// One measured boot.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Sample {
     pub vmm: String,
     pub exit: i32,
+    /// VMM process start → the first guest entry (`kvm_entry` trace event).
+    pub first_entry_ms: Option<f64>,
     /// VMM process start → init's first console line.
-    pub marker_ms: Option<f64>,
+    pub init_ms: Option<f64>,
+    /// VMM process start → the guest's `microvirt: ready` line.
+    pub ready_ms: Option<f64>,
+    /// VMM process start → VMM exit (after the guest rebooted).
     pub wall_ms: f64,
     pub rss_kib: u64,
     pub vmm_rss_kib: u64,
     /// microvm's own boot-timer figure.
     pub boot_time_ms: Option<f64>,
+    /// Restores: process start → the guest's first output after the restore.
+    pub restored_ms: Option<f64>,
     /// Restores: the VMM's restore time and main → first guest exit.
     pub restore_ms: Option<f64>,
     pub first_exit_ms: Option<f64>,
+    /// KVM's counters of the VM (`kvm.NAME=N`).
+    pub kvm: BTreeMap<String, u64>,
 }
 
 /// Medians per VMM.
@@ -40,13 +71,17 @@ pub struct Summary {
     pub vmm: String,
     pub runs: usize,
     pub ok: usize,
-    pub marker_ms: Option<f64>,
+    pub first_entry_ms: Option<f64>,
+    pub init_ms: Option<f64>,
+    pub ready_ms: Option<f64>,
     pub wall_ms: Option<f64>,
     pub rss_kib: Option<f64>,
     pub vmm_rss_kib: Option<f64>,
     pub boot_time_ms: Option<f64>,
+    pub restored_ms: Option<f64>,
     pub restore_ms: Option<f64>,
     pub first_exit_ms: Option<f64>,
+    pub kvm: BTreeMap<String, f64>,
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -68,32 +103,38 @@ pub fn parse_sample(vmm: &str, line: &str) -> Option<Sample> {
     let mut s = Sample {
         vmm: vmm.to_string(),
         exit: -1,
-        marker_ms: None,
-        wall_ms: 0.0,
-        rss_kib: 0,
-        vmm_rss_kib: 0,
-        boot_time_ms: None,
-        restore_ms: None,
-        first_exit_ms: None,
+        ..Default::default()
     };
+    let mut saw_exit = false;
     for kv in rest.split_whitespace() {
         let (k, v) = kv.split_once('=')?;
         match k {
-            "exit" => s.exit = v.parse().ok()?,
-            "marker-ms" => s.marker_ms = v.parse().ok(),
+            "exit" => {
+                s.exit = v.parse().ok()?;
+                saw_exit = true;
+            }
+            "first-entry-ms" => s.first_entry_ms = v.parse().ok(),
+            "marker.init-ms" => s.init_ms = v.parse().ok(),
+            "marker.ready-ms" => s.ready_ms = v.parse().ok(),
             "wall-ms" => s.wall_ms = v.parse().ok()?,
             "rss-kib" => s.rss_kib = v.parse().ok()?,
             "vmm-rss-kib" => s.vmm_rss_kib = v.parse().ok()?,
             "boot-time-ms" => s.boot_time_ms = v.parse().ok(),
+            "marker.restored-ms" => s.restored_ms = v.parse().ok(),
             "restore-ms" => s.restore_ms = v.parse().ok(),
             "first-exit-ms" => s.first_exit_ms = v.parse().ok(),
-            _ => {}
+            k => {
+                if let (Some(name), Ok(n)) = (k.strip_prefix("kvm."), v.parse()) {
+                    s.kvm.insert(name.to_string(), n);
+                }
+            }
         }
     }
-    Some(s)
+    saw_exit.then_some(s)
 }
 
-/// Medians over the successful samples of each VMM.
+/// Medians over the successful samples of each VMM (exit 0 and the init line seen, or for
+/// restores the guest's output after the restore).
 pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
     let mut names: Vec<&str> = Vec::new();
     for s in samples {
@@ -108,44 +149,106 @@ pub fn summarize(samples: &[Sample]) -> Vec<Summary> {
             let ok: Vec<&Sample> = all
                 .iter()
                 .copied()
-                .filter(|s| s.exit == 0 && s.marker_ms.is_some())
+                .filter(|s| s.exit == 0 && (s.init_ms.is_some() || s.restored_ms.is_some()))
                 .collect();
+            let mut kvm = BTreeMap::new();
+            let keys: std::collections::BTreeSet<&String> =
+                ok.iter().flat_map(|s| s.kvm.keys()).collect();
+            for k in keys {
+                if let Some(m) = median(
+                    ok.iter()
+                        .filter_map(|s| s.kvm.get(k).map(|v| *v as f64))
+                        .collect(),
+                ) {
+                    kvm.insert(k.clone(), m);
+                }
+            }
             Summary {
                 vmm: n.to_string(),
                 runs: all.len(),
                 ok: ok.len(),
-                marker_ms: median(ok.iter().filter_map(|s| s.marker_ms).collect()),
+                first_entry_ms: median(ok.iter().filter_map(|s| s.first_entry_ms).collect()),
+                init_ms: median(ok.iter().filter_map(|s| s.init_ms).collect()),
+                ready_ms: median(ok.iter().filter_map(|s| s.ready_ms).collect()),
                 wall_ms: median(ok.iter().map(|s| s.wall_ms).collect()),
                 rss_kib: median(ok.iter().map(|s| s.rss_kib as f64).collect()),
                 vmm_rss_kib: median(ok.iter().map(|s| s.vmm_rss_kib as f64).collect()),
                 boot_time_ms: median(ok.iter().filter_map(|s| s.boot_time_ms).collect()),
+                restored_ms: median(ok.iter().filter_map(|s| s.restored_ms).collect()),
                 restore_ms: median(ok.iter().filter_map(|s| s.restore_ms).collect()),
                 first_exit_ms: median(ok.iter().filter_map(|s| s.first_exit_ms).collect()),
+                kvm,
             }
         })
         .collect()
 }
 
-/// A Markdown table of the summaries.
-pub fn table(summaries: &[Summary]) -> String {
-    let f = |v: Option<f64>, d: f64| v.map_or("n/a".to_string(), |x| format!("{:.1}", x / d));
+fn fmt(v: Option<f64>, div: f64, prec: usize) -> String {
+    v.map_or("n/a".to_string(), |x| format!("{:.*}", prec, x / div))
+}
+
+/// The Markdown table of restores (rows with a `restored` figure).
+pub fn restore_table(summaries: &[Summary]) -> String {
     let mut s = String::from(
-        "| VMM | ok/runs | start → first line (ms) | start → exit (ms) | boot-time-ms (own) | restore (own, ms) | main → first guest exit (ms) | RSS total (MiB) | RSS w/o guest RAM (MiB) |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| VMM | ok/runs | start → first output after restore (ms) | restore (own, ms) | main → first guest exit (ms) | start → exit (ms) | RSS total (MiB) | RSS w/o guest RAM (MiB) |\n|---|---|---|---|---|---|---|---|\n",
     );
-    for m in summaries {
+    for m in summaries.iter().filter(|m| m.restored_ms.is_some()) {
+        s.push_str(&format!(
+            "| {} | {}/{} | {} | {} | {} | {} | {} | {} |\n",
+            m.vmm,
+            m.ok,
+            m.runs,
+            fmt(m.restored_ms, 1.0, 1),
+            fmt(m.restore_ms, 1.0, 1),
+            fmt(m.first_exit_ms, 1.0, 1),
+            fmt(m.wall_ms, 1.0, 1),
+            fmt(m.rss_kib, 1024.0, 1),
+            fmt(m.vmm_rss_kib, 1024.0, 1),
+        ));
+    }
+    s
+}
+
+/// The Markdown table of boot times and memory (rows without a `restored` figure).
+pub fn table(summaries: &[Summary]) -> String {
+    let mut s = String::from(
+        "| VMM | ok/runs | start → first guest instruction (ms) | → init line (ms) | → ready (ms) | → exit after reboot (ms) | boot-time-ms (own) | RSS total (MiB) | RSS w/o guest RAM (MiB) |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for m in summaries.iter().filter(|m| m.restored_ms.is_none()) {
         s.push_str(&format!(
             "| {} | {}/{} | {} | {} | {} | {} | {} | {} | {} |\n",
             m.vmm,
             m.ok,
             m.runs,
-            f(m.marker_ms, 1.0),
-            f(m.wall_ms, 1.0),
-            f(m.boot_time_ms, 1.0),
-            f(m.restore_ms, 1.0),
-            f(m.first_exit_ms, 1.0),
-            f(m.rss_kib, 1024.0),
-            f(m.vmm_rss_kib, 1024.0),
+            fmt(m.first_entry_ms, 1.0, 1),
+            fmt(m.init_ms, 1.0, 1),
+            fmt(m.ready_ms, 1.0, 1),
+            fmt(m.wall_ms, 1.0, 1),
+            fmt(m.boot_time_ms, 1.0, 1),
+            fmt(m.rss_kib, 1024.0, 1),
+            fmt(m.vmm_rss_kib, 1024.0, 1),
         ));
+    }
+    s
+}
+
+/// The Markdown table of KVM's exit counters per boot (medians).
+pub fn exit_table(summaries: &[Summary]) -> String {
+    let mut s = String::from("| VMM |");
+    let mut sep = String::from("|---|");
+    for c in EXIT_COLUMNS {
+        s.push_str(&format!(" {c} |"));
+        sep.push_str("---|");
+    }
+    s.push('\n');
+    s.push_str(&sep);
+    s.push('\n');
+    for m in summaries.iter().filter(|m| m.restored_ms.is_none()) {
+        s.push_str(&format!("| {} |", m.vmm));
+        for c in EXIT_COLUMNS {
+            s.push_str(&format!(" {} |", fmt(m.kvm.get(*c).copied(), 1.0, 0)));
+        }
+        s.push('\n');
     }
     s
 }
@@ -159,31 +262,64 @@ pub enum RootMode {
     Initrd,
 }
 
-/// The microvm and QEMU command lines (busybox sh), same kernel, memory and root for both.
+/// What to boot.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub runs: usize,
+    pub root: RootMode,
+    /// A kernel to boot instead of the shipped guest kernel (ELF vmlinux with a PVH note for
+    /// both VMMs' direct boot).
+    pub kernel: Option<PathBuf>,
+    /// Appended to both command lines.
+    pub append: String,
+    /// Also boot once more under microvm with `initcall_debug` and print the kernel log
+    /// breakdown ([`crate::bootlog`]).
+    pub boot_log: bool,
+    /// Only the restores, no boot comparison.
+    pub snapshot_only: bool,
+}
+
+/// The kernel command line every VMM gets on top of its own machine defaults: the shipped guest
+/// image's recommended arguments (see docs/guest-images.md), then the benchmark's.
+pub const GUEST_ARGS: &str = "";
+
+/// The microvm and QEMU command lines (busybox sh), same kernel, memory, root and command line.
 ///
 /// QEMU's microvm machine: `acpi=off` so that QEMU puts the virtio-mmio devices on the kernel command
 /// line (our kernel has no ACPI), and `reboot=t` because it has no i8042 (with `reboot=k` the guest
-/// falls back to a BIOS jump and qboot boots it again, forever).
-fn commands(root: RootMode) -> (String, String) {
-    let (mvm_root, qemu_root, cmdline) = match root {
+/// falls back to a BIOS jump and qboot boots it again, forever). The rest of microvm's default
+/// command line is given to QEMU's guest too.
+fn commands(o: &BenchOptions) -> (String, String) {
+    let (mvm_root, qemu_root, root_args) = match o.root {
         RootMode::Disk => (
             "--disk path=$WORK/root.ext4",
             "-drive id=root,file=$WORK/root.ext4,format=raw,if=none -device virtio-blk-device,drive=root",
-            "root=/dev/vda rw quiet microvirt.scenario=quick",
+            "root=/dev/vda rw",
         ),
         RootMode::Initrd => (
             "--initrd /guest/rootfs.cpio",
             "-initrd /guest/rootfs.cpio",
-            "quiet microvirt.scenario=quick",
+            "",
         ),
     };
+    let cmdline = [
+        GUEST_ARGS,
+        root_args,
+        "quiet microvirt.scenario=quick",
+        o.append.as_str(),
+    ]
+    .iter()
+    .filter(|s| !s.is_empty())
+    .copied()
+    .collect::<Vec<_>>()
+    .join(" ");
     let microvm = format!(
-        "/bin/microvm --kernel /guest/vmlinux --mem-mib {GUEST_MIB} {mvm_root} --cmdline '{cmdline}'"
+        "/bin/microvm --exit-stats --kernel $KERNEL --mem-mib {GUEST_MIB} {mvm_root} --cmdline '{cmdline}'"
     );
     let qemu = format!(
         "/bin/qemu-system-x86_64 -L /usr/share/qemu -M microvm,acpi=off,x-option-roms=off,rtc=off -accel kvm -cpu host -m {GUEST_MIB} -smp 1 \
          -nodefaults -no-user-config -nographic -serial stdio -monitor none -no-reboot \
-         -kernel /guest/vmlinux -append 'console=ttyS0 reboot=t panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd {cmdline}' \
+         -kernel $KERNEL -append 'console=ttyS0 reboot=t panic=1 pci=off nomodule i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce {cmdline}' \
          {qemu_root}"
     );
     (microvm, qemu)
@@ -220,35 +356,65 @@ sleep 3
     for i in 0..=runs {
         let tag = if i == 0 { "warmup" } else { "sample" };
         s.push_str(&format!(
-            "echo \"=== {tag} microvm-restore $(/bin/bootwatch --marker restored-output --guest-mib {GUEST_MIB} --timeout 120 -- /bin/microvm --restore /tmp/bench/snap --disk path=$WORK/root.ext4,overlay=$WORK/restored.ovl --log-level debug | grep '^bootwatch ')\"\n"
+            "echo \"=== {tag} microvm-restore $(/bin/bootwatch --marker restored=restored-output --guest-mib {GUEST_MIB} --timeout 120 -- /bin/microvm --restore /tmp/bench/snap --disk path=$WORK/root.ext4,overlay=$WORK/restored.ovl --log-level debug | grep '^bootwatch ')\"\n"
         ));
     }
     s
 }
 
+/// The result of a benchmark run.
+pub struct BenchRun {
+    pub samples: Vec<Sample>,
+    /// microvm's `--exit-stats` table of its last sample.
+    pub microvm_exit_table: Vec<String>,
+    /// The output of the `--boot-log` boot (kernel log and microvm's exit table).
+    pub boot_log: Vec<String>,
+    /// The same boot under QEMU (its kernel log).
+    pub qemu_boot_log: Vec<String>,
+    pub log: PathBuf,
+}
+
 /// Runs the comparison; returns every sample and the test-host console log path.
-pub fn run(
-    prep: &Prepared,
-    runs: usize,
-    root: RootMode,
-    echo: bool,
-    snapshot_only: bool,
-) -> Result<(Vec<Sample>, PathBuf), ScenarioError> {
+pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, ScenarioError> {
     let bootwatch = scenarios::cargo_build_release("microvirt-testhost", "bootwatch")?;
-    let (microvm, qemu_cmd) = commands(root);
-    let mut body = String::from(
-        "export WORK=/tmp/bench\nmkdir -p $WORK\ncp /guest/rootfs.ext4 $WORK/root.ext4\n",
+    let (microvm, qemu_cmd) = commands(o);
+    let mut files = Vec::new();
+    let kernel_path = match &o.kernel {
+        Some(k) => {
+            let data = std::fs::read(k).map_err(|source| crate::cmd::CmdError::Io {
+                what: "reading",
+                path: k.clone(),
+                source,
+            })?;
+            files.push(("guest/bench-kernel".to_string(), data));
+            "/guest/bench-kernel"
+        }
+        None => "/guest/vmlinux",
+    };
+    let mut body = format!(
+        "export WORK=/tmp/bench KERNEL={kernel_path}\nmkdir -p $WORK\ncp /guest/rootfs.ext4 $WORK/root.ext4\necho \"=== load $(cat /proc/loadavg)\"\n"
     );
     // Interleave the VMMs so that drift in the test host affects both alike; one warm-up each.
-    for i in (0..=runs).filter(|_| !snapshot_only) {
+    for i in (0..=o.runs).filter(|_| !o.snapshot_only) {
         for (name, c) in [("microvm", &microvm), ("qemu-microvm", &qemu_cmd)] {
             let tag = if i == 0 { "warmup" } else { "sample" };
             body.push_str(&format!(
-                "echo \"=== {tag} {name} $(/bin/bootwatch --guest-mib {GUEST_MIB} --timeout 120 -- {c} | grep '^bootwatch ')\"\n"
+                "/bin/bootwatch --guest-mib {GUEST_MIB} --timeout 120 --kvm-stats --first-entry -- {c} > $WORK/out\n\
+                 grep '^bootwatch-exits ' $WORK/out | sed 's/^/=== {tag} {name} /'\n\
+                 echo \"=== {tag} {name} $(grep '^bootwatch ' $WORK/out)\"\n"
             ));
         }
     }
-    body.push_str(&snapshot_body(runs));
+    if o.boot_log && !o.snapshot_only {
+        let (mvm, qemu) = commands(&BenchOptions {
+            append: format!("{} initcall_debug microvirt.scenario=dmesg", o.append),
+            ..o.clone()
+        });
+        body.push_str(&format!(
+            "{mvm} --log-level debug 2>&1 | sed 's/^/=== bootlog /'\n{qemu} 2>&1 | sed 's/^/=== qbootlog /'\n"
+        ));
+    }
+    body.push_str(&snapshot_body(o.runs));
     // The comparison always runs in the test host, so both VMMs see the same nested KVM.
     let kernel = match &prep.l1 {
         Some(k) => k.clone(),
@@ -263,12 +429,15 @@ pub fn run(
             images: &prep.images,
             binaries: vec![prep.microvm.clone(), bootwatch],
             with_qemu: true,
-            files: Vec::new(),
+            files,
             init: scenarios::l1_init(&body),
         },
         &initramfs,
     )?;
-    eprintln!("[bench] booting the test host; {runs} runs per VMM (+1 warm-up each)");
+    eprintln!(
+        "[bench] booting the test host; {} runs per VMM (+1 warm-up each)",
+        o.runs
+    );
     let console = qemu::run_console(
         qemu::qemu_tcg_command(
             &kernel.vmlinuz,
@@ -278,7 +447,7 @@ pub fn run(
         ),
         &RunOptions {
             name: "bench".into(),
-            timeout: std::time::Duration::from_secs(300 + 360 * runs as u64),
+            timeout: std::time::Duration::from_secs(300 + 360 * o.runs as u64),
             log: prep.workdir.join("bench-console.log"),
             echo,
             done_marker: DONE_MARKER.into(),
@@ -286,33 +455,50 @@ pub fn run(
     )?;
     let _ = std::fs::remove_file(&initramfs);
     let mut samples = Vec::new();
+    let mut table: Vec<String> = Vec::new();
+    let mut current: Vec<String> = Vec::new();
+    let mut boot_log = Vec::new();
+    let mut qemu_boot_log = Vec::new();
     for l in &console.lines {
-        let l = l.trim();
-        if let Some(s) = l.strip_prefix("=== snapshot ") {
-            eprintln!("[bench] snapshot: {s}");
+        if let Some((_, r)) = l.split_once("=== snapshot ") {
+            eprintln!("[bench] snapshot: {r}");
         }
-        let Some(rest) = l.strip_prefix("=== sample ") else {
+        if let Some((_, r)) = l.split_once("=== bootlog ") {
+            boot_log.push(r.to_string());
+            continue;
+        }
+        if let Some((_, r)) = l.split_once("=== qbootlog ") {
+            qemu_boot_log.push(r.to_string());
+            continue;
+        }
+        let Some(rest) = l.trim_end().split_once("=== sample ").map(|(_, r)| r) else {
             continue;
         };
         let Some((name, result)) = rest.split_once(' ') else {
             continue;
         };
-        match parse_sample(name, result) {
-            Some(s) => samples.push(s),
-            None => samples.push(Sample {
-                vmm: name.to_string(),
-                exit: -1,
-                marker_ms: None,
-                wall_ms: 0.0,
-                rss_kib: 0,
-                vmm_rss_kib: 0,
-                boot_time_ms: None,
-                restore_ms: None,
-                first_exit_ms: None,
-            }),
+        if let Some(t) = result.strip_prefix("bootwatch-exits ") {
+            if name == "microvm" {
+                current.push(t.to_string());
+            }
+            continue;
         }
+        if name == "microvm" && !current.is_empty() {
+            table = std::mem::take(&mut current);
+        }
+        samples.push(parse_sample(name, result).unwrap_or(Sample {
+            vmm: name.to_string(),
+            exit: -1,
+            ..Default::default()
+        }));
     }
-    Ok((samples, console.log))
+    Ok(BenchRun {
+        samples,
+        microvm_exit_table: table,
+        boot_log,
+        qemu_boot_log,
+        log: console.log,
+    })
 }
 
 #[cfg(test)]
@@ -323,24 +509,59 @@ mod tests {
     fn parses_and_summarizes() {
         let a = parse_sample(
             "microvm",
-            "bootwatch exit=0 marker-ms=100.0 wall-ms=300.0 rss-kib=2048 vmm-rss-kib=1024 boot-time-ms=90",
+            "bootwatch exit=0 wall-ms=300.0 rss-kib=2048 vmm-rss-kib=1024 boot-time-ms=90 first-entry-ms=1.5 marker.init-ms=100.0 marker.ready-ms=120.0 kvm.exits=1000 kvm.io_exits=10",
         )
         .expect("parses");
         assert_eq!(a.exit, 0);
-        assert_eq!(a.marker_ms, Some(100.0));
+        assert_eq!(a.init_ms, Some(100.0));
+        assert_eq!(a.ready_ms, Some(120.0));
+        assert_eq!(a.first_entry_ms, Some(1.5));
         assert_eq!(a.boot_time_ms, Some(90.0));
+        assert_eq!(a.kvm["exits"], 1000);
         let mut b = a.clone();
-        b.marker_ms = Some(300.0);
+        b.init_ms = Some(300.0);
+        b.kvm.insert("exits".into(), 3000);
         let mut c = a.clone();
-        c.marker_ms = Some(200.0);
+        c.init_ms = Some(200.0);
+        c.kvm.insert("exits".into(), 2000);
         let mut failed = a.clone();
         failed.exit = 1;
-        let s = summarize(&[a, b, c, failed]);
+        let none = parse_sample(
+            "microvm",
+            "bootwatch exit=0 wall-ms=1 rss-kib=1 vmm-rss-kib=1 boot-time-ms=none first-entry-ms=none marker.init-ms=none marker.ready-ms=none",
+        )
+        .unwrap();
+        assert_eq!(none.init_ms, None);
+        let s = summarize(&[a, b, c, failed, none]);
         assert_eq!(s.len(), 1);
-        assert_eq!(s[0].runs, 4);
+        assert_eq!(s[0].runs, 5);
         assert_eq!(s[0].ok, 3);
-        assert_eq!(s[0].marker_ms, Some(200.0));
-        assert!(table(&s).contains("| microvm | 3/4 | 200.0 |"));
+        assert_eq!(s[0].init_ms, Some(200.0));
+        assert_eq!(s[0].kvm["exits"], 2000.0);
+        assert!(
+            table(&s).contains("| microvm | 3/5 | 1.5 | 200.0 | 120.0 |"),
+            "{}",
+            table(&s)
+        );
+        assert!(exit_table(&s).contains("| microvm | 2000 | 10 | n/a |"));
+        let r = parse_sample(
+            "microvm-restore",
+            "bootwatch exit=0 wall-ms=50.0 rss-kib=2048 vmm-rss-kib=1024 boot-time-ms=none first-entry-ms=none restore-ms=3.5 first-exit-ms=4.0 marker.restored-ms=20.0",
+        )
+        .unwrap();
+        assert_eq!(
+            (r.restored_ms, r.restore_ms, r.first_exit_ms),
+            (Some(20.0), Some(3.5), Some(4.0))
+        );
+        let rs = summarize(&[r]);
+        assert_eq!(rs[0].ok, 1);
+        assert!(
+            restore_table(&rs).contains("| microvm-restore | 1/1 | 20.0 | 3.5 | 4.0 | 50.0 |"),
+            "{}",
+            restore_table(&rs)
+        );
+        assert!(!table(&rs).contains("microvm-restore"));
         assert!(parse_sample("x", "garbage").is_none());
+        assert!(parse_sample("x", "bootwatch wall-ms=1").is_none());
     }
 }

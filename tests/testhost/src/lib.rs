@@ -7,6 +7,7 @@
 //! - [`bench`]: microvm vs QEMU `-M microvm` boot time and memory in the test host.
 
 pub mod bench;
+pub mod bootlog;
 pub mod cmd;
 pub mod images;
 pub mod l1;

@@ -183,6 +183,21 @@ pub fn workspace_root() -> PathBuf {
 
 /// Builds a release binary of this workspace and returns its path.
 pub fn cargo_build_release(package: &str, bin: &str) -> Result<PathBuf, ScenarioError> {
+    cargo_build(package, bin, false)
+}
+
+/// The target triple static binaries are built for (`--target` keeps `crt-static` away from
+/// build scripts and proc-macros, which cannot be linked statically).
+pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Builds a statically linked (static-pie, glibc) release binary and returns its path, under
+/// `target/x86_64-unknown-linux-gnu/release/`. No dynamic loader runs at exec: the VMM reaches
+/// `main()` sooner (docs/boot-time.md).
+pub fn cargo_build_release_static(package: &str, bin: &str) -> Result<PathBuf, ScenarioError> {
+    cargo_build(package, bin, true)
+}
+
+fn cargo_build(package: &str, bin: &str, static_link: bool) -> Result<PathBuf, ScenarioError> {
     let root = workspace_root();
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -193,16 +208,36 @@ pub fn cargo_build_release(package: &str, bin: &str) -> Result<PathBuf, Scenario
         root.join(target)
     };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    eprintln!("[testhost] cargo build --release -p {package} --bin {bin}");
-    let out = Command::new(cargo)
-        .current_dir(&root)
-        .env("CARGO_TARGET_DIR", &target)
-        .args(["build", "--release", "-p", package, "--bin", bin])
-        .output()
-        .map_err(|source| CmdError::Spawn {
-            program: "cargo".into(),
-            source,
-        })?;
+    let mut c = Command::new(cargo);
+    c.current_dir(&root).env("CARGO_TARGET_DIR", &target).args([
+        "build",
+        "--release",
+        "-p",
+        package,
+        "--bin",
+        bin,
+    ]);
+    let out_dir = if static_link {
+        c.args(["--target", STATIC_TARGET]).env(
+            "RUSTFLAGS",
+            format!(
+                "{} -C target-feature=+crt-static",
+                std::env::var("RUSTFLAGS").unwrap_or_default()
+            )
+            .trim(),
+        );
+        target.join(STATIC_TARGET).join("release")
+    } else {
+        target.join("release")
+    };
+    eprintln!(
+        "[testhost] cargo build --release -p {package} --bin {bin}{}",
+        if static_link { " (static)" } else { "" }
+    );
+    let out = c.output().map_err(|source| CmdError::Spawn {
+        program: "cargo".into(),
+        source,
+    })?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let lines: Vec<&str> = err.lines().collect();
@@ -211,15 +246,15 @@ pub fn cargo_build_release(package: &str, bin: &str) -> Result<PathBuf, Scenario
             tail: lines[lines.len().saturating_sub(30)..].join("\n"),
         });
     }
-    Ok(target.join("release").join(bin))
+    Ok(out_dir.join(bin))
 }
 
-/// The `microvm` binary: `$MICROVIRT_MICROVM`, or a release build of the `vmm` package.
+/// The `microvm` binary: `$MICROVIRT_MICROVM`, or a static release build of the `vmm` package.
 pub fn microvm_binary() -> Result<PathBuf, ScenarioError> {
     if let Some(p) = std::env::var_os("MICROVIRT_MICROVM") {
         return Ok(PathBuf::from(p));
     }
-    cargo_build_release("vmm", "microvm")
+    cargo_build_release_static("vmm", "microvm")
 }
 
 /// Everything a suite needs on the host.
@@ -269,6 +304,8 @@ mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
 mkdir -p /tmp /dev/pts /run
 mount -t tmpfs tmp /tmp
+mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 echo "=== l1 up $(cut -d' ' -f1 /proc/uptime)"
 grep -q svm /proc/cpuinfo || echo "=== l1: no svm flag"
 for m in{mods}; do insmod /mods/$m.ko || echo "=== l1: insmod $m failed"; done

@@ -143,7 +143,18 @@ fn boot_time_line_present_and_plausible() {
         cpu >= 0.0 && cpu <= wall * 4.0 + 50.0,
         "implausible cpu-ms {cpu} (wall {wall})"
     );
-    // The timer fires at init, so it must precede init's own first line... and the VMM's exit.
+    // The init writes the boot timer when the guest is ready: after its first line, right
+    // before its `ready` line (docs/boot-time.md).
+    let lines = sec.vm_lines("boot");
+    let pos = |what: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?} line:\n{}", sec.tail(60)))
+    };
+    assert!(pos("microvirt: init up") < pos("boot-time-ms="));
+    assert!(pos("microvirt: ready") < pos("microvirt: scenario boot"));
+    // ...and the timer cannot be later than the VMM's exit.
     let start: f64 = sec
         .values("check vm boot start ")
         .first()

@@ -14,6 +14,10 @@ pub trait BusDevice: Send {
     fn read(&mut self, offset: u64, data: &mut [u8]);
     /// Handle a guest write.
     fn write(&mut self, offset: u64, data: &[u8]);
+    /// The name of the register at `offset`, for exit statistics.
+    fn register_name(&self, _offset: u64) -> Option<&'static str> {
+        None
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -33,9 +37,15 @@ struct Range {
 /// A shared handle to a device on a bus.
 pub type SharedDevice = Arc<Mutex<dyn BusDevice>>;
 
+#[derive(Clone)]
+struct Entry {
+    device: SharedDevice,
+    name: String,
+}
+
 #[derive(Default, Clone)]
 pub struct Bus {
-    devices: BTreeMap<Range, SharedDevice>,
+    devices: BTreeMap<Range, Entry>,
 }
 
 impl Bus {
@@ -44,6 +54,17 @@ impl Bus {
     }
 
     pub fn insert(&mut self, device: SharedDevice, base: u64, len: u64) -> Result<(), BusError> {
+        self.insert_named(device, base, len, format!("device@{base:#x}"))
+    }
+
+    /// Like [`Bus::insert`], with the name exit statistics show for the device.
+    pub fn insert_named(
+        &mut self,
+        device: SharedDevice,
+        base: u64,
+        len: u64,
+        name: impl Into<String>,
+    ) -> Result<(), BusError> {
         if len == 0 {
             return Err(BusError::ZeroLength { base });
         }
@@ -65,13 +86,23 @@ impl Bus {
                 return Err(BusError::Overlap { base, len });
             }
         }
-        self.devices.insert(Range { base, len }, device);
+        self.devices.insert(
+            Range { base, len },
+            Entry {
+                device,
+                name: name.into(),
+            },
+        );
         Ok(())
     }
 
     /// The device covering `addr` and the offset of `addr` inside its range.
     pub fn resolve(&self, addr: u64) -> Option<(&SharedDevice, u64)> {
-        let (r, dev) = self
+        self.entry(addr).map(|(e, off)| (&e.device, off))
+    }
+
+    fn entry(&self, addr: u64) -> Option<(&Entry, u64)> {
+        let (r, e) = self
             .devices
             .range(
                 ..=Range {
@@ -81,7 +112,21 @@ impl Bus {
             )
             .next_back()?;
         let off = addr - r.base;
-        (off < r.len).then_some((dev, off))
+        (off < r.len).then_some((e, off))
+    }
+
+    /// (device name, register) of `addr`: the register's name when the device knows it, else
+    /// the offset. None when no device covers `addr`.
+    pub fn describe(&self, addr: u64) -> Option<(String, String)> {
+        let (e, off) = self.entry(addr)?;
+        let reg = match e.device.lock() {
+            Ok(d) => d.register_name(off),
+            Err(_) => None,
+        };
+        Some((
+            e.name.clone(),
+            reg.map_or_else(|| format!("+{off:#x}"), str::to_string),
+        ))
     }
 
     /// Dispatch a read. Returns false (and fills `data` with all-ones) when no
@@ -149,6 +194,29 @@ mod tests {
         assert!(bus.write(0x11f, &[1]));
         bus.read(0x110, &mut b);
         assert_eq!(b[0], 1);
+    }
+
+    #[test]
+    fn describe_names_device_and_offset() {
+        struct Named;
+        impl BusDevice for Named {
+            fn read(&mut self, _: u64, _: &mut [u8]) {}
+            fn write(&mut self, _: u64, _: &[u8]) {}
+            fn register_name(&self, offset: u64) -> Option<&'static str> {
+                (offset == 5).then_some("LSR")
+            }
+        }
+        let mut bus = Bus::new();
+        bus.insert_named(Arc::new(Mutex::new(Named)), 0x3f8, 8, "serial")
+            .unwrap();
+        bus.insert(dev(1), 0x60, 1).unwrap();
+        assert_eq!(bus.describe(0x3fd), Some(("serial".into(), "LSR".into())));
+        assert_eq!(bus.describe(0x3f9), Some(("serial".into(), "+0x1".into())));
+        assert_eq!(
+            bus.describe(0x60),
+            Some(("device@0x60".into(), "+0x0".into()))
+        );
+        assert_eq!(bus.describe(0x61), None);
     }
 
     #[test]

@@ -9,8 +9,15 @@
 //!   file; a guest write copies the page into the VM's own anonymous memory. The file is never
 //!   written.
 //!
-//! Every mapping is made by [`map_region`], the one place for per-mapping advice (e.g.
-//! `madvise(MADV_HUGEPAGE)`).
+//!
+//! Every mapping is made by [`map_region`], the one place for per-mapping placement and advice:
+//! each region is placed at a 2 MiB-aligned host address ([`with_huge_aligned_placement`]), so
+//! that KVM can map the guest with 2 MiB pages wherever the host backs it with huge pages (one
+//! nested-paging fault per 2 MiB instead of per 4 KiB). Fresh RAM is shmem: it gets transparent
+//! huge pages as `/sys/kernel/mm/transparent_hugepage/shmem_enabled` allows, and is advised
+//! (`MADV_HUGEPAGE`) when that knob is `advise` ([`advise_huge_pages`]). A restored VM's private
+//! file mapping is aligned but not advised: the kernel gives no transparent huge pages to
+//! copy-on-write pages of a file mapping, and page-cache folios come as the file system makes them.
 
 use std::fs::File;
 use std::io;
@@ -28,6 +35,9 @@ pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
 
 /// Host page size the dump works in.
 pub const PAGE_SIZE: u64 = 4096;
+
+/// Size of a transparent huge page on x86_64.
+pub const HUGE_PAGE_SIZE: usize = 2 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {
@@ -95,12 +105,14 @@ fn map_region(
         len: len as u64,
         detail,
     };
-    let region: MmapRegion<()> = MmapRegionBuilder::new(len)
-        .with_file_offset(FileOffset::from_arc(file.clone(), offset))
-        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-        .with_mmap_flags(flags | libc::MAP_NORESERVE)
-        .build()
-        .map_err(|e| map_err(e.to_string()))?;
+    let region: MmapRegion<()> = with_huge_aligned_placement(len, || {
+        MmapRegionBuilder::new(len)
+            .with_file_offset(FileOffset::from_arc(file.clone(), offset))
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(flags | libc::MAP_NORESERVE)
+            .build()
+    })
+    .map_err(|e| map_err(e.to_string()))?;
     GuestRegionMmap::new(region, addr).ok_or_else(|| map_err("address overflow".into()))
 }
 
@@ -135,6 +147,7 @@ impl GuestRam {
         })?;
         let file = Arc::new(file);
         let mem = collect(&file, ranges, libc::MAP_SHARED)?;
+        advise_huge_pages(&mem, ThpKnob::Shmem);
         Ok(Self {
             mem,
             backing: Backing::Memfd(file),
@@ -270,6 +283,154 @@ impl GuestRam {
             }
         }
     }
+}
+
+fn mmap_none(addr: usize, len: usize, extra_flags: i32) -> Option<usize> {
+    // SAFETY: an inaccessible, unbacked mapping; with MAP_FIXED_NOREPLACE the kernel never
+    // replaces an existing mapping.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | extra_flags,
+            -1,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then_some(p as usize)
+}
+
+fn munmap(addr: usize, len: usize) {
+    // SAFETY: only called on mappings this module created itself and nobody else uses.
+    unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+}
+
+/// Runs `map` (which creates one `size`-byte mapping at a kernel-chosen address, e.g. through
+/// vm-memory) so that the kernel chooses a 2 MiB-aligned address. Kernels before 6.7 place large
+/// anonymous (and memfd) mappings at 4 KiB alignment; KVM then cannot map the guest with 2 MiB
+/// pages even when the host backs it with huge pages.
+///
+/// How: the kernel places a mapping at the top of the highest free gap that fits it. A probe
+/// mapping shows where that is; a small inaccessible placeholder then lowers the top of that gap
+/// so that a `size`-byte mapping below it starts on a 2 MiB boundary; the placeholder is removed
+/// once `map` ran. This only steers placement: if another thread maps memory meanwhile, or the
+/// gap is too tight, the mapping simply lands elsewhere (correct, only without 2 MiB pages), and
+/// existing mappings are never touched (`MAP_FIXED_NOREPLACE`). Works for any backing.
+pub fn with_huge_aligned_placement<T>(size: usize, map: impl FnOnce() -> T) -> T {
+    let placeholder = (|| {
+        let probe = mmap_none(0, size, 0)?;
+        munmap(probe, size);
+        let misalign = probe % HUGE_PAGE_SIZE;
+        if misalign == 0 {
+            return None;
+        }
+        // The mapping should go to [probe - misalign, probe - misalign + size): block the
+        // `misalign` bytes above that, at the top of the gap.
+        let end = probe - misalign + size;
+        match mmap_none(end, misalign, libc::MAP_FIXED_NOREPLACE) {
+            Some(p) if p == end => Some((end, misalign)),
+            Some(p) => {
+                // An old kernel took the address as a hint only.
+                munmap(p, misalign);
+                None
+            }
+            None => None,
+        }
+    })();
+    let r = map();
+    if let Some((addr, len)) = placeholder {
+        munmap(addr, len);
+    }
+    r
+}
+
+/// Which transparent-huge-page policy applies to guest memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThpKnob {
+    /// Anonymous memory: `/sys/kernel/mm/transparent_hugepage/enabled`.
+    Anonymous,
+    /// memfd/shmem memory: `/sys/kernel/mm/transparent_hugepage/shmem_enabled`.
+    Shmem,
+}
+
+/// What the host does with transparent huge pages for a mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThpMode {
+    /// Huge pages where possible without asking (`always`, shmem `always`/`within_size`/`force`).
+    Always,
+    /// Only for mappings advised with `MADV_HUGEPAGE` (`madvise`, shmem `advise`).
+    Advise,
+    /// Never (`never`, shmem `never`/`deny`), or no THP in the host kernel.
+    Never,
+}
+
+impl ThpKnob {
+    fn path(self) -> &'static str {
+        match self {
+            ThpKnob::Anonymous => "/sys/kernel/mm/transparent_hugepage/enabled",
+            ThpKnob::Shmem => "/sys/kernel/mm/transparent_hugepage/shmem_enabled",
+        }
+    }
+
+    /// The host's current mode (Never when the knob cannot be read).
+    pub fn mode(self) -> ThpMode {
+        std::fs::read_to_string(self.path())
+            .map(|s| parse_thp_mode(&s))
+            .unwrap_or(ThpMode::Never)
+    }
+}
+
+/// Parses a THP knob (`always [madvise] never`): the bracketed word is the mode.
+pub fn parse_thp_mode(text: &str) -> ThpMode {
+    let selected = text
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix('[')?.strip_suffix(']'));
+    match selected {
+        Some("always" | "within_size" | "force") => ThpMode::Always,
+        Some("madvise" | "advise") => ThpMode::Advise,
+        _ => ThpMode::Never,
+    }
+}
+
+/// Lets the host back guest memory with transparent huge pages where it allows that. Nothing is
+/// populated: memory the guest never touches stays unbacked and out of the VMM's RSS; touched
+/// memory comes in 2 MiB pages, which lets KVM map the guest with 2 MiB pages (one nested-paging
+/// fault per 2 MiB) when the mapping is 2 MiB aligned ([`with_huge_aligned_placement`]).
+///
+/// `MADV_HUGEPAGE` is given only when the host's mode for `knob` is `madvise`/`advise`: without it
+/// there would be no huge pages. In `always` mode the memory gets huge pages anyway, and advising
+/// would only add the synchronous defragmentation the host's `defrag` setting applies to advised
+/// mappings (`madvise` by default): a fault then compacts memory before it is served, which
+/// stalled the guest for 0.3-3 s in the test host (docs/boot-time.md). Returns the regions
+/// advised; refusals are logged at debug level and otherwise ignored.
+pub fn advise_huge_pages(mem: &GuestMemoryMmap, knob: ThpKnob) -> usize {
+    if knob.mode() != ThpMode::Advise {
+        return 0;
+    }
+    let mut advised = 0;
+    for r in mem.iter() {
+        let (ptr, len) = (r.as_ptr(), r.len() as usize);
+        // SAFETY: [ptr, ptr+len) is a live mapping owned by `mem`; MADV_HUGEPAGE only changes
+        // how future faults in it are served, never its contents.
+        let rc = unsafe { libc::madvise(ptr.cast(), len, libc::MADV_HUGEPAGE) };
+        if rc == 0 {
+            advised += 1;
+        } else {
+            log::debug!(
+                "guest memory at {ptr:p}: MADV_HUGEPAGE refused: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    advised
+}
+
+/// Whether every region's host address is 2 MiB aligned (KVM can then map 2 MiB guest pages
+/// with 2 MiB host pages).
+pub fn huge_page_aligned(mem: &GuestMemoryMmap) -> bool {
+    mem.iter()
+        .all(|r| (r.as_ptr() as usize).is_multiple_of(HUGE_PAGE_SIZE))
 }
 
 /// Runs of `true` in `marks` as byte ranges.
@@ -447,5 +608,100 @@ mod tests {
         let mut p = [0u8; 4096];
         p[4095] = 1;
         assert!(!is_zero(&p));
+    }
+
+    fn rss_kib() -> u64 {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap()
+    }
+
+    #[test]
+    fn thp_modes() {
+        assert_eq!(parse_thp_mode("always [madvise] never\n"), ThpMode::Advise);
+        assert_eq!(parse_thp_mode("[always] madvise never"), ThpMode::Always);
+        assert_eq!(parse_thp_mode("always madvise [never]"), ThpMode::Never);
+        let shmem = |m: &str| {
+            parse_thp_mode(
+                &"always within_size advise never deny force"
+                    .replace(&format!(" {m} "), &format!(" [{m}] ")),
+            )
+        };
+        assert_eq!(shmem("advise"), ThpMode::Advise);
+        assert_eq!(shmem("within_size"), ThpMode::Always);
+        assert_eq!(shmem("never"), ThpMode::Never);
+        assert_eq!(shmem("deny"), ThpMode::Never);
+        assert_eq!(parse_thp_mode(""), ThpMode::Never);
+    }
+
+    #[test]
+    fn guest_memory_is_huge_page_aligned() {
+        for mib in [2usize, 6, 130, 256] {
+            // Shift the free address space around with odd-sized mappings first.
+            let odd = mmap_none(0, (mib + 3) * 4096, 0).unwrap();
+            let ram = GuestRam::create(&[(GuestAddress(0), mib << 20)]).unwrap();
+            assert!(huge_page_aligned(ram.memory()), "{mib} MiB");
+            munmap(odd, (mib + 3) * 4096);
+        }
+        // Two regions, as with more than 3 GiB of RAM (addresses only; nothing is touched),
+        // and the same regions restored from a memory file (private mappings).
+        let two = [
+            (GuestAddress(0), (64 << 20) + 4096),
+            (GuestAddress(1 << 32), 64 << 20),
+        ];
+        let ram = GuestRam::create(&two).unwrap();
+        assert!(huge_page_aligned(ram.memory()));
+        let dir = std::env::temp_dir().join(format!("mv-memalign-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("memory");
+        ram.dump(&File::create(&path).unwrap()).unwrap();
+        let restored = GuestRam::from_snapshot(File::open(&path).unwrap(), &two).unwrap();
+        assert!(huge_page_aligned(restored.memory()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn placement_aligns_what_the_kernel_would_not_and_leaves_nothing_behind() {
+        // Sizes that are not 2 MiB multiples: no kernel aligns those by itself.
+        for size in [(8 << 20) + 4096, (3 << 20) + 12288, 5 * 4096] {
+            let plain = mmap_none(0, size, 0).unwrap();
+            let r = with_huge_aligned_placement(size, || mmap_none(0, size, 0).unwrap());
+            assert_eq!(
+                r % HUGE_PAGE_SIZE,
+                0,
+                "size {size:#x} (unsteered: {plain:#x})"
+            );
+            // Right above the mapping nothing is left behind: the range can be mapped again.
+            let above = r + size;
+            let p = mmap_none(above, 4096, libc::MAP_FIXED_NOREPLACE);
+            assert_eq!(p, Some(above));
+            munmap(above, 4096);
+            munmap(r, size);
+            munmap(plain, size);
+        }
+    }
+
+    #[test]
+    fn advice_keeps_untouched_memory_unbacked() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 512 << 20)]).unwrap();
+        let expected = usize::from(ThpKnob::Anonymous.mode() == ThpMode::Advise);
+        assert_eq!(advise_huge_pages(&mem, ThpKnob::Anonymous), expected);
+        let before = rss_kib();
+        // Touch one byte: at most one huge page comes in, not the 512 MiB.
+        mem.write_obj(1u8, GuestAddress(100 << 20)).unwrap();
+        let grown = rss_kib().saturating_sub(before);
+        assert!(grown <= 2 * 1024 + 512, "RSS grew by {grown} KiB");
+        assert_eq!(mem.read_obj::<u8>(GuestAddress(100 << 20)).unwrap(), 1);
+
+        // The same for memfd RAM (advised when the shmem knob says `advise`).
+        let ram = GuestRam::create(&[(GuestAddress(0), 512 << 20)]).unwrap();
+        let before = rss_kib();
+        ram.memory()
+            .write_obj(1u8, GuestAddress(300 << 20))
+            .unwrap();
+        let grown = rss_kib().saturating_sub(before);
+        assert!(grown <= 2 * 1024 + 512, "memfd RSS grew by {grown} KiB");
     }
 }

@@ -13,6 +13,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
+use super::exits::{self, Access, ExitKind, VcpuExitCounters, VcpuExitReport};
 use crate::arch::x86_64::{cpuid, regs};
 use crate::devices::bus::Bus;
 use crate::vstate::memory::GuestMemoryMmap;
@@ -55,11 +56,9 @@ pub enum VcpuExitReason {
     Fault(String),
 }
 
-/// Counters shared by all vCPUs.
+/// When the vCPUs first entered and left the guest, shared by all vCPUs of a VM.
 #[derive(Debug)]
-pub struct ExitStats {
-    pub unknown_pio: AtomicU64,
-    pub unknown_mmio: AtomicU64,
+pub struct RunMarks {
     /// Time base of the two instants below.
     start: std::time::Instant,
     /// Microseconds from `start` to the first KVM_RUN of any vCPU (u64::MAX: not yet).
@@ -68,12 +67,10 @@ pub struct ExitStats {
     first_exit_us: AtomicU64,
 }
 
-impl ExitStats {
-    /// Counters whose instants are measured from `start`.
+impl RunMarks {
+    /// Marks measured from `start`.
     pub fn new(start: std::time::Instant) -> Self {
         Self {
-            unknown_pio: AtomicU64::new(0),
-            unknown_mmio: AtomicU64::new(0),
             start,
             first_entry_us: AtomicU64::new(u64::MAX),
             first_exit_us: AtomicU64::new(u64::MAX),
@@ -98,10 +95,22 @@ impl ExitStats {
     }
 }
 
-impl Default for ExitStats {
+impl Default for RunMarks {
     fn default() -> Self {
         Self::new(std::time::Instant::now())
     }
+}
+
+/// Stack of a vCPU thread. Exit handling needs little; a stack well below 2 MiB also keeps a
+/// host with transparent huge pages `always` from backing it with a 2 MiB page.
+pub const VCPU_STACK_SIZE: usize = 256 << 10;
+
+/// An exit the vCPU cannot continue from, detached from the kvm_run borrow.
+enum Unhandled {
+    Shutdown,
+    FailEntry(u64, u32),
+    InternalError,
+    Other(String),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,7 +128,8 @@ pub struct Vcpu {
     fd: VcpuFd,
     pio: Arc<Bus>,
     mmio: Arc<Bus>,
-    stats: Arc<ExitStats>,
+    marks: Arc<RunMarks>,
+    exits: VcpuExitCounters,
     save_spec: Arc<OnceLock<SaveSpec>>,
 }
 
@@ -131,7 +141,8 @@ pub struct VcpuContext<'a> {
     pub count: u8,
     pub pio: Arc<Bus>,
     pub mmio: Arc<Bus>,
-    pub stats: Arc<ExitStats>,
+    /// First guest entry and exit of the VM's vCPUs.
+    pub marks: Arc<RunMarks>,
     /// What a snapshot saves; filled in (once, from /dev/kvm) by the first snapshot.
     pub save_spec: Arc<OnceLock<SaveSpec>>,
 }
@@ -177,7 +188,8 @@ impl Vcpu {
             fd,
             pio: ctx.pio.clone(),
             mmio: ctx.mmio.clone(),
-            stats: ctx.stats.clone(),
+            marks: ctx.marks.clone(),
+            exits: VcpuExitCounters::default(),
             save_spec: ctx.save_spec.clone(),
         }
     }
@@ -239,63 +251,101 @@ impl Vcpu {
 
     /// One KVM_RUN. `Ok(None)` means keep running.
     fn run_once(&mut self) -> Option<VcpuExitReason> {
-        ExitStats::mark(&self.stats.first_entry_us, self.stats.start);
+        RunMarks::mark(&self.marks.first_entry_us, self.marks.start);
         let result = self.fd.run();
-        ExitStats::mark(&self.stats.first_exit_us, self.stats.start);
+        RunMarks::mark(&self.marks.first_exit_us, self.marks.start);
         let exit = match result {
             Ok(exit) => exit,
-            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => return None,
-            Err(e) => return Some(VcpuExitReason::Fault(format!("KVM_RUN failed: {e}"))),
+            Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                self.exits.count(ExitKind::Interrupted);
+                return None;
+            }
+            Err(e) => {
+                self.exits.count(ExitKind::Other);
+                return Some(VcpuExitReason::Fault(format!("KVM_RUN failed: {e}")));
+            }
         };
         match exit {
             VcpuExit::IoIn(port, data) => {
+                self.exits.pio(port, Access::Read);
                 if !self.pio.read(u64::from(port), data) {
-                    self.stats.unknown_pio.fetch_add(1, Ordering::Relaxed);
                     log::debug!("vcpu{}: read of unknown port {port:#x}", self.id);
                 }
                 None
             }
             VcpuExit::IoOut(port, data) => {
+                self.exits.pio(port, Access::Write);
                 if !self.pio.write(u64::from(port), data) {
-                    self.stats.unknown_pio.fetch_add(1, Ordering::Relaxed);
                     log::debug!("vcpu{}: write to unknown port {port:#x}", self.id);
                 }
                 None
             }
             VcpuExit::MmioRead(addr, data) => {
+                self.exits.mmio(addr, Access::Read);
                 if !self.mmio.read(addr, data) {
-                    self.stats.unknown_mmio.fetch_add(1, Ordering::Relaxed);
                     log::debug!("vcpu{}: read of unknown MMIO {addr:#x}", self.id);
                 }
                 None
             }
             VcpuExit::MmioWrite(addr, data) => {
+                self.exits.mmio(addr, Access::Write);
                 if !self.mmio.write(addr, data) {
-                    self.stats.unknown_mmio.fetch_add(1, Ordering::Relaxed);
                     log::debug!("vcpu{}: write to unknown MMIO {addr:#x}", self.id);
                 }
                 None
             }
             VcpuExit::Hlt => {
+                self.exits.count(ExitKind::Hlt);
                 log::info!("vcpu{}: guest halted", self.id);
                 Some(VcpuExitReason::PowerOff)
             }
-            VcpuExit::SystemEvent(kind, _) => match kind {
-                KVM_SYSTEM_EVENT_RESET => Some(VcpuExitReason::Reset),
-                KVM_SYSTEM_EVENT_SHUTDOWN => Some(VcpuExitReason::PowerOff),
-                other => Some(VcpuExitReason::Fault(format!("unexpected KVM system event {other}"))),
-            },
-            VcpuExit::Shutdown => Some(VcpuExitReason::Fault(format!(
+            VcpuExit::SystemEvent(kind, _) => {
+                self.exits.count(ExitKind::SystemEvent);
+                self.system_event(kind)
+            }
+            VcpuExit::Shutdown => {
+                self.exits.count(ExitKind::Other);
+                self.fault(Unhandled::Shutdown)
+            }
+            VcpuExit::FailEntry(reason, cpu) => {
+                self.exits.count(ExitKind::Other);
+                self.fault(Unhandled::FailEntry(reason, cpu))
+            }
+            VcpuExit::InternalError => {
+                self.exits.count(ExitKind::Other);
+                self.fault(Unhandled::InternalError)
+            }
+            other => {
+                let what = format!("{other:?}");
+                self.exits.count(ExitKind::Other);
+                self.fault(Unhandled::Other(what))
+            }
+        }
+    }
+
+    fn system_event(&self, kind: u32) -> Option<VcpuExitReason> {
+        match kind {
+            KVM_SYSTEM_EVENT_RESET => Some(VcpuExitReason::Reset),
+            KVM_SYSTEM_EVENT_SHUTDOWN => Some(VcpuExitReason::PowerOff),
+            other => Some(VcpuExitReason::Fault(format!(
+                "unexpected KVM system event {other}"
+            ))),
+        }
+    }
+
+    fn fault(&mut self, exit: Unhandled) -> Option<VcpuExitReason> {
+        match exit {
+            Unhandled::Shutdown => Some(VcpuExitReason::Fault(format!(
                 "vCPU {} triple fault (KVM_EXIT_SHUTDOWN): {}",
                 self.id,
                 self.describe_state()
             ))),
-            VcpuExit::FailEntry(reason, cpu) => Some(VcpuExitReason::Fault(format!(
+            Unhandled::FailEntry(reason, cpu) => Some(VcpuExitReason::Fault(format!(
                 "vCPU {} failed to enter the guest (KVM_EXIT_FAIL_ENTRY, hardware reason {reason:#x}, cpu {cpu}): {}",
                 self.id,
                 self.describe_state()
             ))),
-            VcpuExit::InternalError => {
+            Unhandled::InternalError => {
                 // SAFETY: on KVM_EXIT_INTERNAL_ERROR the kernel filled the `internal` member of the union.
                 let internal = unsafe { self.fd.get_kvm_run().__bindgen_anon_1.internal };
                 let n = (internal.ndata as usize).min(internal.data.len());
@@ -307,8 +357,7 @@ impl Vcpu {
                     self.describe_state()
                 )))
             }
-            other => {
-                let what = format!("{other:?}");
+            Unhandled::Other(what) => {
                 Some(VcpuExitReason::Fault(format!(
                     "vCPU {} unexpected exit {what}: {}",
                     self.id,
@@ -348,6 +397,7 @@ impl Vcpu {
         let (state_tx, state_rx) = channel();
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{id}"))
+            .stack_size(VCPU_STACK_SIZE)
             .spawn(move || self.thread_main(cmd_rx, ack_tx, state_tx, exits, exit_evt))
             .map_err(|source| VcpuError::Spawn { id, source })?;
         Ok(VcpuHandle {
@@ -356,6 +406,7 @@ impl Vcpu {
             cmd: cmd_tx,
             ack: ack_rx,
             states: state_rx,
+            report: None,
         })
     }
 
@@ -366,7 +417,7 @@ impl Vcpu {
         states: Sender<Result<VcpuState, VcpuError>>,
         exits: Sender<(u8, VcpuExitReason)>,
         exit_evt: Arc<EventFd>,
-    ) {
+    ) -> VcpuExitReport {
         let mut running = false;
         let mut exited = false;
         loop {
@@ -382,7 +433,7 @@ impl Vcpu {
             match cmd {
                 Some(VcpuCmd::Stop) => {
                     let _ = ack.send(VcpuCmd::Stop);
-                    return;
+                    return self.exit_report();
                 }
                 Some(VcpuCmd::Pause) => {
                     if running {
@@ -438,6 +489,23 @@ impl Vcpu {
     }
 }
 
+impl Vcpu {
+    /// This vCPU's exit counters and KVM's statistics (read now, once).
+    fn exit_report(self) -> VcpuExitReport {
+        let kvm = match exits::read_kvm_stats(&self.fd) {
+            Ok(v) => v,
+            Err(e) => {
+                log::debug!("vcpu{}: no KVM statistics: {e}", self.id);
+                Vec::new()
+            }
+        };
+        VcpuExitReport {
+            counters: self.exits,
+            kvm,
+        }
+    }
+}
+
 extern "C" fn kick_handler(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
 
 /// Installs the (no-op) handler of the signal that interrupts KVM_RUN.
@@ -448,10 +516,11 @@ pub fn install_kick_handler() -> Result<(), VcpuError> {
 /// The VMM side of a vCPU thread.
 pub struct VcpuHandle {
     id: u8,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<JoinHandle<VcpuExitReport>>,
     cmd: Sender<VcpuCmd>,
     ack: Receiver<VcpuCmd>,
     states: Receiver<Result<VcpuState, VcpuError>>,
+    report: Option<VcpuExitReport>,
 }
 
 impl VcpuHandle {
@@ -500,12 +569,17 @@ impl VcpuHandle {
         }
     }
 
-    /// Stops and joins the thread.
+    /// Stops and joins the thread (keeping its exit report).
     pub fn stop(&mut self) {
         let _ = self.command(VcpuCmd::Stop);
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            self.report = t.join().ok();
         }
+    }
+
+    /// The exit report of a stopped vCPU (once).
+    pub fn take_report(&mut self) -> Option<VcpuExitReport> {
+        self.report.take()
     }
 }
 

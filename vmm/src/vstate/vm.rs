@@ -1,11 +1,15 @@
 //! The KVM VM: capability checks, guest memory registration, in-kernel irqchip and PIT.
 
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::{
+    kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
+    KVM_PIT_SPEAKER_DUMMY,
+};
 use kvm_ioctls::{Cap, Kvm, VmFd};
 use vm_memory::{Address, GuestMemoryBackend, GuestMemoryRegion};
 
 use super::memory::GuestMemoryMmap;
 use crate::arch::x86_64::layout::KVM_TSS_ADDR;
+use crate::timing::Phases;
 
 const KVM_API_VERSION: i32 = 12;
 
@@ -53,9 +57,34 @@ pub fn open_kvm() -> Result<Kvm, VmError> {
     Ok(kvm)
 }
 
+/// `KVM_GET_SUPPORTED_CPUID` running on a helper thread (see [`supported_cpuid_async`]).
+pub struct SupportedCpuid(Option<std::thread::JoinHandle<Result<CpuId, kvm_ioctls::Error>>>);
+
+/// Starts `KVM_GET_SUPPORTED_CPUID` on a helper thread with its own `/dev/kvm` fd, so that it
+/// overlaps with building the VM. If the thread cannot be started, [`SupportedCpuid::wait`] asks
+/// on the calling thread instead.
+pub fn supported_cpuid_async() -> SupportedCpuid {
+    let t = std::thread::Builder::new()
+        .name("cpuid".into())
+        .stack_size(64 << 10)
+        .spawn(|| Kvm::new()?.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES));
+    SupportedCpuid(t.ok())
+}
+
+impl SupportedCpuid {
+    /// The supported CPUID; `kvm` answers when the helper thread could not.
+    pub fn wait(self, kvm: &Kvm) -> Result<CpuId, kvm_ioctls::Error> {
+        match self.0.map(|t| t.join()) {
+            Some(Ok(Ok(c))) => Ok(c),
+            _ => kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES),
+        }
+    }
+}
+
 /// Creates the VM with its TSS, irqchip (PIC + IOAPIC), PIT and guest memory.
-pub fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap) -> Result<VmFd, VmError> {
+pub fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap, phases: &mut Phases) -> Result<VmFd, VmError> {
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    phases.mark("create-vm");
     vm.set_tss_address(KVM_TSS_ADDR as usize)
         .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
     for (slot, region) in mem.iter().enumerate() {
@@ -70,12 +99,15 @@ pub fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap) -> Result<VmFd, VmError> {
         // `mem`, which the caller keeps alive for as long as the VM exists.
         unsafe { vm.set_user_memory_region(r) }.map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
     }
+    phases.mark("memory-regions");
     vm.create_irq_chip()
         .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
+    phases.mark("irqchip");
     let pit = kvm_pit_config {
         flags: KVM_PIT_SPEAKER_DUMMY,
         ..Default::default()
     };
     vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    phases.mark("pit");
     Ok(vm)
 }

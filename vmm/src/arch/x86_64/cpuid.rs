@@ -16,6 +16,7 @@ const LEAF_AMD_SIZE_IDS: u32 = 0x8000_0008;
 const LEAF_AMD_EXT_APIC_ID: u32 = 0x8000_001e;
 
 const ECX_HYPERVISOR: u32 = 1 << 31;
+const ECX_TSC_DEADLINE: u32 = 1 << 24;
 const EDX_HTT: u32 = 1 << 28;
 
 /// "KVMKVMKVM\0\0\0" as EBX, ECX, EDX.
@@ -43,6 +44,16 @@ fn find_mut(
     function: u32,
 ) -> impl Iterator<Item = &mut kvm_cpuid_entry2> {
     entries.iter_mut().filter(move |e| e.function == function)
+}
+
+/// Advertises the TSC-deadline timer (leaf 1 ECX bit 24). KVM emulates it in software but does
+/// not report it in KVM_GET_SUPPORTED_CPUID: the VMM sets it when KVM has
+/// `KVM_CAP_TSC_DEADLINE_TIMER`. Without it Linux calibrates the local APIC timer against the
+/// PIT at boot and programs it through APIC MMIO writes, each one an emulated exit.
+pub fn enable_tsc_deadline(cpuid: &mut CpuId) {
+    for e in find_mut(cpuid.as_mut_slice(), LEAF_FEATURES) {
+        e.ecx |= ECX_TSC_DEADLINE;
+    }
 }
 
 /// Normalizes `cpuid` (a copy of KVM's supported CPUID) for vCPU `vcpu_id` of `vcpu_count`.
@@ -205,6 +216,15 @@ mod tests {
         }
         assert_eq!(&bytes[..9], b"KVMKVMKVM");
         assert_eq!(leaf(&c, 1, 0).edx & EDX_HTT, 0);
+    }
+
+    #[test]
+    fn tsc_deadline_bit() {
+        let mut c = base();
+        assert_eq!(leaf(&c, 1, 0).ecx & ECX_TSC_DEADLINE, 0);
+        enable_tsc_deadline(&mut c);
+        normalize(&mut c, 0, 1).unwrap();
+        assert_ne!(leaf(&c, 1, 0).ecx & ECX_TSC_DEADLINE, 0);
     }
 
     #[test]

@@ -222,6 +222,14 @@ impl I8042Device {
 }
 
 impl BusDevice for I8042Device {
+    fn register_name(&self, offset: u64) -> Option<&'static str> {
+        match offset {
+            OFS_DATA => Some("data"),
+            OFS_STATUS => Some("status/command"),
+            _ => None,
+        }
+    }
+
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         data.fill(0xff);
         let v = match offset {

@@ -207,6 +207,21 @@ impl BusDevice for SerialDevice {
             }
         }
     }
+
+    fn register_name(&self, offset: u64) -> Option<&'static str> {
+        // Names without DLAB (the divisor latch shares offsets 0 and 1).
+        Some(match offset {
+            0 => "THR/RBR",
+            1 => "IER",
+            2 => "IIR/FCR",
+            3 => "LCR",
+            4 => "MCR",
+            5 => "LSR",
+            6 => "MSR",
+            7 => "SCR",
+            _ => return None,
+        })
+    }
 }
 
 /// Where guest input comes from.

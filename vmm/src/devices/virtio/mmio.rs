@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueT};
 
+use super::notify::VIRTIO_RING_F_EVENT_IDX;
 use super::{status, VirtioDevice, VirtioInterrupt, VIRTIO_F_VERSION_1};
 use crate::devices::bus::BusDevice;
 use crate::vstate::memory::GuestMemoryMmap;
@@ -373,6 +374,10 @@ impl MmioTransport {
             self.interrupt.set_needs_reset();
             return;
         }
+        let event_idx = self.driver_features & (1u64 << VIRTIO_RING_F_EVENT_IDX) != 0;
+        for q in &mut self.queues {
+            q.set_event_idx(event_idx);
+        }
         let queues: Vec<Queue> = self
             .queues
             .iter()
@@ -494,7 +499,40 @@ impl MmioTransport {
     }
 }
 
+/// The name of the virtio-mmio register at `offset` (exit statistics).
+pub fn register_name(offset: u64) -> Option<&'static str> {
+    Some(match offset {
+        REG_MAGIC => "MagicValue",
+        REG_VERSION => "Version",
+        REG_DEVICE_ID => "DeviceID",
+        REG_VENDOR_ID => "VendorID",
+        REG_DEVICE_FEATURES => "DeviceFeatures",
+        REG_DEVICE_FEATURES_SEL => "DeviceFeaturesSel",
+        REG_DRIVER_FEATURES => "DriverFeatures",
+        REG_DRIVER_FEATURES_SEL => "DriverFeaturesSel",
+        REG_QUEUE_SEL => "QueueSel",
+        REG_QUEUE_NUM_MAX => "QueueNumMax",
+        REG_QUEUE_NUM => "QueueNum",
+        REG_QUEUE_READY => "QueueReady",
+        REG_QUEUE_NOTIFY => "QueueNotify",
+        REG_INTERRUPT_STATUS => "InterruptStatus",
+        REG_INTERRUPT_ACK => "InterruptACK",
+        REG_STATUS => "Status",
+        REG_QUEUE_DESC_LOW | REG_QUEUE_DESC_HIGH => "QueueDesc",
+        REG_QUEUE_DRIVER_LOW | REG_QUEUE_DRIVER_HIGH => "QueueDriver",
+        REG_QUEUE_DEVICE_LOW | REG_QUEUE_DEVICE_HIGH => "QueueDevice",
+        REG_SHM_SEL | REG_SHM_LEN_LOW | REG_SHM_LEN_HIGH => "SHM",
+        REG_CONFIG_GENERATION => "ConfigGeneration",
+        o if o >= REG_CONFIG => "config",
+        _ => return None,
+    })
+}
+
 impl BusDevice for MmioTransport {
+    fn register_name(&self, offset: u64) -> Option<&'static str> {
+        register_name(offset)
+    }
+
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         if offset >= REG_CONFIG {
             self.device().read_config(offset - REG_CONFIG, data);
@@ -673,6 +711,61 @@ mod tests {
             ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
         );
         assert!(d.lock().unwrap().active);
+    }
+
+    #[test]
+    fn event_idx_follows_the_driver_and_is_part_of_the_queue_state() {
+        use crate::devices::virtio::notify::VIRTIO_RING_F_EVENT_IDX;
+        for acked in [false, true] {
+            let (mut t, d) = transport();
+            d.lock().unwrap().features |= 1 << VIRTIO_RING_F_EVENT_IDX;
+            wr(&mut t, REG_STATUS, ACKNOWLEDGE);
+            wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER);
+            wr(&mut t, REG_DRIVER_FEATURES_SEL, 1);
+            wr(&mut t, REG_DRIVER_FEATURES, 1);
+            wr(&mut t, REG_DRIVER_FEATURES_SEL, 0);
+            wr(
+                &mut t,
+                REG_DRIVER_FEATURES,
+                if acked {
+                    1 << VIRTIO_RING_F_EVENT_IDX
+                } else {
+                    0
+                },
+            );
+            wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK);
+            setup_queue(&mut t, 0, 0x10000, 16);
+            setup_queue(&mut t, 1, 0x20000, 8);
+            wr(
+                &mut t,
+                REG_STATUS,
+                ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+            );
+            let dev = d.lock().unwrap();
+            assert!(dev.active);
+            for q in &dev.activated_queues {
+                assert_eq!(q.event_idx_enabled(), acked);
+            }
+            drop(dev);
+            let saved = t.state();
+            assert!(saved.queues.iter().all(|q| q.event_idx == acked));
+            // A restored device gets it back: its queues suppress notifications and
+            // interrupts exactly as the driver expects.
+            let d2 = Arc::new(Mutex::new(DummyDevice::new(&[16, 8])));
+            d2.lock().unwrap().features |= 1 << VIRTIO_RING_F_EVENT_IDX;
+            let restored = MmioTransport::restore(mem(), d2.clone(), &saved).unwrap();
+            let dev2 = d2.lock().unwrap();
+            assert!(dev2.active);
+            assert_eq!(dev2.activated_queues.len(), 2);
+            for q in &dev2.activated_queues {
+                assert_eq!(q.event_idx_enabled(), acked);
+            }
+            drop(dev2);
+            assert_eq!(restored.state().queues, saved.queues);
+            // A reset forgets it.
+            wr(&mut t, REG_STATUS, 0);
+            assert!(t.state().queues.iter().all(|q| !q.event_idx));
+        }
     }
 
     impl QueueSnapshot {

@@ -20,6 +20,7 @@
 pub mod block;
 pub mod mmio;
 pub mod net;
+pub mod notify;
 pub mod persist;
 pub mod rng;
 pub mod testing;
@@ -406,7 +407,7 @@ pub(crate) fn attach_device<D: VirtioSubscriberDevice + 'static>(
     };
     let transport = Arc::new(Mutex::new(transport));
     ctx.mmio_bus
-        .insert(transport.clone(), slot.addr, slot.len)?;
+        .insert_named(transport.clone(), slot.addr, slot.len, name.clone())?;
     let sub: Arc<Mutex<dyn MutEventSubscriber + Send>> = dev.clone();
     ctx.evmgr.add_subscriber(sub);
     // Cannot fail: `slot` came from `peek_next` and nothing was allocated since.

@@ -18,6 +18,8 @@ pub fn mem() -> GuestMemoryMmap {
 /// A device that records what the transport does to it.
 pub struct DummyDevice {
     pub sizes: Vec<u16>,
+    /// Offered features (VERSION_1 and bit 3 unless a test changes them).
+    pub features: u64,
     pub acked: u64,
     pub active: bool,
     pub activated_queues: Vec<Queue>,
@@ -30,6 +32,7 @@ impl DummyDevice {
     pub fn new(sizes: &[u16]) -> Self {
         Self {
             sizes: sizes.to_vec(),
+            features: (1 << 32) | (1 << 3),
             acked: 0,
             active: false,
             activated_queues: Vec::new(),
@@ -51,7 +54,7 @@ impl VirtioDevice for DummyDevice {
         &self.sizes
     }
     fn avail_features(&self) -> u64 {
-        (1 << 32) | (1 << 3)
+        self.features
     }
     fn set_acked_features(&mut self, features: u64) {
         self.acked = features;

@@ -16,6 +16,7 @@ use super::request::{self, BlockContext, Popped, MAX_DISCARD_SECTORS, MAX_DISCAR
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;
 use crate::devices::virtio::mmio::QueueSnapshot;
+use crate::devices::virtio::notify::{self, VIRTIO_RING_F_EVENT_IDX};
 use crate::devices::virtio::{
     read_config_bytes, ActivateError, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_BLOCK,
     VIRTIO_F_VERSION_1,
@@ -114,6 +115,7 @@ impl BlockDevice {
         let ro = disk.read_only();
         let capacity = disk.capacity();
         let mut f = (1u64 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
             | (1 << VIRTIO_BLK_F_SEG_MAX)
             | (1 << VIRTIO_BLK_F_BLK_SIZE)
             | (1 << VIRTIO_BLK_F_FLUSH);
@@ -180,37 +182,48 @@ impl BlockDevice {
         let Some(a) = self.active.as_mut() else {
             return;
         };
-        let mut used = 0;
-        let mut fatal = None;
-        while let Some(p) = request::pop_request(&mut a.queue, &a.mem) {
-            match p {
-                Popped::Request { head, req } => {
-                    let job = Job {
-                        head,
-                        req,
-                        mem: a.mem.clone(),
-                        generation: self.io.generation(),
-                    };
-                    if !self.io.submit(job) {
-                        fatal = Some("the I/O thread is gone".to_string());
+        // Driver notifications are off while the queue is drained (with EVENT_IDX: the
+        // driver adds chains without notifying), and the ring is checked once more after
+        // they are back on (notify.rs).
+        let (io, in_flight) = (&mut self.io, &mut self.in_flight);
+        let mem = a.mem.clone();
+        let out = notify::drain(&mut a.queue, &mem, |q| {
+            let mut pass = request::QueueOutcome::default();
+            while let Some(p) = request::pop_request(q, &mem) {
+                match p {
+                    Popped::Request { head, req } => {
+                        let job = Job {
+                            head,
+                            req,
+                            mem: mem.clone(),
+                            generation: io.generation(),
+                        };
+                        if !io.submit(job) {
+                            pass.fatal = Some("the I/O thread is gone".to_string());
+                            break;
+                        }
+                        *in_flight += 1;
+                    }
+                    Popped::Answered { head, len } => {
+                        if let Err(e) = q.add_used(&mem, head, len) {
+                            pass.fatal = Some(format!("cannot complete chain {head}: {e}"));
+                            break;
+                        }
+                        pass.used += 1;
+                    }
+                    Popped::Fatal(e) => {
+                        pass.fatal = Some(e);
                         break;
                     }
-                    self.in_flight += 1;
-                }
-                Popped::Answered { head, len } => {
-                    if let Err(e) = a.queue.add_used(&a.mem, head, len) {
-                        fatal = Some(format!("cannot complete chain {head}: {e}"));
-                        break;
-                    }
-                    used += 1;
-                }
-                Popped::Fatal(e) => {
-                    fatal = Some(e);
-                    break;
                 }
             }
-        }
-        self.finish_pass(used, fatal);
+            pass
+        })
+        .unwrap_or_else(|e| request::QueueOutcome {
+            used: 0,
+            fatal: Some(format!("queue rings unusable: {e}")),
+        });
+        self.finish_pass(out.used, out.fatal);
     }
 
     /// Puts the requests the I/O thread finished in the used ring (event-loop thread).
@@ -292,7 +305,7 @@ impl BlockDevice {
     fn finish_pass(&mut self, used: u32, fatal: Option<String>) {
         if used > 0 {
             if let Some(a) = self.active.as_mut() {
-                if a.queue.needs_notification(&a.mem).unwrap_or(true) {
+                if notify::needs_interrupt(&mut a.queue, &a.mem) {
                     self.interrupt.signal_used_queue();
                 }
             }
@@ -668,6 +681,7 @@ mod tests {
         let f = d.avail_features();
         for b in [
             VIRTIO_F_VERSION_1,
+            VIRTIO_RING_F_EVENT_IDX,
             VIRTIO_BLK_F_FLUSH,
             VIRTIO_BLK_F_DISCARD,
             VIRTIO_BLK_F_WRITE_ZEROES,

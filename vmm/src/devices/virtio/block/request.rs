@@ -480,6 +480,21 @@ pub struct QueueOutcome {
     pub fatal: Option<String>,
 }
 
+impl std::ops::AddAssign for QueueOutcome {
+    fn add_assign(&mut self, o: Self) {
+        self.used += o.used;
+        if self.fatal.is_none() {
+            self.fatal = o.fatal;
+        }
+    }
+}
+
+impl crate::devices::virtio::notify::PassResult for QueueOutcome {
+    fn stop(&self) -> bool {
+        self.fatal.is_some()
+    }
+}
+
 /// Process every available chain of `queue` against `disk` synchronously, on the calling
 /// thread (the device does the same in two halves: [`pop_request`] on the event loop,
 /// [`execute_and_answer`] on its I/O thread). Stops at the first fatal error (the caller marks

@@ -13,6 +13,7 @@ use super::tap::{FrameIo, Tap, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use super::{MacAddr, NetConfig};
 use crate::devices::interrupt::IrqLine;
 use crate::devices::virtio::mmio::QueueSnapshot;
+use crate::devices::virtio::notify::{self, VIRTIO_RING_F_EVENT_IDX};
 use crate::devices::virtio::{
     read_config_bytes, ActivateError, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_NET,
     VIRTIO_F_VERSION_1,
@@ -34,7 +35,7 @@ pub const VIRTIO_NET_F_HOST_TSO6: u32 = 12;
 
 /// Features offered for a backend supporting the TUN_F_* bits `tun`.
 pub fn features_for(tun: u32, mac: bool) -> u64 {
-    let mut f = 1u64 << VIRTIO_F_VERSION_1;
+    let mut f = (1u64 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_RING_F_EVENT_IDX);
     if mac {
         f |= 1 << VIRTIO_NET_F_MAC;
     }
@@ -178,7 +179,7 @@ impl NetDevice {
             return;
         };
         let q = if queue == RX_QUEUE { rxq } else { txq };
-        if used > 0 && q.needs_notification(mem).unwrap_or(true) {
+        if used > 0 && notify::needs_interrupt(q, mem) {
             self.interrupt.signal_used_queue();
         }
         if fatal.is_some() {
@@ -195,13 +196,22 @@ impl NetDevice {
         let Some((mem, rxq, _)) = self.active.as_mut() else {
             return;
         };
-        let o = frames::process_rx(
-            rxq,
-            mem,
-            self.backend.as_mut(),
-            &mut self.rx,
-            &mut self.stats,
-        );
+        let (backend, rx, stats) = (self.backend.as_mut(), &mut self.rx, &mut self.stats);
+        let mut o = frames::process_rx(rxq, mem, backend, rx, stats);
+        // Out of receive buffers with a frame waiting: ask the driver to notify when it adds
+        // some (and go on at once if it already did). Otherwise the driver need not notify.
+        while rx.pending.is_some() && o.fatal.is_none() {
+            match notify::wait_for_driver(rxq, mem) {
+                Ok(true) => o += frames::process_rx(rxq, mem, backend, rx, stats),
+                Ok(false) => break,
+                Err(e) => o.fatal = Some(format!("rx rings unusable: {e}")),
+            }
+        }
+        if rx.pending.is_none() {
+            if let Err(e) = rxq.disable_notification(mem) {
+                o.fatal = Some(format!("rx rings unusable: {e}"));
+            }
+        }
         self.finish(o.used, o.fatal, RX_QUEUE);
     }
 
@@ -213,13 +223,14 @@ impl NetDevice {
         let Some((mem, _, txq)) = self.active.as_mut() else {
             return;
         };
-        let o = frames::process_tx(
-            txq,
-            mem,
-            self.backend.as_mut(),
-            &mut self.tx_buf,
-            &mut self.stats,
-        );
+        let (backend, buf, stats) = (self.backend.as_mut(), &mut self.tx_buf, &mut self.stats);
+        let o = notify::drain(txq, mem, |q| {
+            frames::process_tx(q, mem, backend, buf, stats)
+        })
+        .unwrap_or_else(|e| frames::PassOutcome {
+            used: 0,
+            fatal: Some(format!("tx rings unusable: {e}")),
+        });
         self.finish(o.used, o.fatal, TX_QUEUE);
     }
 

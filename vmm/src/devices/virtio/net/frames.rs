@@ -172,6 +172,21 @@ pub struct PassOutcome {
     pub fatal: Option<String>,
 }
 
+impl std::ops::AddAssign for PassOutcome {
+    fn add_assign(&mut self, o: Self) {
+        self.used += o.used;
+        if self.fatal.is_none() {
+            self.fatal = o.fatal;
+        }
+    }
+}
+
+impl crate::devices::virtio::notify::PassResult for PassOutcome {
+    fn stop(&self) -> bool {
+        self.fatal.is_some()
+    }
+}
+
 enum Next<C> {
     Chain(C),
     Empty,
