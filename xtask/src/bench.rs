@@ -8,7 +8,8 @@
 //! - boots per second, sequential and with 2 in parallel;
 //! - the VMM's own build steps (`--log-level debug` "built VM" line), medians;
 //! - `virt-launcher` (built static like `microvm`) memory overhead with the embedded demo guest.
-//! - snapshots and restores (`bench_snapshot.rs`).
+//! - snapshots and restores (`bench_snapshot.rs`; only those with `--snapshot-only`, all but
+//!   those with `--boot-only`).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -247,6 +248,10 @@ fn boots_per_second(microvm: &Path, kernel: &Path, total: usize, parallel: usize
 
 pub fn main(args: &[String]) -> Result<()> {
     let only_snapshot = args.iter().any(|a| a == "--snapshot-only");
+    let only_boot = args.iter().any(|a| a == "--boot-only");
+    if only_snapshot && only_boot {
+        bail!("--snapshot-only and --boot-only exclude each other");
+    }
     let runs: usize = args
         .iter()
         .find(|a| !a.starts_with("--"))
@@ -361,5 +366,8 @@ pub fn main(args: &[String]) -> Result<()> {
     let seq = boots_per_second(&microvm, &guest.pvh, total_boots, 1)?;
     let par = boots_per_second(&microvm, &guest.pvh, total_boots, 2)?;
     println!("boots/s: sequential {seq:.1}, 2 in parallel {par:.1} ({total_boots} boots each)");
+    if only_boot {
+        return Ok(());
+    }
     crate::bench_snapshot::run(&microvm, &guest, runs)
 }
