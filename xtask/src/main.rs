@@ -29,7 +29,7 @@ fn usage() -> &'static str {
      \x20 bench [RUNS] [--snapshot-only|--boot-only]  VMM benchmarks on /dev/kvm: start-to-guest, memory overhead, boots/s, snapshot/restore\n\
      \x20 images          build (or find cached) the guest kernel + rootfs, print their paths\n\
      \x20 testhost [SCENARIO...|--list]  run end-to-end scenarios in the QEMU-TCG test host\n\
-     \x20 bench-testhost [RUNS] [--initrd] [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only]  microvm vs QEMU -M microvm boot time and RSS, Linux restores, in the test host\n\
+     \x20 bench-testhost [RUNS] [--initrd] [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE]  microvm vs QEMU -M microvm boot time and RSS, Linux restores, in the test host\n\
      \x20 cluster up|down|status  a persistent private etcd + kube-apiserver on 127.0.0.1\n\
      \x20 testguest       build the no_std test guest, print its image paths (pvh, linux64, bzimage)\n"
 }

@@ -1,6 +1,6 @@
 //! `cargo xtask testhost [SCENARIO...]`: run end-to-end scenarios by hand in the QEMU-TCG test host
 //! (directly on hardware KVM when the host has it), and `cargo xtask bench-testhost [RUNS] [--disk|--initrd]
-//! [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only]`: the microvm vs QEMU `-M microvm`
+//! [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE]`: the microvm vs QEMU `-M microvm`
 //! comparison in the test host, then restores of a Linux guest (only those with `--snapshot-only`).
 
 use anyhow::{bail, Result};
@@ -59,6 +59,7 @@ pub fn bench_main(args: &[String]) -> Result<()> {
         append: String::new(),
         boot_log: false,
         snapshot_only: false,
+        shmem_thp: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -66,6 +67,18 @@ pub fn bench_main(args: &[String]) -> Result<()> {
             "--initrd" => o.root = bench::RootMode::Initrd,
             "--boot-log" => o.boot_log = true,
             "--snapshot-only" => o.snapshot_only = true,
+            "--shmem-thp" => {
+                let m = it
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("--shmem-thp needs a mode"))?;
+                if !bench::SHMEM_THP_MODES.contains(&m.as_str()) {
+                    bail!(
+                        "--shmem-thp {m:?}: expected one of {:?}",
+                        bench::SHMEM_THP_MODES
+                    );
+                }
+                o.shmem_thp = Some(m.clone());
+            }
             "--disk" => o.root = bench::RootMode::Disk,
             "--kernel" => {
                 o.kernel = Some(
@@ -103,6 +116,7 @@ pub fn bench_main(args: &[String]) -> Result<()> {
                 .to_string()),
         bench::GUEST_MIB
     );
+    println!("test host THP: {}", r.thp);
     if !o.append.is_empty() {
         println!("extra command line: {}", o.append);
     }

@@ -277,7 +277,14 @@ pub struct BenchOptions {
     pub boot_log: bool,
     /// Only the restores, no boot comparison.
     pub snapshot_only: bool,
+    /// The test host's `transparent_hugepage/shmem_enabled` mode for the run (e.g. `advise`):
+    /// microvm's guest RAM is a memfd, which gets huge pages only as that knob allows (QEMU's
+    /// anonymous RAM follows `enabled`). `None` keeps the kernel's default.
+    pub shmem_thp: Option<String>,
 }
+
+/// Modes `transparent_hugepage/shmem_enabled` takes.
+pub const SHMEM_THP_MODES: &[&str] = &["always", "within_size", "advise", "never", "deny", "force"];
 
 /// The kernel command line every VMM gets on top of its own machine defaults: the shipped guest
 /// image's recommended arguments (see docs/guest-images.md), then the benchmark's.
@@ -371,6 +378,8 @@ pub struct BenchRun {
     pub boot_log: Vec<String>,
     /// The same boot under QEMU (its kernel log).
     pub qemu_boot_log: Vec<String>,
+    /// The test host's THP settings during the run.
+    pub thp: String,
     pub log: PathBuf,
 }
 
@@ -394,6 +403,17 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
     let mut body = format!(
         "export WORK=/tmp/bench KERNEL={kernel_path}\nmkdir -p $WORK\ncp /guest/rootfs.ext4 $WORK/root.ext4\necho \"=== load $(cat /proc/loadavg)\"\n"
     );
+    // Only known modes reach the shell (the caller checks against SHMEM_THP_MODES).
+    if let Some(m) = o
+        .shmem_thp
+        .as_ref()
+        .filter(|m| SHMEM_THP_MODES.contains(&m.as_str()))
+    {
+        body.push_str(&format!(
+            "echo {m} > /sys/kernel/mm/transparent_hugepage/shmem_enabled\n"
+        ));
+    }
+    body.push_str("echo \"=== thp enabled: $(cat /sys/kernel/mm/transparent_hugepage/enabled); shmem_enabled: $(cat /sys/kernel/mm/transparent_hugepage/shmem_enabled); defrag: $(cat /sys/kernel/mm/transparent_hugepage/defrag)\"\n");
     // Interleave the VMMs so that drift in the test host affects both alike; one warm-up each.
     for i in (0..=o.runs).filter(|_| !o.snapshot_only) {
         for (name, c) in [("microvm", &microvm), ("qemu-microvm", &qemu_cmd)] {
@@ -459,9 +479,13 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
     let mut current: Vec<String> = Vec::new();
     let mut boot_log = Vec::new();
     let mut qemu_boot_log = Vec::new();
+    let mut thp = String::new();
     for l in &console.lines {
         if let Some((_, r)) = l.split_once("=== snapshot ") {
             eprintln!("[bench] snapshot: {r}");
+        }
+        if let Some((_, r)) = l.split_once("=== thp ") {
+            thp = r.trim().to_string();
         }
         if let Some((_, r)) = l.split_once("=== bootlog ") {
             boot_log.push(r.to_string());
@@ -497,6 +521,7 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
         microvm_exit_table: table,
         boot_log,
         qemu_boot_log,
+        thp,
         log: console.log,
     })
 }
