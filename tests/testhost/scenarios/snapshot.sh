@@ -39,16 +39,26 @@ echo "check snapshot-files $(ls snap | tr '\n' ' ')"
 sleep 5
 nc -l -p 5000 </dev/null > from-guest.txt &
 listener=$!
+# Each command is typed once the previous one's output arrived (a line typed earlier is echoed
+# into the middle of that output on a slow test host).
+wait_second() {
+	i=0
+	until grep -q "$1" second.log 2>/dev/null; do
+		i=$((i + 1))
+		[ $i -ge 100 ] && break
+		sleep 0.2
+	done
+}
 (
 	sleep 2
 	printf 'echo "typed-$((6 * 7))"\n'
-	sleep 1
+	wait_second "^typed-42"
 	printf 'echo "guest-time $(date +%%s)"\n'
-	sleep 1
+	wait_second "^guest-time "
 	printf 'cat /marker; echo after-restore > /after; sync; echo "disk-$(cat /after)"\n'
-	sleep 2
+	wait_second "^disk-"
 	printf 'echo hello-after-restore | nc -w 5 10.0.2.1 5000 && echo "net-sent"\n'
-	sleep 6
+	wait_second "^net-sent"
 	printf 'exit\n'
 	sleep 60
 ) > in2.fifo &

@@ -56,12 +56,16 @@ fn assert_exit0(sec: &Section, vm: &str) {
     );
 }
 
+/// The value of the guest's `microvirt: KEY VALUE` line (KEY a whole word: `read` does not
+/// match `ready`).
 fn guest(sec: &Section, vm: &str, key: &str) -> Option<String> {
     let p = format!("microvirt: {key}");
     sec.vm_lines(vm).into_iter().find_map(|l| {
-        l.trim()
-            .strip_prefix(p.as_str())
-            .map(|v| v.trim().to_string())
+        let rest = l.trim().strip_prefix(p.as_str())?;
+        let word_ends = key.ends_with(char::is_whitespace)
+            || rest.is_empty()
+            || rest.starts_with(char::is_whitespace);
+        word_ends.then(|| rest.trim().to_string())
     })
 }
 
