@@ -4,6 +4,8 @@
 //! - [`VirtualMachine`] (`vm`): a VMI started and stopped according to a run strategy.
 //! - [`VirtualMachineInstanceReplicaSet`] (`vmirs`): N identical VMIs (with a scale subresource).
 //! - [`VirtualMachineInstancePreset`] (`vmipreset`): domain defaults for matching VMIs.
+//! - [`VirtualMachinePool`] (`vmpool`): N identical VMIs, scaled out from paused,
+//!   snapshot-restored warm members (with a scale subresource).
 //!
 //! `crdgen` writes one YAML file per CRD into `crds/`; a test checks the committed files are current.
 //!
@@ -12,6 +14,8 @@
 //! [`quantity`] (Kubernetes quantities → bytes) and [`termination`] (the launcher's termination
 //! message).
 
+#[cfg(feature = "kube")]
+pub mod pool;
 #[cfg(feature = "kube")]
 pub mod preset;
 pub mod quantity;
@@ -32,6 +36,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 #[cfg(feature = "kube")]
 use kube::CustomResourceExt;
 
+#[cfg(feature = "kube")]
+pub use pool::{VirtualMachinePool, VirtualMachinePoolSpec, VirtualMachinePoolStatus, WarmSpec};
 #[cfg(feature = "kube")]
 pub use preset::{VirtualMachineInstancePreset, VirtualMachineInstancePresetSpec};
 #[cfg(feature = "kube")]
@@ -79,6 +85,7 @@ pub fn all_crds() -> Vec<(String, CustomResourceDefinition)> {
         VirtualMachine::crd(),
         VirtualMachineInstanceReplicaSet::crd(),
         VirtualMachineInstancePreset::crd(),
+        VirtualMachinePool::crd(),
     ]
     .into_iter()
     .map(|crd| {

@@ -42,6 +42,19 @@ fn every_crd_has_its_short_name_and_columns() {
             "vmipreset",
             &["Age"],
         ),
+        (
+            "virtualmachinepools.microvirt.io",
+            "vmpool",
+            &[
+                "Desired",
+                "Current",
+                "Ready",
+                "Warm",
+                "Snapshot",
+                "Claim-P50-ms",
+                "Age",
+            ],
+        ),
     ];
     let crds = microvirt_crds::all_crds();
     assert_eq!(crds.len(), want.len());
@@ -64,15 +77,18 @@ fn every_crd_has_its_short_name_and_columns() {
             .collect();
         assert_eq!(cols, *columns, "{name}");
     }
-    // The replica set has status and scale subresources wired to the right paths.
-    let rs = &crds[2].1.spec.versions[0];
-    let sub = rs.subresources.as_ref().expect("subresources");
-    assert!(sub.status.is_some());
-    let scale = sub.scale.as_ref().expect("scale subresource");
-    assert_eq!(scale.spec_replicas_path, ".spec.replicas");
-    assert_eq!(scale.status_replicas_path, ".status.replicas");
-    assert_eq!(
-        scale.label_selector_path.as_deref(),
-        Some(".status.labelSelector")
-    );
+    // The replica set and the pool have status and scale subresources wired to the right
+    // paths (kubectl scale, HPA, KEDA).
+    for i in [2, 4] {
+        let v = &crds[i].1.spec.versions[0];
+        let sub = v.subresources.as_ref().expect("subresources");
+        assert!(sub.status.is_some());
+        let scale = sub.scale.as_ref().expect("scale subresource");
+        assert_eq!(scale.spec_replicas_path, ".spec.replicas");
+        assert_eq!(scale.status_replicas_path, ".status.replicas");
+        assert_eq!(
+            scale.label_selector_path.as_deref(),
+            Some(".status.labelSelector")
+        );
+    }
 }
