@@ -268,11 +268,6 @@ pub struct SnapshotPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 10, max = 3600))]
     pub capture_timeout_seconds: Option<i32>,
-    /// Take a new snapshot (and replace the warm members) when the current one is this old
-    /// (default: never).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 60, max = 31536000))]
-    pub max_age_seconds: Option<i64>,
 }
 
 /// Observed state of a VM pool.
@@ -336,12 +331,20 @@ pub struct PoolSnapshot {
     /// When capture started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
-    /// When the snapshot was written.
+    /// When capture ended: the snapshot was written (Ready), or capture failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub captured_at: Option<Time>,
+    pub finished_at: Option<Time>,
+    /// Warm members of this snapshot whose launcher ended before it was ever Ready (a restore
+    /// the node refused); at 3 the snapshot is Failed and a new one is taken.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restore_failures: i32,
     /// Why it failed or was discarded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+fn is_zero(v: &i32) -> bool {
+    *v == 0
 }
 
 /// Snapshot lifecycle.

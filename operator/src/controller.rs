@@ -1,4 +1,4 @@
-//! The three controllers (VMI, VM, VMIRS), their shared context, and [`run`].
+//! The controllers (VMI, VM, VMIRS, VM pool), their shared context, and [`run`].
 //!
 //! Each reconciler is small and idempotent: read the object and the caches, compute the desired
 //! state with the pure functions of [`crate::pod`], [`crate::status`], [`crate::replicaset`],
@@ -10,25 +10,27 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{future, StreamExt};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use microvirt_crds::{
     VirtualMachine, VirtualMachineInstance, VirtualMachineInstancePreset,
-    VirtualMachineInstanceReplicaSet,
+    VirtualMachineInstanceReplicaSet, VirtualMachinePool,
 };
 
 use crate::config::Config;
 use crate::expectations::Expectations;
 use crate::metrics::Metrics;
 use crate::pod::{PodError, APP_NAME, LABEL_APP};
+use crate::pool::PoolState;
 use crate::preset::PresetError;
 use crate::replicaset::VmiRef;
 
+pub mod pool;
 pub mod vm;
 pub mod vmi;
 pub mod vmirs;
@@ -92,10 +94,14 @@ pub struct Context {
     pub pods: Store<Pod>,
     /// Presets.
     pub presets: Store<VirtualMachineInstancePreset>,
-    /// VMIs (for the VM and VMIRS controllers).
+    /// VMIs (for the VM, VMIRS and pool controllers).
     pub vmis: Store<VirtualMachineInstance>,
     /// VMI creations and deletions of the VM and VMIRS controllers not yet seen in `vmis`.
     pub expectations: Expectations,
+    /// Nodes (for the pool controller: where snapshots live, the host facts they need).
+    pub nodes: Store<Node>,
+    /// The pool controller's in-memory state (expectations, claim latency).
+    pub pool: Arc<PoolState>,
 }
 
 impl Context {
@@ -257,6 +263,7 @@ pub async fn run(
     let vm_api: Api<VirtualMachine> = api(&client, ns);
     let rs_api: Api<VirtualMachineInstanceReplicaSet> = api(&client, ns);
     let preset_api: Api<VirtualMachineInstancePreset> = api(&client, ns);
+    let pool_api: Api<VirtualMachinePool> = api(&client, ns);
 
     // Shared caches.
     let (pods, pod_writer) = reflector::store();
@@ -282,6 +289,24 @@ pub async fn run(
         .backoff(WatchBackoff::new())
         .touched_objects();
 
+    // The pool controller: its own VMI watch (owned VMIs), its members' pods (by label) and
+    // the nodes its snapshots live on.
+    let vmi_stream_for_pool = watcher(vmi_api.clone(), watcher::Config::default())
+        .backoff(WatchBackoff::new())
+        .touched_objects();
+    let pool_pod_stream = watcher(
+        api::<Pod>(&client, ns),
+        watcher::Config::default().labels(microvirt_crds::pool::LABEL_POOL),
+    )
+    .backoff(WatchBackoff::new())
+    .touched_objects();
+    let (nodes, node_writer) = reflector::store();
+    let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .backoff(WatchBackoff::new())
+        .reflect(node_writer)
+        .touched_objects();
+    let (pools, pool_writer) = reflector::store::<VirtualMachinePool>();
+
     let reporter = Reporter {
         controller: crate::config::FIELD_MANAGER.into(),
         instance: opts.instance.clone(),
@@ -295,6 +320,8 @@ pub async fn run(
         presets: presets.clone(),
         vmis: vmis.clone(),
         expectations: Expectations::default(),
+        nodes: nodes.clone(),
+        pool: Arc::new(PoolState::default()),
     });
 
     // Presets only feed the cache.
@@ -355,6 +382,48 @@ pub async fn run(
             future::ready(())
         });
 
+    let pools_by_node = pools.clone();
+    let pool_ctrl = Controller::for_stream(
+        watcher(pool_api, watcher::Config::default())
+            .backoff(WatchBackoff::new())
+            .reflect(pool_writer)
+            .touched_objects(),
+        pools,
+    )
+    .owns_stream(vmi_stream_for_pool)
+    .watches_stream(pool_pod_stream, |pod: Pod| pool::pool_of_pod(&pod))
+    .watches_stream(node_stream, move |node: Node| {
+        let name = node.name_any();
+        pools_by_node
+            .state()
+            .into_iter()
+            .filter(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.snapshot.as_ref())
+                    .and_then(|s| s.node.as_deref())
+                    == Some(name.as_str())
+            })
+            .map(|p| ObjectRef::from_obj(&*p))
+            .collect::<Vec<_>>()
+    })
+    .trigger_backoff(WatchBackoff::new())
+    .graceful_shutdown_on(shutdown.clone())
+    .run(
+        |obj, ctx: Arc<Context>| async move {
+            let c = ctx.clone();
+            instrumented(&c, "vmpool", pool::reconcile(obj, ctx)).await
+        },
+        error_policy_for("vmpool"),
+        ctx.clone(),
+    )
+    .for_each(|r| {
+        if let Err(e) = r {
+            tracing::debug!("vmpool controller: {e}");
+        }
+        future::ready(())
+    });
+
     let ready_flag = ready.clone();
     let (pods_r, presets_r, vmis_r) = (pods.clone(), presets.clone(), vmis.clone());
     let readiness = tokio::spawn(async move {
@@ -364,7 +433,7 @@ pub async fn run(
         ready_flag.store(true, Ordering::SeqCst);
         tracing::info!("caches filled; controllers running");
     });
-    let controllers = future::join3(vmi_ctrl, rs_ctrl, vm_ctrl);
+    let controllers = future::join4(vmi_ctrl, rs_ctrl, vm_ctrl, pool_ctrl);
     tokio::pin!(controllers);
     tokio::select! {
         _ = &mut controllers => {}

@@ -8,6 +8,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod pod;
+pub mod pool;
 pub mod preset;
 pub mod replicaset;
 pub mod selector;

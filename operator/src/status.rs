@@ -19,7 +19,9 @@
 //! documents that only a guest that stopped by itself keeps a `RerunOnFailure` VM down
 //! (kubevirt/kubevirt#9823 is the bug report where KubeVirt itself gets this wrong).
 //!
-//! Ready comes from the pod's Ready condition (readiness probe = guest booted). `Paused` is the
+//! Ready comes from the pod's Ready condition (readiness probe = guest booted) and, for a VMI
+//! claimed from a pool's warm member, the node agent's answer to the claim's resume request
+//! (`microvirt.io/control-result: claim-<uid> ok`; an error fails the VMI). `Paused` is the
 //! node agent's (virt-handler): kept as it is while the VMI runs, `False` once it is final.
 //! `bootTimeMs` comes
 //! from a `bootTimeMs=<n>` line of the launcher's termination message, or from the pod annotation
@@ -41,6 +43,8 @@ pub const REASON_POD_GONE: &str = "LauncherPodGone";
 /// Reason set when the launcher stopped the VM because it was asked to (SIGTERM from the kubelet:
 /// pod deleted or evicted, node shutting down) while the VMI itself was not being deleted.
 pub const REASON_LAUNCHER_STOPPED: &str = "LauncherStopped";
+/// Reason set when the node agent could not resume a claimed warm member.
+pub const REASON_RESUME_FAILED: &str = "ResumeFailed";
 
 /// The terminated state of the compute container, if it has terminated.
 fn compute_terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
@@ -235,8 +239,17 @@ pub fn desired_status(
         }
         Some(pod) => {
             let deleting = vmi.metadata.deletion_timestamp.is_some();
-            let (phase, reason, message) = pod_phase(pod, deleting);
-            let ready = phase == VmiPhase::Running && pod_ready(pod);
+            let (mut phase, mut reason, mut message) = pod_phase(pod, deleting);
+            // A pool member claimed from the warm pool is Ready once the node agent confirms
+            // that it resumed the launcher; a failed resume fails the VMI.
+            let resume = crate::pool::members::resume_state(pod);
+            if let (Some(Err(e)), false) = (&resume, phase.is_final()) {
+                phase = VmiPhase::Failed;
+                reason = Some(REASON_RESUME_FAILED.to_string());
+                message = Some(format!("resuming the warm member failed: {e}"));
+            }
+            let ready =
+                phase == VmiPhase::Running && pod_ready(pod) && matches!(resume, Some(Ok(())));
             let node = pod
                 .spec
                 .as_ref()
@@ -498,6 +511,43 @@ mod tests {
             desired_status(&v, Some(&p), &now).phase,
             Some(VmiPhase::Unknown)
         );
+    }
+
+    #[test]
+    fn a_claimed_warm_member_is_ready_once_the_agent_resumed_it() {
+        use microvirt_crds::pool::LABEL_POOL_ROLE;
+        use microvirt_crds::vmi::{ANNOTATION_CONTROL_REQUEST, ANNOTATION_CONTROL_RESULT};
+        let v = vmi();
+        let now = t(100);
+        let mut p = pod(Some("n1"), running(), "Running", true);
+        p.metadata.labels = Some([(LABEL_POOL_ROLE.to_string(), "claimed".to_string())].into());
+        p.metadata.annotations = Some(
+            [(
+                ANNOTATION_CONTROL_REQUEST.to_string(),
+                "claim-uid unpause".to_string(),
+            )]
+            .into(),
+        );
+        // The launcher pod is Ready (restored, paused) but not resumed yet.
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Running));
+        assert!(!st.is_ready());
+        // The agent's answer to an older request does not count.
+        let answered = |r: &str| {
+            let mut q = p.clone();
+            q.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(ANNOTATION_CONTROL_RESULT.into(), r.into());
+            q
+        };
+        assert!(!desired_status(&v, Some(&answered("claim-old ok")), &now).is_ready());
+        assert!(desired_status(&v, Some(&answered("claim-uid ok")), &now).is_ready());
+        let st = desired_status(&v, Some(&answered("claim-uid error no launcher")), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.reason.as_deref(), Some(REASON_RESUME_FAILED));
+        assert!(st.message.unwrap().contains("no launcher"));
     }
 
     #[test]

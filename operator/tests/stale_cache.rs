@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use common::*;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, store::Writer};
@@ -32,6 +32,7 @@ use microvirt_operator::config::Config;
 use microvirt_operator::controller::{vm, vmirs, Context};
 use microvirt_operator::expectations::Expectations;
 use microvirt_operator::metrics::Metrics;
+use microvirt_operator::pool::PoolState;
 use microvirt_operator::replicaset::new_replica;
 use microvirt_operator::virtualmachine::new_vmi;
 use serde_json::json;
@@ -53,8 +54,10 @@ fn context(client: &Client) -> (Arc<Context>, Writer<VirtualMachineInstance>) {
     let (pods, mut pw) = reflector::store::<Pod>();
     let (presets, mut prw) = reflector::store::<VirtualMachineInstancePreset>();
     let (vmis, vw) = reflector::store::<VirtualMachineInstance>();
+    let (nodes, mut nw) = reflector::store::<Node>();
     relist(&mut pw, []);
     relist(&mut prw, []);
+    relist(&mut nw, []);
     let reporter = Reporter {
         controller: "stale-cache-test".into(),
         instance: None,
@@ -68,6 +71,8 @@ fn context(client: &Client) -> (Arc<Context>, Writer<VirtualMachineInstance>) {
         presets,
         vmis,
         expectations: Expectations::default(),
+        nodes,
+        pool: Arc::new(PoolState::default()),
     };
     (Arc::new(ctx), vw)
 }

@@ -104,6 +104,11 @@ async fn apply(
     if let Some(p) = cached {
         if pod_belongs_to(&p, &vmi) {
             pod = Some((*p).clone());
+        } else if crate::pool::members::awaiting_claim(&p, &vmi) {
+            // A pool's warm member this VMI was made from: the pool controller hands the pod
+            // over (labels, owner, uid) right after creating the VMI; the pod watch brings the
+            // change (this requeue only covers a lost event).
+            return Ok(Action::requeue(Duration::from_millis(500)));
         } else {
             // A pod of an earlier VMI with the same name: remove it, then try again.
             if p.metadata.deletion_timestamp.is_none() {
@@ -128,6 +133,30 @@ async fn apply(
         }
     }
     let phase = vmi.phase();
+    let claimed = vmi
+        .annotations()
+        .contains_key(microvirt_crds::pool::ANNOTATION_CLAIMED_FROM);
+    if pod.is_none() && claimed && phase.is_none() {
+        // Made from a warm member: its pod must not be mistaken for absent because of a cache
+        // that has not caught up (applying a new pod over it would be refused).
+        if let Some(p) = pods.get_opt(&pod_name(&name)).await? {
+            if pod_belongs_to(&p, &vmi) {
+                pod = Some(p);
+            } else if crate::pool::members::awaiting_claim(&p, &vmi) {
+                return Ok(Action::requeue(Duration::from_millis(500)));
+            } else {
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
+        } else {
+            ctx.event(
+                &*vmi,
+                EventType::Warning,
+                "WarmMemberGone",
+                "CreatePod",
+                "the warm member this VMI was claimed from is gone; booting it cold".into(),
+            );
+        }
+    }
     if pod.is_none() && phase.is_some_and(|p| p != microvirt_crds::VmiPhase::Pending) {
         // The cache may lag behind our own create: only the API server can say the pod is gone.
         pod = pods
@@ -278,6 +307,18 @@ async fn write_status(
                 return Ok(());
             }
             Err(e) => return Err(e.into()),
+        }
+        if desired.is_ready() && !vmi.is_ready() {
+            // A claim of the pool controller is complete: record its latency.
+            if let Some(ns) = vmi.namespace() {
+                if let Some(d) = ctx
+                    .pool
+                    .latency
+                    .ready(&ns, &name, std::time::Instant::now())
+                {
+                    tracing::debug!("VMI {ns}/{name}: claimed warm member Ready in {d:?}");
+                }
+            }
         }
         if let Some(new_phase) = desired.phase.filter(|p| Some(*p) != old_phase) {
             if let Some(created) = vmi.metadata.creation_timestamp.as_ref() {
