@@ -88,6 +88,7 @@ pub fn install_crds(kubeconfig: &Path) -> Result<()> {
             "crd/virtualmachines.microvirt.io",
             "crd/virtualmachineinstancereplicasets.microvirt.io",
             "crd/virtualmachineinstancepresets.microvirt.io",
+            "crd/virtualmachinepools.microvirt.io",
         ],
         None,
     )?;
