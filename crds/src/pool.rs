@@ -34,6 +34,12 @@ pub const ANNOTATION_POOL_UID: &str = "microvirt.io/pool-uid";
 /// Annotation on a Node, written by the node agent: the host facts a snapshot must match
 /// ([`HostFacts`] in its string form).
 pub const ANNOTATION_HOST_FACTS: &str = "microvirt.io/host-facts";
+/// Where snapshots live on a node: `<root>/<pool uid>/<snapshot id>/` (a hostPath). The node
+/// agent removes the directories of pools that no longer exist and of snapshots nothing uses.
+pub const SNAPSHOT_ROOT: &str = "/var/lib/microvirt/snapshots";
+/// Where builder and warm pods see their snapshot directory (the `snapshot` control request
+/// writes into it; warm members restore from it).
+pub const SNAPSHOT_MOUNT: &str = "/var/run/microvirt/snapshot";
 
 /// What a pod is to its pool (value of [`LABEL_POOL_ROLE`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

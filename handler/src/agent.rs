@@ -11,9 +11,13 @@
 //!   list keyed by `type`), the operator owns the rest;
 //! - sets the pod annotation `microvirt.io/boot-time-ms` once the guest has booted;
 //! - carries out control requests that the operator writes on the pod (annotation
-//!   `microvirt.io/control-request: <id> pause|unpause`) once per id and answers with
+//!   `microvirt.io/control-request: <id> pause|unpause|snapshot`) once per id and answers with
 //!   `microvirt.io/control-result: <id> ok|error <message>` — the path a warm-pool claim uses
-//!   to resume a paused launcher without creating a pod (docs/node-agent.md).
+//!   to resume a paused launcher without creating a pod, and the one a pool's builder is
+//!   snapshotted through (`snapshot` writes into the pod's `/var/run/microvirt/snapshot`; the
+//!   answer is `<id> ok <host facts>`), see docs/node-agent.md and docs/pools.md;
+//! - follows a pool's warm member when it is claimed: from then on the pod names a VMI (label
+//!   `microvirt.io/vmi`, annotation `microvirt.io/vmi-uid`) and `Paused` is reported for it.
 //!
 //! The launcher itself never gets API credentials: everything it knows goes through this
 //! agent or through its pod's status.
@@ -30,6 +34,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
+use microvirt_crds::pool::SNAPSHOT_MOUNT;
 use microvirt_crds::vmi::{
     VirtualMachineInstance, VmiCondition, ANNOTATION_BOOT_TIME_MS, ANNOTATION_CONTROL_REQUEST,
     ANNOTATION_CONTROL_RESULT, ANNOTATION_VMI_UID, CONDITION_PAUSED, LABEL_VMI_NAME,
@@ -54,7 +59,9 @@ pub const REASON_NOT_PAUSED: &str = "NotPaused";
 /// Longest delay between retries of a failed API write.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Commands a control request may carry.
-pub const CONTROL_COMMANDS: &[&str] = &["pause", "unpause"];
+pub const CONTROL_COMMANDS: &[&str] = &["pause", "unpause", "snapshot"];
+/// How long a launcher may take to write a snapshot.
+pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Errors that stop the agent.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +86,8 @@ pub struct AgentConfig {
     /// How long to wait before connecting again to a launcher, and before retrying a failed
     /// API write; also the poll period for launchers without `watch`.
     pub retry: Duration,
+    /// This host's facts (`microvirt.io/host-facts`), reported with every snapshot taken here.
+    pub host_facts: Option<String>,
 }
 
 impl AgentConfig {
@@ -90,6 +99,7 @@ impl AgentConfig {
             control_socket: CONTROL_SOCKET.into(),
             namespace: None,
             retry: Duration::from_millis(200),
+            host_facts: None,
         }
     }
 }
@@ -258,6 +268,8 @@ async fn launcher_task(
         &cfg.control_socket,
     );
     let mut st = TaskState {
+        client: client.clone(),
+        host_facts: cfg.host_facts.clone(),
         pods,
         pod_name: pod_name.clone(),
         vmi,
@@ -338,6 +350,8 @@ async fn launcher_task(
 }
 
 struct TaskState {
+    client: Client,
+    host_facts: Option<String>,
     pods: Api<Pod>,
     pod_name: String,
     vmi: Option<VmiRef>,
@@ -390,8 +404,36 @@ impl TaskState {
         }
     }
 
+    /// Follows the VMI the pod names now: a pool's warm member names none until it is
+    /// claimed, then the claiming VMI (the claim also asks for the resume).
+    fn follow_vmi(&mut self, pod: &Pod) {
+        let (Some(name), Some(uid)) = (
+            pod.labels().get(LABEL_VMI_NAME),
+            pod.annotations().get(ANNOTATION_VMI_UID),
+        ) else {
+            return;
+        };
+        if self
+            .vmi
+            .as_ref()
+            .is_some_and(|v| &v.name == name && v.uid.as_ref() == Some(uid))
+        {
+            return;
+        }
+        let Some(ns) = pod.namespace() else { return };
+        tracing::info!("pod {}: now the launcher of VMI {ns}/{name}", self.pod_name);
+        self.vmi = Some(VmiRef {
+            api: Api::namespaced(self.client.clone(), &ns),
+            name: name.clone(),
+            uid: Some(uid.clone()),
+        });
+        self.vmi_read = false;
+        self.reported = None;
+    }
+
     /// Carries out the pod's control request if it is new.
     async fn control(&mut self, pod: &Pod) {
+        self.follow_vmi(pod);
         let Some(raw) = pod.annotations().get(ANNOTATION_CONTROL_REQUEST) else {
             return;
         };
@@ -408,11 +450,27 @@ impl TaskState {
             return;
         }
         let result = match req {
-            None => format!("{id} error malformed request {raw:?} (want \"<id> pause|unpause\")"),
+            None => format!(
+                "{id} error malformed request {raw:?} (want \"<id> pause|unpause|snapshot\")"
+            ),
             Some(r) if !CONTROL_COMMANDS.contains(&r.command.as_str()) => format!(
-                "{id} error unknown command {:?} (want pause or unpause)",
+                "{id} error unknown command {:?} (want pause, unpause or snapshot)",
                 r.command
             ),
+            Some(r) if r.command == "snapshot" => {
+                let req = json!({"cmd": "snapshot", "dir": SNAPSHOT_MOUNT});
+                match launcher::request_json(&self.socket, &req, SNAPSHOT_TIMEOUT).await {
+                    Ok(answer) => {
+                        self.want_paused = Some(true);
+                        tracing::info!("pod {}: snapshot taken: {answer}", self.pod_name);
+                        match &self.host_facts {
+                            Some(f) => format!("{id} ok {f}"),
+                            None => format!("{id} ok"),
+                        }
+                    }
+                    Err(e) => format!("{id} error {e}"),
+                }
+            }
             Some(r) => match launcher::request(&self.socket, &r.command).await {
                 Ok(answer) => {
                     if let Ok(s) = LauncherStatus::from_answer(&answer) {

@@ -36,8 +36,8 @@ pub enum LauncherError {
     BadAnswer(String),
     #[error("the launcher refused {cmd:?}: {error}")]
     Refused { cmd: String, error: String },
-    #[error("no answer within {} s", REQUEST_TIMEOUT.as_secs())]
-    Timeout,
+    #[error("no answer within {0} s")]
+    Timeout(u64),
 }
 
 /// The node path of a launcher pod's control socket.
@@ -136,7 +136,11 @@ impl Conn {
     }
 
     async fn send(&mut self, cmd: &str) -> Result<(), LauncherError> {
-        let mut line = json!({ "cmd": cmd }).to_string();
+        self.send_value(&json!({ "cmd": cmd })).await
+    }
+
+    async fn send_value(&mut self, req: &Value) -> Result<(), LauncherError> {
+        let mut line = req.to_string();
         line.push('\n');
         self.write.write_all(line.as_bytes()).await?;
         Ok(())
@@ -153,16 +157,31 @@ impl Conn {
 
 /// Sends one command and returns its (successful) answer.
 pub async fn request(path: &Path, cmd: &str) -> Result<Value, LauncherError> {
+    request_json(path, &json!({ "cmd": cmd }), REQUEST_TIMEOUT).await
+}
+
+/// Sends the request `req` (`{"cmd": …, …}`) and returns its (successful) answer, waiting at
+/// most `timeout` (a snapshot takes longer than a pause).
+pub async fn request_json(
+    path: &Path,
+    req: &Value,
+    timeout: Duration,
+) -> Result<Value, LauncherError> {
+    let cmd = req
+        .get("cmd")
+        .and_then(Value::as_str)
+        .unwrap_or("?")
+        .to_string();
     let call = async {
         let mut c = Conn::open(path).await?;
-        c.send(cmd).await?;
+        c.send_value(req).await?;
         let v = c.next().await?;
-        check_ok(&v, cmd)?;
+        check_ok(&v, &cmd)?;
         Ok(v)
     };
-    tokio::time::timeout(REQUEST_TIMEOUT, call)
+    tokio::time::timeout(timeout, call)
         .await
-        .map_err(|_| LauncherError::Timeout)?
+        .map_err(|_| LauncherError::Timeout(timeout.as_secs()))?
 }
 
 /// A stream of status changes: the launcher's `watch`, or polling `status` on launchers
@@ -181,11 +200,11 @@ impl StatusWatch {
     pub async fn open(path: &Path, poll: Duration) -> Result<Self, LauncherError> {
         let mut conn = tokio::time::timeout(REQUEST_TIMEOUT, Conn::open(path))
             .await
-            .map_err(|_| LauncherError::Timeout)??;
+            .map_err(|_| LauncherError::Timeout(REQUEST_TIMEOUT.as_secs()))??;
         conn.send("watch").await?;
         let v = tokio::time::timeout(REQUEST_TIMEOUT, conn.next())
             .await
-            .map_err(|_| LauncherError::Timeout)??;
+            .map_err(|_| LauncherError::Timeout(REQUEST_TIMEOUT.as_secs()))??;
         let (first, poll) = match LauncherStatus::from_answer(&v) {
             Ok(s) => (s, None),
             Err(LauncherError::Refused { error, .. }) if error.contains("unknown command") => {

@@ -7,14 +7,18 @@
 //! - [`agent`]: the node agent. It has API credentials (launcher pods never do), finds the
 //!   launcher pods on its node, talks to each launcher's control socket through the kubelet's
 //!   pod volume directory, reports the VMI `Paused` condition and carries out pause/unpause
-//!   requests that the operator puts on launcher pods (the warm-pool claim path).
+//!   requests that the operator puts on launcher pods (the warm-pool claim path), and takes the
+//!   snapshots of VM pools ([`hostfacts`]: what a snapshot depends on, published on the Node;
+//!   [`snapshots`]: removal of snapshots nothing uses any more).
 //!
 //! [`shutdown`] gives both a bounded, signal-driven shutdown.
 
 pub mod agent;
 pub mod deviceplugin;
+pub mod hostfacts;
 pub mod launcher;
 pub mod shutdown;
+pub mod snapshots;
 
 /// The kubelet device-plugin API (`v1beta1`), generated from `proto/deviceplugin.proto`:
 /// messages, the `Registration` and `DevicePlugin` servers and clients.

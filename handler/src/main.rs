@@ -7,7 +7,9 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 use microvirt_handler::agent::{self, AgentConfig};
 use microvirt_handler::deviceplugin::{self, PluginConfig};
+use microvirt_handler::hostfacts;
 use microvirt_handler::shutdown;
+use microvirt_handler::snapshots::{self, GcConfig};
 
 /// microvirt's per-node agent: a kubelet device plugin that advertises
 /// devices.microvirt.io/kvm (and injects /dev/kvm + /dev/net/tun into launcher containers),
@@ -74,6 +76,16 @@ struct Args {
     /// Longest wait for the tasks to stop after the first signal, in ms.
     #[arg(long, default_value_t = 5000)]
     shutdown_timeout_ms: u64,
+    /// Where VM pool snapshots live (the host's /var/lib/microvirt/snapshots as mounted into
+    /// this process); unused ones are removed.
+    #[arg(long, default_value = microvirt_crds::pool::SNAPSHOT_ROOT)]
+    snapshot_root: PathBuf,
+    /// Sweep for unused snapshots at least this often, in seconds.
+    #[arg(long, default_value_t = 60)]
+    snapshot_gc_interval_secs: u64,
+    /// Do not publish this host's facts (`microvirt.io/host-facts`) on its Node.
+    #[arg(long)]
+    no_host_facts: bool,
 }
 
 async fn run(args: Args) -> Result<()> {
@@ -109,11 +121,39 @@ async fn run(args: Args) -> Result<()> {
         let client = kube::Client::try_default()
             .await
             .context("building the Kubernetes client (in-cluster or KUBECONFIG)")?;
-        let mut cfg = AgentConfig::new(node);
+        let mut cfg = AgentConfig::new(node.clone());
         cfg.kubelet_root = args.kubelet_root.clone();
         cfg.runtime_volume = args.runtime_volume.clone();
         cfg.namespace = args.namespace.clone();
         cfg.retry = Duration::from_millis(args.retry_ms.max(1));
+        if !args.no_host_facts {
+            match hostfacts::detect() {
+                Ok(f) => {
+                    tracing::info!("host facts: {f}");
+                    cfg.host_facts = Some(f.to_string());
+                    // Not fatal: pools then skip the check against this node (the VMM still
+                    // checks the CPU when it restores).
+                    if let Err(e) = hostfacts::publish(&client, &node, &f).await {
+                        tracing::warn!("{e}");
+                    }
+                }
+                Err(e) => tracing::warn!("{e}"),
+            }
+        }
+        let gc = GcConfig {
+            root: args.snapshot_root.clone(),
+            node_name: node,
+            interval: Duration::from_secs(args.snapshot_gc_interval_secs.max(1)),
+        };
+        let gc_client = client.clone();
+        let gc_stop = stop.clone();
+        tasks.push((
+            "snapshot collector",
+            tokio::spawn(async move {
+                snapshots::run(gc_client, gc, gc_stop).await;
+                Ok(())
+            }),
+        ));
         let stop = stop.clone();
         tasks.push((
             "node agent",

@@ -235,13 +235,37 @@ async fn launch(
     name: &str,
     vmi_uid: &str,
 ) -> (Proc, PathBuf) {
+    launch_with(
+        pods,
+        tmp,
+        bin,
+        name,
+        json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/vmi": name}),
+        json!({"microvirt.io/vmi-uid": vmi_uid}),
+    )
+    .await
+}
+
+/// [`launch`] with the pod's labels and annotations given (a pool's warm member names no VMI).
+async fn launch_with(
+    pods: &Api<Pod>,
+    tmp: &Path,
+    bin: &Path,
+    name: &str,
+    labels: serde_json::Value,
+    annotations: serde_json::Value,
+) -> (Proc, PathBuf) {
+    let vmi_uid = annotations["microvirt.io/vmi-uid"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": format!("virt-launcher-{name}"),
-            "labels": {"app.kubernetes.io/name": "virt-launcher", "microvirt.io/vmi": name},
-            "annotations": {"microvirt.io/vmi-uid": vmi_uid}
+            "labels": labels,
+            "annotations": annotations
         },
         "spec": {
             "nodeName": NODE,
@@ -566,4 +590,244 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     let code = tokio::task::block_in_place(|| second.wait_exit(WAIT));
     drop(cont);
     assert_eq!(code, Some(0), "{}", second.log());
+}
+
+/// Starts a cluster with the CRDs, the handler's RBAC and namespace `NS`; returns it with an
+/// admin client and a kubeconfig for the handler's ServiceAccount (in `tmp`).
+async fn cluster_for_agent(tmp: &Path) -> (Cluster, Client, PathBuf) {
+    let cluster = tokio::task::block_in_place(|| {
+        Cluster::start(ClusterOptions::default()).expect("starting etcd + kube-apiserver")
+    });
+    let kc = cluster.kubeconfig_path().to_path_buf();
+    let crds = workspace_root().join("crds").display().to_string();
+    kubectl(&kc, &["apply", "-f", &crds]);
+    kubectl(
+        &kc,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/virtualmachineinstances.microvirt.io",
+            "crd/virtualmachinepools.microvirt.io",
+        ],
+    );
+    let deploy = workspace_root().join("deploy");
+    for f in ["namespace.yaml", "handler.yaml"] {
+        kubectl(&kc, &["apply", "-f", &deploy.join(f).display().to_string()]);
+    }
+    kubectl(&kc, &["create", "namespace", NS]);
+    let client = admin_client(&kc).await;
+    let kubeconfig = std::fs::read_to_string(&kc).unwrap();
+    let (head, tail) = kubeconfig.split_once("    token: ").unwrap();
+    let (token, rest) = tail.split_once('\n').unwrap();
+    let sa_kubeconfig = tmp.join("handler.kubeconfig");
+    std::fs::write(
+        &sa_kubeconfig,
+        format!("{head}    token: {token}\n    as: {SA}\n{rest}"),
+    )
+    .unwrap();
+    (cluster, client, sa_kubeconfig)
+}
+
+/// The VM pool side of the agent: it publishes the node's host facts, follows a warm member
+/// (a paused launcher whose pod names no VMI) when the operator claims it for a VMI — resume,
+/// answer, and from then on report `Paused` for that VMI — and removes snapshot directories that
+/// no pool or pod uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_host_facts_and_unused_snapshots() {
+    use k8s_openapi::api::core::v1::Node;
+    use microvirt_crds::VirtualMachinePool;
+
+    let bin = tokio::task::block_in_place(launcher_bin);
+    let tmp = TempDir::new("pool-agent");
+    let (_cluster, client, sa_kubeconfig) = cluster_for_agent(&tmp.0).await;
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}
+    }))
+    .unwrap();
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+
+    // A pool whose current snapshot is h-2.
+    let pools: Api<VirtualMachinePool> = Api::namespaced(client.clone(), NS);
+    let pool: VirtualMachinePool = serde_json::from_value(json!({
+        "apiVersion": "microvirt.io/v1alpha1", "kind": "VirtualMachinePool",
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"domain": {}}}}
+    }))
+    .unwrap();
+    let pool = pools.create(&PostParams::default(), &pool).await.unwrap();
+    let pool_uid = pool.uid().unwrap();
+    let status = json!({"status": {"snapshot": {
+        "id": "h-2", "templateHash": "h", "attempt": 2, "phase": "Ready"}}});
+    pools
+        .patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    // Snapshot directories on the node: h-2 is current, h-0 is used by the warm member below,
+    // h-1 is neither; the other pool no longer exists.
+    let root = tmp.0.join("snapshots");
+    let gone_pool = "00000000-dead-beef-0000-000000000000";
+    for (uid, id) in [
+        (pool_uid.as_str(), "h-0"),
+        (pool_uid.as_str(), "h-1"),
+        (pool_uid.as_str(), "h-2"),
+        (gone_pool, "x-1"),
+    ] {
+        let d = root.join(uid).join(id);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("vmstate"), b"state").unwrap();
+    }
+
+    // The warm member: a paused launcher whose pod names no VMI yet.
+    let (mut launcher, runtime) = launch_with(
+        &pods,
+        &tmp.0,
+        &bin,
+        "web-abcde",
+        json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/pool": "web",
+               "microvirt.io/pool-role": "warm", "microvirt.io/snapshot": "h-0"}),
+        json!({"microvirt.io/pool-uid": pool_uid}),
+    )
+    .await;
+    // Paused once the guest has booted, as a restored warm member is.
+    tokio::task::block_in_place(|| launcher.wait_log("guest booted"));
+    launcher_cmd(&bin, &runtime, "pause");
+
+    let mut handler = Proc::spawn(
+        Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+            .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
+            .arg("--kubelet-root")
+            .arg(tmp.0.join("kubelet"))
+            .arg("--snapshot-root")
+            .arg(&root)
+            .args(["--snapshot-gc-interval-secs", "1"])
+            .env("KUBECONFIG", &sa_kubeconfig)
+            .env("RUST_LOG", "info,microvirt_handler=debug"),
+        tmp.0.join("handler-pool.log"),
+    );
+    let diag = |h: &Proc, l: &Proc| format!("handler:\n{}\nlauncher:\n{}", h.log(), l.log());
+
+    // 1. The node's host facts.
+    let want = microvirt_handler::hostfacts::detect().unwrap().to_string();
+    let got = wait_for("host facts on the node", || async {
+        nodes
+            .get(NODE)
+            .await
+            .ok()?
+            .annotations()
+            .get("microvirt.io/host-facts")
+            .cloned()
+    })
+    .await;
+    assert_eq!(got, want);
+
+    // 2. Unused snapshots go, the current one and the warm member's stay.
+    wait_for("unused snapshots removed", || async {
+        (!root.join(&pool_uid).join("h-1").exists() && !root.join(gone_pool).exists()).then_some(())
+    })
+    .await;
+    assert!(root.join(&pool_uid).join("h-2/vmstate").exists());
+    assert!(root.join(&pool_uid).join("h-0/vmstate").exists());
+
+    // 3. The claim: the VMI, then the operator's patch that hands it the pod and asks for the
+    //    resume (crate `microvirt-operator`, `pool::members::claim_patch`).
+    let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "microvirt.io/v1alpha1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "web-abcde", "labels": {"app": "web"}},
+        "spec": {"domain": {}}
+    }))
+    .unwrap();
+    let vmi = vmis.create(&PostParams::default(), &vmi).await.unwrap();
+    let uid = vmi.uid().unwrap();
+    // The agent saw the warm pod (boot time) but wrote nothing to any VMI.
+    let t = Instant::now();
+    while !pods
+        .get("virt-launcher-web-abcde")
+        .await
+        .unwrap()
+        .annotations()
+        .contains_key("microvirt.io/boot-time-ms")
+    {
+        assert!(
+            t.elapsed() < WAIT,
+            "no boot time on the warm pod\n{}",
+            diag(&handler, &launcher)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(condition(&vmis.get("web-abcde").await.unwrap(), "Paused").is_none());
+    assert_eq!(launcher_state(&bin, &runtime), "paused");
+    let t0 = Instant::now();
+    let claim = json!({"metadata": {
+        "labels": {"app": "web", "microvirt.io/vmi": "web-abcde", "microvirt.io/pool-role": "claimed"},
+        "annotations": {"microvirt.io/vmi-uid": uid,
+                        "microvirt.io/control-request": format!("claim-{uid} unpause")}
+    }});
+    pods.patch(
+        "virt-launcher-web-abcde",
+        &PatchParams::default(),
+        &Patch::Merge(&claim),
+    )
+    .await
+    .unwrap();
+    let result = wait_for("claim result", || async {
+        pods.get("virt-launcher-web-abcde")
+            .await
+            .ok()?
+            .annotations()
+            .get("microvirt.io/control-result")
+            .cloned()
+    })
+    .await;
+    let to_result = t0.elapsed();
+    assert_eq!(
+        result,
+        format!("claim-{uid} ok"),
+        "{}",
+        diag(&handler, &launcher)
+    );
+    assert_eq!(launcher_state(&bin, &runtime), "running");
+    let c = wait_for("Paused=False on the claiming VMI", || {
+        paused_is(&vmis, "web-abcde", "False")
+    })
+    .await;
+    assert_eq!(c.reason.as_deref(), Some("NotPaused"));
+    eprintln!(
+        "latency: claim patch -> control result {:.1} ms, -> VMI Paused=False {:.1} ms",
+        to_result.as_secs_f64() * 1e3,
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    // From now on the agent reports for that VMI.
+    launcher_cmd(&bin, &runtime, "pause");
+    wait_for("Paused=True", || paused_is(&vmis, "web-abcde", "True")).await;
+
+    // 4. The pool and the member go: so does the member's snapshot, and the pool's directory.
+    pools.delete("web", &Default::default()).await.unwrap();
+    launcher_cmd(&bin, &runtime, "stop");
+    tokio::task::block_in_place(|| launcher.wait_exit(WAIT));
+    pods.delete(
+        "virt-launcher-web-abcde",
+        &kube::api::DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    wait_for("the pool's snapshots removed", || async {
+        (!root.join(&pool_uid).exists()).then_some(())
+    })
+    .await;
+    assert!(root.exists());
+    handler.signal(libc::SIGTERM);
+    assert_eq!(
+        tokio::task::block_in_place(|| handler.wait_exit(WAIT)),
+        Some(0),
+        "{}",
+        handler.log()
+    );
 }

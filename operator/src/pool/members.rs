@@ -29,11 +29,7 @@ use crate::pod::{
 };
 use crate::preset::{self, PresetError};
 
-/// Where snapshots live on a node: `<root>/<pool uid>/<snapshot id>/` (a hostPath). The node
-/// agent removes the directories of pools that no longer exist.
-pub const SNAPSHOT_ROOT: &str = "/var/lib/microvirt/snapshots";
-/// Where builder and warm pods see their snapshot directory.
-pub const SNAPSHOT_MOUNT: &str = "/var/run/microvirt/snapshot";
+pub use microvirt_crds::pool::{SNAPSHOT_MOUNT, SNAPSHOT_ROOT};
 /// Name of the snapshot volume in builder and warm pods.
 pub const SNAPSHOT_VOLUME: &str = "snapshot";
 /// Environment of a warm pod's launcher: restore this snapshot instead of booting.
