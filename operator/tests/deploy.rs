@@ -97,6 +97,56 @@ spec:
         "reconcile errors under the ServiceAccount:\n{}",
         env.metrics.encode()
     );
+    // A VM pool under the ServiceAccount: its builder pod (a snapshot is wanted for the warm
+    // members), its status, a cold replica while no warm member is ready, and its deletion.
+    let pool = r#"apiVersion: microvirt.io/v1alpha1
+kind: VirtualMachinePool
+metadata: {name: p}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: p}}
+  warm: {min: 1}
+  template:
+    metadata: {labels: {app: p}}
+    spec: {domain: {memory: {guest: 32Mi}}}
+"#;
+    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(pool))?;
+    assert!(ok, "{err}");
+    let pools = env.api::<microvirt_crds::VirtualMachinePool>();
+    wait_for("pool builder, replica and status", WAIT, || async {
+        let st = pools.get("p").await?.status.unwrap_or_default();
+        let p = pods
+            .list(
+                &ListParams::default().labels("microvirt.io/pool=p,microvirt.io/pool-role=builder"),
+            )
+            .await?;
+        let v = vmis.list(&ListParams::default().labels("app=p")).await?;
+        Ok((st.snapshot.is_some()
+            && st.label_selector.as_deref() == Some("app=p")
+            && p.items.len() == 1
+            && v.items.len() == 1)
+            .then_some(()))
+    })
+    .await?;
+    pools.delete("p", &Default::default()).await?;
+    wait_for("pool, VMIs and pods gone", WAIT, || async {
+        let p = pools.get_opt("p").await?;
+        let v = vmis.list(&ListParams::default()).await?;
+        let ps = pods.list(&ListParams::default()).await?;
+        Ok((p.is_none() && v.items.is_empty() && ps.items.is_empty()).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        env.metrics
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with("microvirt_operator_reconcile_errors_total"))
+            .count(),
+        0,
+        "reconcile errors under the ServiceAccount:\n{}",
+        env.metrics.encode()
+    );
+
     // Events were published under the ServiceAccount too.
     let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
     wait_for("events", WAIT, || async {
