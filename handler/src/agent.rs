@@ -14,8 +14,9 @@
 //!   `microvirt.io/control-request: <id> pause|unpause|snapshot`) once per id and answers with
 //!   `microvirt.io/control-result: <id> ok|error <message>` — the path a warm-pool claim uses
 //!   to resume a paused launcher without creating a pod, and the one a pool's builder is
-//!   snapshotted through (`snapshot` writes into the pod's `/var/run/microvirt/snapshot`; the
-//!   answer is `<id> ok <host facts>`), see docs/node-agent.md and docs/pools.md;
+//!   snapshotted through (`snapshot`: the launcher writes into its pod's snapshot mount,
+//!   `/var/run/microvirt/snapshot`; the answer is `<id> ok <host facts>`), see
+//!   docs/node-agent.md and docs/pools.md;
 //! - follows a pool's warm member when it is claimed: from then on the pod names a VMI (label
 //!   `microvirt.io/vmi`, annotation `microvirt.io/vmi-uid`) and `Paused` is reported for it.
 //!
@@ -34,7 +35,6 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
-use microvirt_crds::pool::SNAPSHOT_MOUNT;
 use microvirt_crds::vmi::{
     VirtualMachineInstance, VmiCondition, ANNOTATION_BOOT_TIME_MS, ANNOTATION_CONTROL_REQUEST,
     ANNOTATION_CONTROL_RESULT, ANNOTATION_VMI_UID, CONDITION_PAUSED, LABEL_VMI_NAME,
@@ -458,7 +458,9 @@ impl TaskState {
                 r.command
             ),
             Some(r) if r.command == "snapshot" => {
-                let req = json!({"cmd": "snapshot", "dir": SNAPSHOT_MOUNT});
+                // No `dir`: the launcher writes into its pod's snapshot mount
+                // (`/var/run/microvirt/snapshot`); the agent never names a path in the pod.
+                let req = json!({"cmd": "snapshot"});
                 match launcher::request_json(&self.socket, &req, SNAPSHOT_TIMEOUT).await {
                     Ok(answer) => {
                         self.want_paused = Some(true);

@@ -242,11 +242,13 @@ async fn launch(
         name,
         json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/vmi": name}),
         json!({"microvirt.io/vmi-uid": vmi_uid}),
+        &[],
     )
     .await
 }
 
-/// [`launch`] with the pod's labels and annotations given (a pool's warm member names no VMI).
+/// [`launch`] with the pod's labels and annotations given (a pool's warm member names no VMI)
+/// and extra environment for the launcher.
 async fn launch_with(
     pods: &Api<Pod>,
     tmp: &Path,
@@ -254,6 +256,7 @@ async fn launch_with(
     name: &str,
     labels: serde_json::Value,
     annotations: serde_json::Value,
+    env: &[(&str, PathBuf)],
 ) -> (Proc, PathBuf) {
     let vmi_uid = annotations["microvirt.io/vmi-uid"]
         .as_str()
@@ -295,16 +298,15 @@ async fn launch_with(
         "vcpus": 1
     });
     std::fs::write(runtime.join("vmi/vmi.json"), doc.to_string()).unwrap();
-    let launcher = Proc::spawn(
-        Command::new(bin)
-            .arg("pod")
-            .env("MICROVIRT_ROOT", &runtime)
-            .env(
-                "MICROVIRT_TERMINATION_LOG",
-                tmp.join(format!("termination-log-{name}")),
-            ),
-        tmp.join(format!("launcher-{name}.log")),
+    let mut cmd = Command::new(bin);
+    cmd.arg("pod").env("MICROVIRT_ROOT", &runtime).env(
+        "MICROVIRT_TERMINATION_LOG",
+        tmp.join(format!("termination-log-{name}")),
     );
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let launcher = Proc::spawn(&mut cmd, tmp.join(format!("launcher-{name}.log")));
     (launcher, runtime)
 }
 
@@ -682,20 +684,19 @@ async fn claims_host_facts_and_unused_snapshots() {
         std::fs::write(d.join("vmstate"), b"state").unwrap();
     }
 
-    // The warm member: a paused launcher whose pod names no VMI yet.
-    let (mut launcher, runtime) = launch_with(
+    // A pool's builder: the template booted cold.
+    let (mut builder, builder_rt) = launch_with(
         &pods,
         &tmp.0,
         &bin,
-        "web-abcde",
+        "web-snap-h-0",
         json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/pool": "web",
-               "microvirt.io/pool-role": "warm", "microvirt.io/snapshot": "h-0"}),
+               "microvirt.io/pool-role": "builder", "microvirt.io/snapshot": "h-0"}),
         json!({"microvirt.io/pool-uid": pool_uid}),
+        &[],
     )
     .await;
-    // Paused once the guest has booted, as a restored warm member is.
-    tokio::task::block_in_place(|| launcher.wait_log("guest booted"));
-    launcher_cmd(&bin, &runtime, "pause");
+    tokio::task::block_in_place(|| builder.wait_log("guest booted"));
 
     let mut handler = Proc::spawn(
         Command::new(env!("CARGO_BIN_EXE_virt-handler"))
@@ -711,8 +712,84 @@ async fn claims_host_facts_and_unused_snapshots() {
     );
     let diag = |h: &Proc, l: &Proc| format!("handler:\n{}\nlauncher:\n{}", h.log(), l.log());
 
-    // 1. The node's host facts.
+    // 1. The snapshot request: the launcher writes into its snapshot mount and stays paused;
+    //    the answer carries this node's host facts.
     let want = microvirt_handler::hostfacts::detect().unwrap().to_string();
+    let req =
+        json!({"metadata": {"annotations": {"microvirt.io/control-request": "snap-h-0 snapshot"}}});
+    pods.patch(
+        "virt-launcher-web-snap-h-0",
+        &PatchParams::default(),
+        &Patch::Merge(&req),
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let result = loop {
+        let r = pods
+            .get("virt-launcher-web-snap-h-0")
+            .await
+            .unwrap()
+            .annotations()
+            .get("microvirt.io/control-result")
+            .cloned();
+        if let Some(r) = r {
+            break r;
+        }
+        assert!(
+            t.elapsed() < WAIT,
+            "no snapshot result\n{}",
+            diag(&handler, &builder)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        result,
+        format!("snap-h-0 ok {want}"),
+        "{}",
+        diag(&handler, &builder)
+    );
+    let snapshot = builder_rt.join("snapshot");
+    assert!(
+        snapshot.join("vmstate").is_file(),
+        "no snapshot in {}",
+        snapshot.display()
+    );
+    assert!(snapshot.join("memory").is_file());
+    assert_eq!(launcher_state(&bin, &builder_rt), "paused");
+    // The builder's job is done.
+    launcher_cmd(&bin, &builder_rt, "stop");
+    tokio::task::block_in_place(|| builder.wait_exit(WAIT));
+
+    // The warm member: `virt-launcher pod` restoring that snapshot paused; its pod names no
+    // VMI yet. It is Ready (probe) while paused.
+    let (mut launcher, runtime) = launch_with(
+        &pods,
+        &tmp.0,
+        &bin,
+        "web-abcde",
+        json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/pool": "web",
+               "microvirt.io/pool-role": "warm", "microvirt.io/snapshot": "h-0"}),
+        json!({"microvirt.io/pool-uid": pool_uid}),
+        &[
+            ("MICROVIRT_RESTORE", snapshot.clone()),
+            ("MICROVIRT_RESTORE_PAUSED", PathBuf::from("1")),
+        ],
+    )
+    .await;
+    tokio::task::block_in_place(|| launcher.wait_log("restored paused"));
+    assert_eq!(launcher_state(&bin, &runtime), "paused");
+    let probe = Command::new(&bin)
+        .args(["probe", "ready"])
+        .env("MICROVIRT_ROOT", &runtime)
+        .status()
+        .unwrap();
+    assert!(
+        probe.success(),
+        "a restored warm member is ready to be claimed"
+    );
+
+    // 1b. The node's host facts.
     let got = wait_for("host facts on the node", || async {
         nodes
             .get(NODE)
@@ -743,22 +820,8 @@ async fn claims_host_facts_and_unused_snapshots() {
     .unwrap();
     let vmi = vmis.create(&PostParams::default(), &vmi).await.unwrap();
     let uid = vmi.uid().unwrap();
-    // The agent saw the warm pod (boot time) but wrote nothing to any VMI.
-    let t = Instant::now();
-    while !pods
-        .get("virt-launcher-web-abcde")
-        .await
-        .unwrap()
-        .annotations()
-        .contains_key("microvirt.io/boot-time-ms")
-    {
-        assert!(
-            t.elapsed() < WAIT,
-            "no boot time on the warm pod\n{}",
-            diag(&handler, &launcher)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The agent follows the warm pod but writes nothing to any VMI.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(condition(&vmis.get("web-abcde").await.unwrap(), "Paused").is_none());
     assert_eq!(launcher_state(&bin, &runtime), "paused");
     let t0 = Instant::now();
@@ -809,15 +872,17 @@ async fn claims_host_facts_and_unused_snapshots() {
     pools.delete("web", &Default::default()).await.unwrap();
     launcher_cmd(&bin, &runtime, "stop");
     tokio::task::block_in_place(|| launcher.wait_exit(WAIT));
-    pods.delete(
-        "virt-launcher-web-abcde",
-        &kube::api::DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    for p in ["virt-launcher-web-abcde", "virt-launcher-web-snap-h-0"] {
+        pods.delete(
+            p,
+            &kube::api::DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    }
     wait_for("the pool's snapshots removed", || async {
         (!root.join(&pool_uid).exists()).then_some(())
     })

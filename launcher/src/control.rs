@@ -12,7 +12,7 @@
 //! | `stop` | hard stop now | `state` |
 //! | `console` | after the `{"ok":true}` line the connection carries raw console bytes both ways | — |
 //! | `watch` | none; the connection becomes a stream of `status` answers (see below) | as `status` |
-//! | `snapshot` + `"dir": "/abs/path"` | pause, write a snapshot into the (absent or empty) directory, stay paused (`resume` continues) | `state`, `dir`, sizes, `pausedUs`, `writeUs` |
+//! | `snapshot` + `"dir": "/abs/path"` | pause, write a snapshot into the (absent or empty) directory, stay paused (`resume` continues); without `dir`, pod mode writes into `$MICROVIRT_ROOT/snapshot` (a VM pool's snapshot mount) | `state`, `dir`, sizes, `pausedUs`, `writeUs` |
 //!
 //! `console` needs the VMM's serial on a unix socket (pod mode; `run --console socket`).
 //! `pause`, `unpause`/`resume` and `snapshot` are the VMM's own protocol commands
@@ -53,6 +53,8 @@ pub struct Context {
     pub status: SharedStatus,
     pub events: Sender<Event>,
     pub console: Option<Arc<ConsoleHub>>,
+    /// Where `snapshot` writes when the request names no `dir` (pod mode).
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 /// The listening socket; the file is removed when this is dropped.
@@ -203,6 +205,12 @@ fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
             "pause" => action(ctx, Action::Pause, "paused"),
             "unpause" | "resume" => action(ctx, Action::Resume, "running"),
             "snapshot" => {
+                let mut req = req.clone();
+                if req.get("dir").is_none() {
+                    if let (Some(d), Some(o)) = (&ctx.snapshot_dir, req.as_object_mut()) {
+                        o.insert("dir".into(), Value::String(d.display().to_string()));
+                    }
+                }
                 let answer = vmm::control::snapshot_command(&ctx.controller, &req);
                 if answer.get("ok") == Some(&Value::Bool(true)) {
                     set_state(&ctx.status, "paused");

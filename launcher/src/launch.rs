@@ -69,6 +69,9 @@ pub struct Options {
     pub keep_network: bool,
     /// Start from this snapshot instead of booting.
     pub restore: Option<Restore>,
+    /// Where a `snapshot` request without a `dir` writes (pod mode: `$MICROVIRT_ROOT/snapshot`,
+    /// the mount of a VM pool's snapshot directory).
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 /// `run --restore DIR [--paused]`.
@@ -263,6 +266,7 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
             status,
             start,
             restore: opts.restore.clone(),
+            snapshot_dir: opts.snapshot_dir.clone(),
         },
         demo,
         network: net_setup,

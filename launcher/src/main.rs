@@ -41,7 +41,9 @@ pod: the launcher pod's entry point (docs/launcher-pod.md). Environment:
   MICROVIRT_VMI_FILE (default /var/run/microvirt/vmi/vmi.json), MICROVIRT_ROOT (default
   /var/run/microvirt: mounts, sockets, booted marker), MICROVIRT_TERMINATION_LOG (default
   /dev/termination-log), MICROVIRT_POD_INTERFACE (default eth0), MICROVIRT_RESOLV_CONF
-  (default /etc/resolv.conf).
+  (default /etc/resolv.conf), MICROVIRT_RESTORE (a snapshot directory: restore it instead of
+  booting, as --restore does), MICROVIRT_RESTORE_PAUSED=1 (stay paused until `unpause`; the
+  readiness probe passes once restored: a VM pool's warm member).
   --restore DIR starts the VMI from the snapshot in DIR instead of booting it: the VMI's
   memory and CPUs must match the snapshot's, its disks and interface take the place of the
   snapshot's (a containerDisk's overlay becomes a copy of the one saved in DIR); --paused
@@ -307,6 +309,7 @@ fn cmd_run(a: RunArgs, start: Clock) -> ExitCode {
         announce_boot: true,
         pod_network: a.pod_network,
         keep_network: false,
+        snapshot_dir: None,
         restore: a.restore.map(|dir| launch::Restore {
             dir,
             paused: a.paused,
@@ -356,6 +359,13 @@ fn cmd_pod(start: Clock) -> ExitCode {
             return finish(o, Some(&term_log));
         }
     };
+    // A VM pool's warm member restores a snapshot (paused) instead of booting.
+    let restore = std::env::var_os("MICROVIRT_RESTORE")
+        .filter(|d| !d.is_empty())
+        .map(|dir| launch::Restore {
+            dir: PathBuf::from(dir),
+            paused: std::env::var("MICROVIRT_RESTORE_PAUSED").is_ok_and(|v| v == "1"),
+        });
     let opts = Options {
         layout: Layout::Pod {
             root: root.clone(),
@@ -374,7 +384,8 @@ fn cmd_pod(start: Clock) -> ExitCode {
         announce_boot: true,
         pod_network: true,
         keep_network: true,
-        restore: None,
+        restore,
+        snapshot_dir: Some(root.join("snapshot")),
     };
     let outcome = launch(&doc, &opts, false, start);
     finish(outcome, Some(&term_log))

@@ -128,6 +128,8 @@ pub struct LaunchConfig {
     /// Restore this snapshot instead of booting (the VMI's disks and NIC replace the
     /// snapshot's, in order; its memory and vCPUs must match).
     pub restore: Option<crate::launch::Restore>,
+    /// Default directory of a `snapshot` request that names none.
+    pub snapshot_dir: Option<PathBuf>,
 }
 
 /// Why the launcher ended and what it reports.
@@ -365,6 +367,7 @@ pub fn run(
                 status: status.clone(),
                 events: events.clone(),
                 console: hub.clone(),
+                snapshot_dir: cfg.snapshot_dir.clone(),
             },
         ) {
             Ok(s) => Some(s),
@@ -375,6 +378,19 @@ pub fn run(
         },
         None => None,
     };
+
+    if cfg.restore.as_ref().is_some_and(|r| r.paused) {
+        // A paused restore (a VM pool's warm member) is ready to be resumed now: its guest had
+        // booted when the snapshot was taken. The readiness probe passes from here on, so the
+        // pod is Ready before anyone claims it; the guest's own "booted" (first vCPU run) comes
+        // with the resume.
+        if let Some(m) = &cfg.booted_marker {
+            if let Err(e) = std::fs::write(m, "restored\n") {
+                log::error!("cannot write the booted marker {}: {e}", m.display());
+            }
+        }
+        log::info!("restored paused; waiting for unpause");
+    }
 
     let mut deadline: Option<Instant> = None;
     let mut shutdown_requested = false;
