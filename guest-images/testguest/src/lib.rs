@@ -22,6 +22,7 @@ pub mod serial;
 pub mod slowdisk;
 pub mod smp;
 pub mod snap;
+pub mod ticker;
 pub mod virtio;
 
 mod scenarios;

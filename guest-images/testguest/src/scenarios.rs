@@ -43,6 +43,7 @@ pub fn run(bi: &BootInfo) -> ! {
             reset()
         }
         b"counter" => crate::snap::counter(bi),
+        b"ticker" => crate::ticker::run(bi),
         b"stream" => {
             crate::snap::stream(bi);
             reset()
