@@ -505,6 +505,13 @@ async fn scale_out_claims_warm_members_without_creating_pods() -> Result<()> {
     .await?;
     let lat = st.claim_latency.unwrap();
     assert_eq!(lat.samples, 2);
+    assert!(
+        env.metrics
+            .encode()
+            .contains("microvirt_operator_pool_claim_seconds_count 2"),
+        "{}",
+        env.metrics.encode()
+    );
     assert!(lat.p50_ms >= 0 && lat.max_ms >= lat.p50_ms, "{lat:?}");
     assert!(!events_of(&env, "Claimed").await?.is_empty());
     // Claiming started no pod: only the two refills did.
@@ -702,7 +709,8 @@ async fn snapshots_follow_the_template_and_the_node() -> Result<()> {
     assert!(failed.restore_failures >= 3, "{failed:?}");
     assert!(failed.message.unwrap().contains("another CPU model"));
     log.fail_restore.store(false, Ordering::SeqCst);
-    let fourth = wait_warm(&env, "db", 2).await?;
+    // Attempt 2 failed: attempt 3 starts after a 20 s back-off.
+    let fourth = wait_warm_for(&env, "db", 2, WAIT * 2).await?;
     assert_eq!(fourth, format!("{}-3", &second[..10]));
 
     pools.delete("db", &DeleteParams::default()).await?;

@@ -316,6 +316,7 @@ async fn write_status(
                     .latency
                     .ready(&ns, &name, std::time::Instant::now())
                 {
+                    ctx.metrics.claimed(d);
                     tracing::debug!("VMI {ns}/{name}: claimed warm member Ready in {d:?}");
                 }
             }
