@@ -196,9 +196,14 @@ async fn pool_vmis(env: &Env, name: &str) -> Result<Vec<VirtualMachineInstance>>
 /// Waits until the pool's snapshot is Ready and `n` warm members are ready; returns the
 /// snapshot id.
 async fn wait_warm(env: &Env, name: &str, n: i32) -> Result<String> {
+    wait_warm_for(env, name, n, WAIT).await
+}
+
+/// [`wait_warm`] with a timeout of its own (for waits that include a restore back-off).
+async fn wait_warm_for(env: &Env, name: &str, n: i32, timeout: Duration) -> Result<String> {
     wait_for(
         &format!("pool {name}: snapshot Ready and {n} warm"),
-        WAIT,
+        timeout,
         || async {
             let st = pool(env, name).await?.status.unwrap_or_default();
             let snap = st.snapshot.filter(|s| s.phase == SnapshotPhase::Ready);

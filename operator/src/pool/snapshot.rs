@@ -374,7 +374,12 @@ fn capturing(inp: &SnapshotInputs, cur: &PoolSnapshot, out: &mut SnapshotStep) {
     if let Some(n) = b.spec.as_ref().and_then(|s| s.node_name.clone()) {
         s.node = Some(n);
     }
-    if let Some((code, msg)) = pod_terminated(b) {
+    let req_id = snapshot_request_id(&s.id);
+    // The node agent's answer outlives the builder: once this controller marked the snapshot
+    // Ready it deletes the builder, and a reconcile whose pool cache is older than that status
+    // write sees a terminating or ended builder. Its answer still says the snapshot was taken.
+    let taken = matches!(control_result(b, &req_id), Some(Ok(_)));
+    if let Some((code, msg)) = pod_terminated(b).filter(|_| !taken) {
         out.delete_builder = Some(builder_name);
         out.fail(
             &s,
@@ -383,13 +388,13 @@ fn capturing(inp: &SnapshotInputs, cur: &PoolSnapshot, out: &mut SnapshotStep) {
         );
         return;
     }
-    if b.metadata.deletion_timestamp.is_some() {
+    if b.metadata.deletion_timestamp.is_some() && !taken {
         out.fail(&s, "the builder pod was deleted".into(), now);
         return;
     }
-    let req_id = snapshot_request_id(&s.id);
-    let requested =
-        inp.request_pending || super::members::control_request_id(b) == Some(req_id.as_str());
+    let requested = taken
+        || inp.request_pending
+        || super::members::control_request_id(b) == Some(req_id.as_str());
     if requested {
         match control_result(b, &req_id) {
             Some(Ok(facts)) => {
@@ -630,6 +635,36 @@ mod tests {
             Some("virt-launcher-web-snap-h1-1")
         );
         assert_eq!(s.notes[0].reason, "SnapshotReady");
+
+        // A pool cache older than the Ready status, with a builder cache that already shows
+        // the builder's deletion: the answer on the builder still makes it Ready, not Failed.
+        let mut deleting = b.clone();
+        deleting.metadata.deletion_timestamp = Some(Time(t(13)));
+        let s = step(&inputs(Some(&snap), Some(&deleting), 13));
+        assert_eq!(s.snapshot.unwrap().phase, SnapshotPhase::Ready);
+        let mut ended = b.clone();
+        ended.status = Some(PodStatus {
+            phase: Some("Succeeded".into()),
+            container_statuses: Some(vec![k8s_openapi::api::core::v1::ContainerStatus {
+                name: "compute".into(),
+                state: Some(k8s_openapi::api::core::v1::ContainerState {
+                    terminated: Some(k8s_openapi::api::core::v1::ContainerStateTerminated {
+                        exit_code: 0,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        let s = step(&inputs(Some(&snap), Some(&ended), 13));
+        assert_eq!(s.snapshot.unwrap().phase, SnapshotPhase::Ready);
+        // Without an answer, a deleted builder fails the attempt.
+        let mut unanswered = builder(Some(9), &[]);
+        unanswered.metadata.deletion_timestamp = Some(Time(t(13)));
+        let s = step(&inputs(Some(&snap), Some(&unanswered), 13));
+        assert_eq!(s.snapshot.unwrap().phase, SnapshotPhase::Failed);
 
         // Stays Ready while the node agrees.
         let s = step(&inputs(Some(&ready), None, 100));
