@@ -1,7 +1,8 @@
 //! Snapshot and restore through `virt-launcher` on this machine's /dev/kvm with the built-in
 //! demo guest: `virt-launcher snapshot DIR` on the control socket, `run --restore DIR
 //! --paused`, `resume`; the VMI's containerDisk overlay travels with the snapshot, and a VMI
-//! that does not match the snapshot is refused before anything runs.
+//! that does not match the snapshot is refused before anything runs. The `ticker` guest (a VM
+//! pool's member) shows what clones of one snapshot share and where they diverge.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -229,4 +230,107 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     // first run's overlay are as they were.
     assert!(rt2.join("root.overlay").is_file());
     assert_eq!(std::fs::read(&base).unwrap(), vec![0u8; 1 << 20]);
+}
+
+/// `(n, uptime-ms, boot-id, rng)` of every `tick` line in `out`.
+fn ticks(out: &str) -> Vec<(u64, u64, String, String)> {
+    out.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("tick ")?;
+            let field = |k: &str| {
+                rest.split_whitespace()
+                    .find_map(|w| w.strip_prefix(k))
+                    .map(str::to_string)
+            };
+            Some((
+                field("n=")?.parse().ok()?,
+                field("uptime-ms=")?.parse().ok()?,
+                field("boot-id=")?,
+                field("rng=")?,
+            ))
+        })
+        .collect()
+}
+
+/// The ticker guest of a VM pool member: two clones restored from one snapshot continue its
+/// tick count and uptime and keep its boot id (state drawn before the snapshot is shared), and
+/// the first tick after the gap reseeds the generator, so the clones' random numbers diverge.
+#[test]
+fn ticker_clones_continue_the_count_share_the_boot_id_and_reseed() {
+    let t = TempDir::new("ticker");
+    std::fs::write(t.path("base.img"), vec![0u8; 1 << 20]).unwrap();
+    let vmi_file = vmi(
+        &t.0,
+        "tickvm",
+        "32Mi",
+        "testguest.scenario=ticker testguest.tick_ms=50",
+    );
+    let vmi_s = vmi_file.display().to_string();
+    let sock = t.path("orig.sock");
+    let mut orig = Launcher::run(&[
+        "run",
+        &vmi_s,
+        "--control-socket",
+        &sock.display().to_string(),
+        "--runtime-dir",
+        &t.path("rt-orig").display().to_string(),
+    ]);
+    orig.wait_for("tick n=5 ");
+    let snap = t.path("snap");
+    let (out, a) = client(&[
+        "snapshot",
+        &snap.display().to_string(),
+        "--socket",
+        &sock.display().to_string(),
+    ]);
+    assert!(out.status.success(), "{out:?}; {}", orig.context());
+    assert_eq!(a["state"], "paused", "{a}");
+    let (out, _) = client(&["stop", "--socket", &sock.display().to_string()]);
+    assert!(out.status.success());
+    orig.wait();
+    let before = ticks(&orig.stdout());
+    let last = before.last().cloned().expect("ticks before the snapshot");
+    assert!(last.0 >= 5, "{before:?}");
+    // More than three periods pass before the clones run.
+    std::thread::sleep(Duration::from_millis(400));
+
+    let clones: Vec<Launcher> = (0..2)
+        .map(|i| {
+            Launcher::run(&[
+                "run",
+                &vmi_s,
+                "--restore",
+                &snap.display().to_string(),
+                "--runtime-dir",
+                &t.path(&format!("rt-clone{i}")).display().to_string(),
+            ])
+        })
+        .collect();
+    for c in &clones {
+        c.wait_for("rng reseeded");
+        c.wait_for(&format!("tick n={} ", last.0 + 3));
+    }
+    let after: Vec<_> = clones.iter().map(|c| ticks(&c.stdout())).collect();
+    for (c, a) in clones.iter().zip(&after) {
+        assert!(
+            !c.stdout().contains("ticker: boot-id="),
+            "a clone booted again: {}",
+            c.context()
+        );
+        let first = &a[0];
+        assert_eq!(first.0, last.0 + 1, "the count continues: {a:?}");
+        assert!(
+            first.1 > last.1,
+            "uptime continues from the snapshot: {last:?} then {first:?}"
+        );
+        assert!(a.iter().all(|x| x.2 == last.2), "boot id shared: {a:?}");
+    }
+    let rng = |a: &Vec<(u64, u64, String, String)>| -> Vec<String> {
+        a.iter().map(|x| x.3.clone()).collect()
+    };
+    let (r0, r1) = (rng(&after[0]), rng(&after[1]));
+    assert!(
+        r0.iter().zip(&r1).all(|(a, b)| a != b),
+        "clones still draw the same numbers after the reseed: {r0:?} vs {r1:?}"
+    );
 }
