@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
-use microvirt_crds::pool::ANNOTATION_HOST_FACTS;
+use microvirt_crds::pool::{ANNOTATION_HOST_FACTS, LABEL_POOL, LABEL_POOL_ROLE};
 use microvirt_crds::vmi::{ANNOTATION_CONTROL_REQUEST, ANNOTATION_CONTROL_RESULT};
 use microvirt_crds::{
     VirtualMachineInstance, VirtualMachineInstanceReplicaSet, VirtualMachinePool,
@@ -140,6 +140,62 @@ fn ready_clock(
     (times, task)
 }
 
+/// When each claimed warm member's pod was first seen claimed, and first seen with the node
+/// agent's answer to its claim (by VMI name: the pod is `virt-launcher-<vmi>`).
+#[derive(Default)]
+struct ClaimStages {
+    claimed: HashMap<String, Instant>,
+    answered: HashMap<String, Instant>,
+}
+
+fn claim_clock(
+    pods: Api<Pod>,
+    pool: &str,
+) -> (Arc<Mutex<ClaimStages>>, tokio::task::JoinHandle<()>) {
+    let stages: Arc<Mutex<ClaimStages>> = Arc::default();
+    let st = stages.clone();
+    let cfg = watcher::Config::default().labels(&format!("{LABEL_POOL}={pool}"));
+    let task = tokio::spawn(async move {
+        let mut stream = watcher(pods, cfg).applied_objects().boxed();
+        while let Some(Ok(p)) = stream.next().await {
+            if p.labels().get(LABEL_POOL_ROLE).map(String::as_str) != Some("claimed") {
+                continue;
+            }
+            let Some(vmi) = p
+                .name_any()
+                .strip_prefix("virt-launcher-")
+                .map(str::to_string)
+            else {
+                continue;
+            };
+            let a = p.annotations();
+            let req = a
+                .get(ANNOTATION_CONTROL_REQUEST)
+                .and_then(|r| r.split_whitespace().next());
+            let answered = req.is_some()
+                && a.get(ANNOTATION_CONTROL_RESULT)
+                    .and_then(|r| r.split_whitespace().next())
+                    == req;
+            let now = Instant::now();
+            let mut g = st.lock().unwrap();
+            g.claimed.entry(vmi.clone()).or_insert(now);
+            if answered {
+                g.answered.entry(vmi).or_insert(now);
+            }
+        }
+    });
+    (stages, task)
+}
+
+fn between(from: &HashMap<String, Instant>, to: &HashMap<String, Instant>) -> Vec<f64> {
+    from.iter()
+        .filter_map(|(k, a)| {
+            to.get(k)
+                .map(|b| b.duration_since(*a).as_secs_f64() * 1000.0)
+        })
+        .collect()
+}
+
 async fn wait_ready(times: &ReadyTimes, n: usize, what: &str) -> Result<()> {
     let start = Instant::now();
     while times.lock().unwrap().len() < n {
@@ -220,6 +276,7 @@ async fn main() -> Result<()> {
 
     // Warm: a pool at 0 with n warm members, then scaled to n.
     let (warm, warm_clock) = ready_clock(vmis.clone(), "warm");
+    let (stages, stage_clock) = claim_clock(env.api(), "warm");
     let pool: VirtualMachinePool = serde_json::from_value(json!({
         "apiVersion": "microvirt.io/v1alpha1", "kind": "VirtualMachinePool",
         "metadata": {"name": "warm"},
@@ -257,6 +314,22 @@ async fn main() -> Result<()> {
     println!("scale 0 -> {n}, simulated node (no real pod start, no guest):");
     let c = report("cold VMIRS: scale -> VMI Ready", since(cold_t0, &cold));
     let w = report("warm pool: scale -> VMI Ready", since(warm_t0, &warm));
+    {
+        let g = stages.lock().unwrap();
+        let ms = |t: &Instant| t.duration_since(warm_t0).as_secs_f64() * 1000.0;
+        report(
+            "  scale -> member pod claimed (seen)",
+            g.claimed.values().map(ms).collect(),
+        );
+        report(
+            "  pod claimed -> agent's answer (seen)",
+            between(&g.claimed, &g.answered),
+        );
+        report(
+            "  agent's answer -> VMI Ready",
+            between(&g.answered, &warm.lock().unwrap()),
+        );
+    }
     println!(
         "all {n} Ready: cold {:.0} ms, warm {:.0} ms; P50 cold/warm = {:.1}x",
         cold_all.as_secs_f64() * 1000.0,
@@ -287,7 +360,7 @@ async fn main() -> Result<()> {
         "pool pods by role after the scale-out (claimed = served from warm): {pods_by_role:?}"
     );
 
-    for task in [node, cold_clock, warm_clock] {
+    for task in [node, cold_clock, warm_clock, stage_clock] {
         task.abort();
         let _ = task.await;
     }
