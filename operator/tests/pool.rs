@@ -327,7 +327,7 @@ async fn bad_pool_specs_are_refused_with_clear_messages() -> Result<()> {
         (
             "a bad template",
             good.replace("guest: 64Mi", "guest: 1Mi"),
-            "domain.memory.guest must be a quantity of at least 16Mi",
+            "domain.memory.guest must be a quantity from 16Mi to 1Ei",
         ),
         (
             "KubeVirt's virtualMachineTemplate",
