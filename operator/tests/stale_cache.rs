@@ -9,7 +9,9 @@
 //! 1. scale-in, then a second reconcile before the cache shows the deletion (but after it shows
 //!    an older change): it must not delete a second VMI (expectations);
 //! 2. a cache whose VMI is an older object with the same name as a live, Ready VMI: the
-//!    reconciler must not delete the live one (uid preconditions), for a VMIRS and for a VM.
+//!    reconciler must not delete the live one (uid preconditions), for a VMIRS and for a VM;
+//! 3. both again for a VirtualMachinePool (its own expectations, the shared uid-conditioned
+//!    delete).
 
 mod common;
 
@@ -26,12 +28,13 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use microvirt_crds::{
     VirtualMachine, VirtualMachineInstance, VirtualMachineInstancePreset,
-    VirtualMachineInstanceReplicaSet,
+    VirtualMachineInstanceReplicaSet, VirtualMachinePool,
 };
 use microvirt_operator::config::Config;
-use microvirt_operator::controller::{vm, vmirs, Context};
+use microvirt_operator::controller::{pool, vm, vmirs, Context};
 use microvirt_operator::expectations::Expectations;
 use microvirt_operator::metrics::Metrics;
+use microvirt_operator::pool::members::{effective_template, replica_vmi};
 use microvirt_operator::pool::PoolState;
 use microvirt_operator::replicaset::new_replica;
 use microvirt_operator::virtualmachine::new_vmi;
@@ -240,6 +243,134 @@ async fn reconcilers_on_a_stale_cache_never_delete_more_or_other_vmis() -> Resul
     assert!(
         now.metadata.deletion_timestamp.is_none(),
         "a stale decision deleted the VM's running VMI"
+    );
+    Ok(())
+}
+
+async fn vm_pool(
+    api: &Api<VirtualMachinePool>,
+    name: &str,
+    replicas: i32,
+) -> Result<VirtualMachinePool> {
+    let p: VirtualMachinePool = serde_json::from_value(json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachinePool",
+        // With the controller's finalizer already, so a reconcile goes straight to its work.
+        "metadata": {"name": name, "finalizers": [pool::FINALIZER]},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"domain": {"memory": {"guest": "32Mi"}}},
+            },
+        },
+    }))?;
+    Ok(api.create(&PostParams::default(), &p).await?)
+}
+
+/// The pool reconciler on the same kind of stale cache: its own expectations keep a second
+/// reconcile from deleting another replica, and its deletes carry the uid the decision saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_reconciler_on_a_stale_cache_never_deletes_more_or_other_vmis() -> Result<()> {
+    let cluster = tokio::task::block_in_place(start_cluster);
+    let kc = cluster.kubeconfig_path();
+    install_crds(kc)?;
+    let (ok, _, err) = kubectl(kc, &["create", "namespace", "race"], None)?;
+    assert!(ok, "{err}");
+    let client = client_for(kc).await?;
+    let pools: Api<VirtualMachinePool> = Api::namespaced(client.clone(), "race");
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "race");
+    let pp = PostParams::default();
+
+    // 1. Scale-in 3 → 2, then a second reconcile on a cache that does not show the deletion.
+    let p = vm_pool(&pools, "web", 3).await?;
+    let tmpl = effective_template(&p, [])?;
+    for i in 0..3 {
+        let name = format!("web-{i}");
+        vmis.create(&pp, &replica_vmi(&p, &tmpl, Some(&name), None))
+            .await?;
+        set_ready(&vmis, &name, true).await?;
+    }
+    let listed = vmis.list(&ListParams::default()).await?.items;
+    let (ctx, mut cache) = context(&client);
+    relist(&mut cache, listed.clone());
+    pools
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": 2}})),
+        )
+        .await?;
+    let p2 = Arc::new(pools.get("web").await?);
+    pool::reconcile(p2.clone(), ctx.clone()).await?;
+    let after_first = live(&vmis).await?;
+    assert_eq!(after_first.len(), 2, "{after_first:?}");
+    // Then a survivor stops being Ready (its guest reboots), and the cache shows that change
+    // but not the deletion: a plan on it alone would delete the survivor (not Ready first).
+    let survivor = after_first.keys().next().context("a survivor")?.clone();
+    set_ready(&vmis, &survivor, false).await?;
+    let survivor_not_ready = vmis.get(&survivor).await?;
+    relist(
+        &mut cache,
+        listed
+            .iter()
+            .map(|v| {
+                if v.name_any() == survivor {
+                    survivor_not_ready.clone()
+                } else {
+                    v.clone()
+                }
+            })
+            .collect::<Vec<_>>(),
+    );
+    pool::reconcile(p2.clone(), ctx.clone()).await?;
+    assert_eq!(
+        live(&vmis).await?,
+        after_first,
+        "a reconcile on a cache that does not show its own deletion yet deleted another VMI"
+    );
+    relist(&mut cache, vmis.list(&ListParams::default()).await?.items);
+    pool::reconcile(p2, ctx).await?;
+    assert_eq!(live(&vmis).await?, after_first);
+
+    // 2. A cache whose db-1 is an older, Failed object with the same name as the live, Ready
+    //    db-1: the pool deletes ended replicas, but never the newer one.
+    let p = vm_pool(&pools, "db", 3).await?;
+    let tmpl = effective_template(&p, [])?;
+    for i in 0..3 {
+        let name = format!("db-{i}");
+        vmis.create(&pp, &replica_vmi(&p, &tmpl, Some(&name), None))
+            .await?;
+        set_ready(&vmis, &name, true).await?;
+    }
+    let before = live(&vmis).await?;
+    let mut stale: Vec<VirtualMachineInstance> = vmis
+        .list(&ListParams::default().labels("app=db"))
+        .await?
+        .items;
+    let old = stale
+        .iter_mut()
+        .find(|v| v.name_any() == "db-1")
+        .context("db-1")?;
+    old.metadata.uid = Some("uid-of-an-earlier-db-1".into());
+    old.status.get_or_insert_with(Default::default).phase = Some(microvirt_crds::VmiPhase::Failed);
+    // A fourth replica already on the API server covers the one the stale cache counts as
+    // ended, so the plan's only write is the delete of "db-1".
+    vmis.create(&pp, &replica_vmi(&p, &tmpl, Some("db-3"), None))
+        .await?;
+    stale.push(vmis.get("db-3").await?);
+    let before: BTreeMap<String, String> = before
+        .into_iter()
+        .chain(live(&vmis).await?.into_iter().filter(|(n, _)| n == "db-3"))
+        .collect();
+    let (ctx, mut cache) = context(&client);
+    relist(&mut cache, stale);
+    pool::reconcile(Arc::new(pools.get("db").await?), ctx).await?;
+    assert_eq!(
+        live(&vmis).await?,
+        before,
+        "a stale decision deleted a newer VMI that reuses the name"
     );
     Ok(())
 }
