@@ -1,0 +1,302 @@
+//! The guest side of the virtio targets: guest memory with awkward region boundaries, and a
+//! split-queue driver that keeps its own books, so the device is checked against what a driver
+//! actually handed it.
+//!
+//! Memory: `R0 = [0, 0xa0000)`, `R1 = [0xa0000, 0xb0000)` right after it (a separate mapping, so a
+//! buffer crossing `0xa0000` is contiguous in guest-physical space but not in one host mapping),
+//! a hole `[0xb0000, 0xc0000)`, and `R2 = [0xc0000, 0xd0000)`. Queue `q` lives at `q * 0x2000`
+//! (descriptor table, available ring at +0x1000, used ring at +0x1400); descriptor slot `i` of
+//! queue `q` owns the 4 KiB buffer area [`slot_area`].
+
+use std::collections::BTreeMap;
+
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmm::vstate::memory::GuestMemoryMmap;
+
+pub const R0_END: u64 = 0xa_0000;
+pub const R1_END: u64 = 0xb_0000;
+pub const HOLE: u64 = 0xb_0000;
+pub const R2: u64 = 0xc_0000;
+pub const R2_END: u64 = 0xd_0000;
+/// Largest queue the targets use (slot areas are sized for it).
+pub const MAX_QUEUE: u16 = 64;
+/// Size of one descriptor slot's buffer area.
+pub const SLOT: u64 = 0x1000;
+const AREAS: u64 = 0x1_0000;
+
+pub const F_NEXT: u16 = 1;
+pub const F_WRITE: u16 = 2;
+
+/// Fresh, zeroed guest memory with the layout above.
+pub fn guest_memory() -> GuestMemoryMmap {
+    GuestMemoryMmap::from_ranges(&[
+        (GuestAddress(0), R0_END as usize),
+        (GuestAddress(R0_END), (R1_END - R0_END) as usize),
+        (GuestAddress(R2), (R2_END - R2) as usize),
+    ])
+    .expect("guest memory")
+}
+
+/// Buffer area of descriptor slot `i` of queue `q` (inside R0).
+pub fn slot_area(q: u16, i: u16) -> u64 {
+    AREAS + u64::from(q) * u64::from(MAX_QUEUE) * SLOT + u64::from(i) * SLOT
+}
+
+/// An address that is not guest memory, or a range that crosses a mapping boundary, picked by
+/// `sel`; `len` is the buffer length that will be used with it.
+pub fn bad_address(sel: u8, len: u32) -> u64 {
+    match sel % 4 {
+        0 => HOLE + 0x100,                           // the hole between R1 and R2
+        1 => R0_END - u64::from(len.max(2) / 2),      // contiguous across R0/R1: two mappings
+        2 => R2_END - u64::from(len.max(2) / 2),      // runs off the end of R2
+        _ => 0xffff_ffff_ffff_f000,                  // nowhere; +len overflows
+    }
+}
+
+/// Copy of all guest memory, to find bytes the device changed.
+pub struct MemSnapshot(Vec<(u64, Vec<u8>)>);
+
+impl MemSnapshot {
+    pub fn take(mem: &GuestMemoryMmap) -> Self {
+        let mut v = Vec::new();
+        for r in mem.iter() {
+            let mut b = vec![0u8; r.len() as usize];
+            mem.read_slice(&mut b, r.start_addr()).expect("whole region");
+            v.push((r.start_addr().0, b));
+        }
+        Self(v)
+    }
+
+    /// Addresses whose bytes differ between `self` and now.
+    pub fn changed(&self, mem: &GuestMemoryMmap) -> Vec<u64> {
+        let now = Self::take(mem);
+        let mut out = Vec::new();
+        for ((base, a), (_, b)) in self.0.iter().zip(now.0.iter()) {
+            if a != b {
+                out.extend(
+                    a.iter()
+                        .zip(b.iter())
+                        .enumerate()
+                        .filter(|(_, (x, y))| x != y)
+                        .map(|(i, _)| base + i as u64),
+                );
+            }
+        }
+        out
+    }
+}
+
+/// One buffer of a chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Buf {
+    pub addr: u64,
+    pub len: u32,
+    pub write: bool,
+}
+
+/// A chain the driver made available and the device has not returned yet.
+#[derive(Clone, Debug)]
+pub struct InFlight {
+    pub descs: Vec<u16>,
+    pub bufs: Vec<Buf>,
+}
+
+/// The driver's side of one split queue.
+pub struct SplitQueue {
+    pub index: u16,
+    pub size: u16,
+    pub desc: u64,
+    pub avail: u64,
+    pub used: u64,
+    free: Vec<u16>,
+    avail_idx: u16,
+    published: u16,
+    last_used: u16,
+    pub inflight: BTreeMap<u16, InFlight>,
+    /// Set when the target scribbled over guest memory: the rings may no longer say what this
+    /// driver wrote, so the used-ring bookkeeping is not checked.
+    pub tainted: bool,
+}
+
+impl SplitQueue {
+    /// Queue number `index` (0 or 1) of `size` entries (a power of two up to [`MAX_QUEUE`]);
+    /// its rings are zeroed.
+    pub fn new(mem: &GuestMemoryMmap, index: u16, size: u16) -> Self {
+        assert!(size.is_power_of_two() && size <= MAX_QUEUE);
+        let desc = u64::from(index) * 0x2000;
+        let q = Self {
+            index,
+            size,
+            desc,
+            avail: desc + 0x1000,
+            used: desc + 0x1400,
+            free: (0..size).rev().collect(),
+            avail_idx: 0,
+            published: 0,
+            last_used: 0,
+            inflight: BTreeMap::new(),
+            tainted: false,
+        };
+        mem.write_slice(&[0u8; 0x2000], GuestAddress(desc))
+            .expect("queue area");
+        q
+    }
+
+    /// The device-side queue, configured and ready (what the transport would hand over).
+    pub fn device_queue(&self) -> Queue {
+        let mut q = Queue::new(256).expect("max size");
+        q.set_size(self.size);
+        q.set_desc_table_address(Some(self.desc as u32), Some((self.desc >> 32) as u32));
+        q.set_avail_ring_address(Some(self.avail as u32), Some((self.avail >> 32) as u32));
+        q.set_used_ring_address(Some(self.used as u32), Some((self.used >> 32) as u32));
+        q.set_ready(true);
+        q
+    }
+
+    /// Free descriptors.
+    pub fn free(&self) -> usize {
+        self.free.len()
+    }
+
+    /// The descriptor slot the next buffer of a chain would get (its buffer area is
+    /// `slot_area(index, slot)`); `None` when the table is full.
+    pub fn peek_slots(&self, n: usize) -> Option<Vec<u16>> {
+        (n <= self.free.len()).then(|| self.free.iter().rev().take(n).copied().collect())
+    }
+
+    /// Write a chain of `bufs` into free descriptors (linked with NEXT) and put its head in the
+    /// available ring (not yet published). `None` when there are not enough descriptors.
+    pub fn add_chain(&mut self, mem: &GuestMemoryMmap, bufs: &[Buf]) -> Option<u16> {
+        if bufs.is_empty() || bufs.len() > self.free.len() {
+            return None;
+        }
+        let ids: Vec<u16> = (0..bufs.len())
+            .map(|_| self.free.pop().expect("checked"))
+            .collect();
+        for (i, (b, &id)) in bufs.iter().zip(&ids).enumerate() {
+            let next = ids.get(i + 1).copied();
+            let flags = if b.write { F_WRITE } else { 0 } | if next.is_some() { F_NEXT } else { 0 };
+            self.write_desc(mem, id, b.addr, b.len, flags, next.unwrap_or(0));
+        }
+        let head = ids[0];
+        let slot = self.avail + 4 + 2 * u64::from(self.avail_idx % self.size);
+        mem.write_obj(head, GuestAddress(slot)).expect("avail ring");
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        self.inflight.insert(
+            head,
+            InFlight {
+                descs: ids,
+                bufs: bufs.to_vec(),
+            },
+        );
+        Some(head)
+    }
+
+    /// Store one raw descriptor (also used to build broken chains).
+    pub fn write_desc(&self, mem: &GuestMemoryMmap, id: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let mut d = [0u8; 16];
+        d[0..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        d[14..16].copy_from_slice(&next.to_le_bytes());
+        mem.write_slice(&d, GuestAddress(self.desc + 16 * u64::from(id)))
+            .expect("descriptor table");
+    }
+
+    /// Make every added chain visible to the device.
+    pub fn publish(&mut self, mem: &GuestMemoryMmap) {
+        mem.write_obj(self.avail_idx, GuestAddress(self.avail + 2))
+            .expect("avail idx");
+        self.published = self.avail_idx;
+    }
+
+    /// Chains made available but not returned yet.
+    pub fn outstanding(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// Collect what the device put in the used ring since the last call, checking that it only
+    /// returns chains it was given, each once, and never moves the used index back or past the
+    /// chains published. Returns `(head, len, chain)` in used-ring order.
+    pub fn take_used(&mut self, mem: &GuestMemoryMmap) -> Vec<(u16, u32, InFlight)> {
+        let idx: u16 = mem
+            .read_obj(GuestAddress(self.used + 2))
+            .expect("used idx");
+        let new = idx.wrapping_sub(self.last_used);
+        let published_outstanding = self
+            .published
+            .wrapping_sub(self.last_used);
+        if !self.tainted {
+            assert!(
+                new <= published_outstanding,
+                "used index moved from {} to {idx}, but only {published_outstanding} chains were published and not returned",
+                self.last_used
+            );
+        }
+        let mut out = Vec::new();
+        for k in 0..new {
+            let e = self.used + 4 + 8 * u64::from(self.last_used.wrapping_add(k) % self.size);
+            let id: u32 = mem.read_obj(GuestAddress(e)).expect("used elem");
+            let len: u32 = mem.read_obj(GuestAddress(e + 4)).expect("used elem");
+            let chain = u16::try_from(id).ok().and_then(|h| self.inflight.remove(&h));
+            match chain {
+                Some(c) => {
+                    self.free.extend(c.descs.iter().copied());
+                    out.push((id as u16, len, c));
+                }
+                None => assert!(
+                    self.tainted,
+                    "device returned chain {id}, which is not outstanding (outstanding: {:?})",
+                    self.inflight.keys().collect::<Vec<_>>()
+                ),
+            }
+        }
+        self.last_used = idx;
+        out
+    }
+
+    /// Bytes of a chain's device-writable buffers, in chain order, up to `len` bytes.
+    pub fn read_written(mem: &GuestMemoryMmap, chain: &InFlight, len: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut left = len as usize;
+        for b in chain.bufs.iter().filter(|b| b.write) {
+            if left == 0 {
+                break;
+            }
+            let n = (b.len as usize).min(left);
+            let mut v = vec![0u8; n];
+            mem.read_slice(&mut v, GuestAddress(b.addr))
+                .expect("writable buffers of well-formed chains are in memory");
+            out.extend_from_slice(&v);
+            left -= n;
+        }
+        out
+    }
+}
+
+/// Guest-memory ranges the device may legitimately write while it completes `chains`: their
+/// device-writable buffers, plus the used rings of `queues`.
+pub fn writable_ranges(chains: &[&InFlight], queues: &[&SplitQueue]) -> Vec<(u64, u64)> {
+    let mut r: Vec<(u64, u64)> = chains
+        .iter()
+        .flat_map(|c| c.bufs.iter())
+        .filter(|b| b.write)
+        .map(|b| (b.addr, b.addr.saturating_add(u64::from(b.len))))
+        .collect();
+    for q in queues {
+        r.push((q.used, q.used + 6 + 8 * u64::from(q.size)));
+    }
+    r
+}
+
+/// Assert that every address in `changed` lies in one of `ranges`.
+pub fn assert_writes_within(changed: &[u64], ranges: &[(u64, u64)], what: &str) {
+    for &a in changed {
+        assert!(
+            ranges.iter().any(|&(s, e)| a >= s && a < e),
+            "{what}: the device wrote guest memory at {a:#x}, outside every device-writable buffer \
+             it was given and the used ring"
+        );
+    }
+}

@@ -1,6 +1,0 @@
-#![no_main]
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    vmm_fuzz::run_one(data);
-});
