@@ -885,7 +885,7 @@ impl Run {
     }
 }
 
-/// Split `total` bytes over 1..=4 buffers of at most one slot each (more when needed); `total`
+/// Split `total` bytes over 1..=4 buffers that fit a slot (more when needed); `total`
 /// 0 gives no buffer or, sometimes, one empty buffer.
 fn split(inp: &mut Input, total: u32, lens: &mut Vec<u32>) {
     if total == 0 {
@@ -898,7 +898,8 @@ fn split(inp: &mut Input, total: u32, lens: &mut Vec<u32>) {
     let mut left = total;
     let mut parts = want;
     while left > 0 {
-        let max = (SLOT as u32).min(left);
+        // One byte short of a slot: the status byte may follow the last buffer.
+        let max = (SLOT as u32 - 1).min(left);
         let n = if parts <= 1 {
             max
         } else {

@@ -47,10 +47,10 @@ pub fn slot_area(q: u16, i: u16) -> u64 {
 /// `sel`; `len` is the buffer length that will be used with it.
 pub fn bad_address(sel: u8, len: u32) -> u64 {
     match sel % 4 {
-        0 => HOLE + 0x100,                           // the hole between R1 and R2
-        1 => R0_END - u64::from(len.max(2) / 2),      // contiguous across R0/R1: two mappings
-        2 => R2_END - u64::from(len.max(2) / 2),      // runs off the end of R2
-        _ => 0xffff_ffff_ffff_f000,                  // nowhere; +len overflows
+        0 => HOLE + 0x100, // the hole between R1 and R2
+        1 => R0_END - u64::from(len / 2), // contiguous across R0/R1: two mappings
+        2 => R2_END - u64::from(len.saturating_sub(1) / 2), // runs off the end of R2
+        _ => 0xffff_ffff_ffff_f000, // nowhere; +len overflows
     }
 }
 
@@ -68,19 +68,26 @@ impl MemSnapshot {
         Self(v)
     }
 
-    /// Addresses whose bytes differ between `self` and now.
+    /// Addresses whose bytes differ between `self` and now (compared a page at a time, byte
+    /// by byte only where a page differs).
     pub fn changed(&self, mem: &GuestMemoryMmap) -> Vec<u64> {
-        let now = Self::take(mem);
+        const PAGE: usize = 4096;
         let mut out = Vec::new();
-        for ((base, a), (_, b)) in self.0.iter().zip(now.0.iter()) {
-            if a != b {
-                out.extend(
-                    a.iter()
-                        .zip(b.iter())
-                        .enumerate()
-                        .filter(|(_, (x, y))| x != y)
-                        .map(|(i, _)| base + i as u64),
-                );
+        let mut now = [0u8; PAGE];
+        for (base, old) in &self.0 {
+            for (i, page) in old.chunks(PAGE).enumerate() {
+                let addr = base + (i * PAGE) as u64;
+                let now = &mut now[..page.len()];
+                mem.read_slice(now, GuestAddress(addr)).expect("whole region");
+                if page != now {
+                    out.extend(
+                        page.iter()
+                            .zip(now.iter())
+                            .enumerate()
+                            .filter(|(_, (x, y))| x != y)
+                            .map(|(k, _)| addr + k as u64),
+                    );
+                }
             }
         }
         out
