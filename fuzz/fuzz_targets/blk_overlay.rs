@@ -1,2 +1,5 @@
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| microvirt_fuzz::blk::run(data, microvirt_fuzz::blk::Backend::Overlay));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| microvirt_fuzz::blk::run(
+    data,
+    microvirt_fuzz::blk::Backend::Overlay
+));

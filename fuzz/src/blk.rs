@@ -42,8 +42,8 @@ use vmm::devices::virtio::{VirtioDevice, INT_CONFIG, INT_VRING, VIRTIO_F_VERSION
 use vmm::vstate::memory::GuestMemoryMmap;
 
 use crate::driver::{
-    assert_writes_within, bad_address, guest_memory, slot_area, writable_ranges, Buf,
-    MemSnapshot, SplitQueue, SLOT,
+    assert_writes_within, bad_address, guest_memory, slot_area, writable_ranges, Buf, MemSnapshot,
+    SplitQueue, SLOT,
 };
 use crate::input::Input;
 use crate::scratch;
@@ -82,8 +82,12 @@ impl Kind {
             4 => Kind::Discard,
             5 => Kind::WriteZeroes,
             _ => Kind::Other(match other {
-                VIRTIO_BLK_T_IN | VIRTIO_BLK_T_OUT | VIRTIO_BLK_T_FLUSH | VIRTIO_BLK_T_GET_ID
-                | VIRTIO_BLK_T_DISCARD | VIRTIO_BLK_T_WRITE_ZEROES => 2, // reserved, unsupported
+                VIRTIO_BLK_T_IN
+                | VIRTIO_BLK_T_OUT
+                | VIRTIO_BLK_T_FLUSH
+                | VIRTIO_BLK_T_GET_ID
+                | VIRTIO_BLK_T_DISCARD
+                | VIRTIO_BLK_T_WRITE_ZEROES => 2, // reserved, unsupported
                 t => t,
             }),
         }
@@ -260,7 +264,9 @@ struct Files {
 fn open_backend(backend: Backend, ro: bool, f: &Files) -> Box<dyn DiskBackend> {
     match backend {
         Backend::Raw => Box::new(RawFile::open(&f.image, ro).expect("open the raw image")),
-        Backend::Overlay => Box::new(Overlay::open(&f.image, &f.overlay).expect("open the overlay")),
+        Backend::Overlay => {
+            Box::new(Overlay::open(&f.image, &f.overlay).expect("open the overlay"))
+        }
     }
 }
 
@@ -299,12 +305,20 @@ pub fn run(data: &[u8], backend: Backend) {
     let cfg = inp.u8();
     let ro = backend == Backend::Raw && cfg & 1 == 1;
     let sectors = 1 + inp.below(96) as usize;
-    let tail = if cfg & 2 != 0 { inp.below(512) as usize } else { 0 };
+    let tail = if cfg & 2 != 0 {
+        inp.below(512) as usize
+    } else {
+        0
+    };
     let seed = inp.u8();
     let qsize = 4u16 << inp.below(5);
     let dir = scratch::dir(usize::from(cfg >> 2 & 1));
     let files = Files {
-        image: dir.join(scratch::file_name(if backend == Backend::Raw { "raw.img" } else { "base.img" })),
+        image: dir.join(scratch::file_name(if backend == Backend::Raw {
+            "raw.img"
+        } else {
+            "base.img"
+        })),
         overlay: dir.join(scratch::file_name("overlay.img")),
         original: pattern(sectors * SECTOR as usize + tail, seed),
     };
@@ -609,9 +623,7 @@ impl Run {
         match p.kind {
             Kind::In | Kind::Out => {
                 let len = p.data_len();
-                if (p.kind == Kind::Out && self.ro)
-                    || len % SECTOR != 0
-                    || !in_range(p.sector, len)
+                if (p.kind == Kind::Out && self.ro) || len % SECTOR != 0 || !in_range(p.sector, len)
                 {
                     ioerr
                 } else {
@@ -665,15 +677,29 @@ impl Run {
             return;
         }
         if was_broken {
-            assert!(done.is_empty(), "a device that needs a reset completed chains");
-            assert!(before.changed(&self.mem).is_empty(), "a device that needs a reset wrote guest memory");
+            assert!(
+                done.is_empty(),
+                "a device that needs a reset completed chains"
+            );
+            assert!(
+                before.changed(&self.mem).is_empty(),
+                "a device that needs a reset wrote guest memory"
+            );
             return;
         }
         let changed = before.changed(&self.mem);
         let chains: Vec<_> = done.iter().map(|(_, _, c)| c).collect();
-        assert_writes_within(&changed, &writable_ranges(&chains, &[&self.q]), "virtio-blk");
+        assert_writes_within(
+            &changed,
+            &writable_ranges(&chains, &[&self.q]),
+            "virtio-blk",
+        );
         if !done.is_empty() {
-            assert_ne!(irq & INT_VRING, 0, "chains completed without a used-buffer interrupt");
+            assert_ne!(
+                irq & INT_VRING,
+                0,
+                "chains completed without a used-buffer interrupt"
+            );
         }
         let mut fatal_seen = false;
         for (head, len, _) in &done {
@@ -710,7 +736,11 @@ impl Run {
                 self.dev().interrupt().needs_reset(),
                 "a chain without a status byte must set NEEDS_RESET"
             );
-            assert_ne!(irq & INT_CONFIG, 0, "NEEDS_RESET without a configuration interrupt");
+            assert_ne!(
+                irq & INT_CONFIG,
+                0,
+                "NEEDS_RESET without a configuration interrupt"
+            );
             self.broken = true;
         }
     }
@@ -796,7 +826,10 @@ impl Run {
                 assert_eq!(used_len, 1, "{what}: used length");
                 self.model.forget(off, p.data_len());
             }
-            _ => assert_eq!(used_len, 1, "{what}: used length of a request without data read"),
+            _ => assert_eq!(
+                used_len, 1,
+                "{what}: used length of a request without data read"
+            ),
         }
     }
 
@@ -856,7 +889,11 @@ impl Run {
         match self.backend {
             Backend::Raw => {
                 let now = fs::read(&self.files.image).expect("read the image");
-                assert_eq!(now.len(), self.files.original.len(), "the image changed size");
+                assert_eq!(
+                    now.len(),
+                    self.files.original.len(),
+                    "the image changed size"
+                );
                 if self.ro {
                     assert!(now == self.files.original, "a read-only image was modified");
                 }
@@ -864,11 +901,15 @@ impl Run {
                     now[cap..] == self.files.original[cap..],
                     "bytes after the last whole sector were modified"
                 );
-                self.model.check_read(0, &now[..cap], "image file at the end");
+                self.model
+                    .check_read(0, &now[..cap], "image file at the end");
             }
             Backend::Overlay => {
                 let now = fs::read(&self.files.image).expect("read the base");
-                assert!(now == self.files.original, "the base image under an overlay was modified");
+                assert!(
+                    now == self.files.original,
+                    "the base image under an overlay was modified"
+                );
                 let mut disk = Overlay::open(&self.files.image, &self.files.overlay)
                     .expect("reopen the overlay");
                 assert_eq!(disk.capacity(), cap as u64, "overlay capacity");
@@ -879,7 +920,8 @@ impl Run {
                 disk.read_at(0, &slice).expect("read the whole disk");
                 let mut got = vec![0u8; cap];
                 mem.read_slice(&mut got, GuestAddress(0)).expect("R0");
-                self.model.check_read(0, &got, "overlay reopened at the end");
+                self.model
+                    .check_read(0, &got, "overlay reopened at the end");
             }
         }
     }

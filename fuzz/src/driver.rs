@@ -47,10 +47,10 @@ pub fn slot_area(q: u16, i: u16) -> u64 {
 /// `sel`; `len` is the buffer length that will be used with it.
 pub fn bad_address(sel: u8, len: u32) -> u64 {
     match sel % 4 {
-        0 => HOLE + 0x100, // the hole between R1 and R2
-        1 => R0_END - u64::from(len / 2), // contiguous across R0/R1: two mappings
+        0 => HOLE + 0x100,                                  // the hole between R1 and R2
+        1 => R0_END - u64::from(len / 2),                   // contiguous across R0/R1: two mappings
         2 => R2_END - u64::from(len.saturating_sub(1) / 2), // runs off the end of R2
-        _ => 0xffff_ffff_ffff_f000, // nowhere; +len overflows
+        _ => 0xffff_ffff_ffff_f000,                         // nowhere; +len overflows
     }
 }
 
@@ -62,7 +62,8 @@ impl MemSnapshot {
         let mut v = Vec::new();
         for r in mem.iter() {
             let mut b = vec![0u8; r.len() as usize];
-            mem.read_slice(&mut b, r.start_addr()).expect("whole region");
+            mem.read_slice(&mut b, r.start_addr())
+                .expect("whole region");
             v.push((r.start_addr().0, b));
         }
         Self(v)
@@ -78,7 +79,8 @@ impl MemSnapshot {
             for (i, page) in old.chunks(PAGE).enumerate() {
                 let addr = base + (i * PAGE) as u64;
                 let now = &mut now[..page.len()];
-                mem.read_slice(now, GuestAddress(addr)).expect("whole region");
+                mem.read_slice(now, GuestAddress(addr))
+                    .expect("whole region");
                 if page != now {
                     out.extend(
                         page.iter()
@@ -201,7 +203,15 @@ impl SplitQueue {
     }
 
     /// Store one raw descriptor (also used to build broken chains).
-    pub fn write_desc(&self, mem: &GuestMemoryMmap, id: u16, addr: u64, len: u32, flags: u16, next: u16) {
+    pub fn write_desc(
+        &self,
+        mem: &GuestMemoryMmap,
+        id: u16,
+        addr: u64,
+        len: u32,
+        flags: u16,
+        next: u16,
+    ) {
         let mut d = [0u8; 16];
         d[0..8].copy_from_slice(&addr.to_le_bytes());
         d[8..12].copy_from_slice(&len.to_le_bytes());
@@ -227,13 +237,9 @@ impl SplitQueue {
     /// returns chains it was given, each once, and never moves the used index back or past the
     /// chains published. Returns `(head, len, chain)` in used-ring order.
     pub fn take_used(&mut self, mem: &GuestMemoryMmap) -> Vec<(u16, u32, InFlight)> {
-        let idx: u16 = mem
-            .read_obj(GuestAddress(self.used + 2))
-            .expect("used idx");
+        let idx: u16 = mem.read_obj(GuestAddress(self.used + 2)).expect("used idx");
         let new = idx.wrapping_sub(self.last_used);
-        let published_outstanding = self
-            .published
-            .wrapping_sub(self.last_used);
+        let published_outstanding = self.published.wrapping_sub(self.last_used);
         if !self.tainted {
             assert!(
                 new <= published_outstanding,
@@ -246,7 +252,9 @@ impl SplitQueue {
             let e = self.used + 4 + 8 * u64::from(self.last_used.wrapping_add(k) % self.size);
             let id: u32 = mem.read_obj(GuestAddress(e)).expect("used elem");
             let len: u32 = mem.read_obj(GuestAddress(e + 4)).expect("used elem");
-            let chain = u16::try_from(id).ok().and_then(|h| self.inflight.remove(&h));
+            let chain = u16::try_from(id)
+                .ok()
+                .and_then(|h| self.inflight.remove(&h));
             match chain {
                 Some(c) => {
                     self.free.extend(c.descs.iter().copied());

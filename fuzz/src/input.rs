@@ -109,7 +109,11 @@ mod tests {
     #[test]
     fn reads_fields_and_zero_past_the_end() {
         let mut s = Seed::new();
-        s.u8(7).u16(0x1234).u32(0xdead_beef).u64(u64::MAX - 1).bytes(b"ab");
+        s.u8(7)
+            .u16(0x1234)
+            .u32(0xdead_beef)
+            .u64(u64::MAX - 1)
+            .bytes(b"ab");
         let data = s.into_bytes();
         let mut i = Input::new(&data);
         assert_eq!(i.u8(), 7);

@@ -3,14 +3,31 @@
 //! `fuzz_targets/` binaries hand them to libFuzzer. Every target checks invariants of what it
 //! drives, not only that nothing panics: see each module's documentation.
 
+/// Prints what a target does when `MICROVIRT_FUZZ_TRACE` is set (to triage a crash input).
+macro_rules! trace {
+    ($($arg:tt)*) => {
+        if $crate::tracing() {
+            eprintln!($($arg)*);
+        }
+    };
+}
+
+/// Whether `MICROVIRT_FUZZ_TRACE` is set.
+pub fn tracing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("MICROVIRT_FUZZ_TRACE").is_some())
+}
+
 pub mod backend;
 pub mod blk;
+pub mod dhcp;
 pub mod driver;
 pub mod input;
 pub mod mmio;
 pub mod net;
 pub mod scratch;
 pub mod seeds;
+pub mod vmi;
 
 /// Every target by name, as `cargo fuzz` and `cargo xtask fuzz` call them.
 pub const TARGETS: &[(&str, fn(&[u8]))] = &[
@@ -18,4 +35,6 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("blk_overlay", |d| blk::run(d, blk::Backend::Overlay)),
     ("mmio_transport", mmio::run),
     ("net_rxtx", net::run),
+    ("dhcp_parse", dhcp::run),
+    ("vmi_document", vmi::run),
 ];

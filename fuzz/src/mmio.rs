@@ -130,9 +130,7 @@ impl Model {
         if !self.setup_window() {
             return None;
         }
-        self.queues
-            .get_mut(self.qsel as usize)
-            .filter(|q| !q.ready)
+        self.queues.get_mut(self.qsel as usize).filter(|q| !q.ready)
     }
 }
 
@@ -190,13 +188,21 @@ pub fn run(data: &[u8]) {
     let (dev, device_type, capacity_sectors) = if cfg & 1 == 0 {
         let disk = MemDisk::new(DISK_BYTES, cfg & 2 != 0);
         let d = BlockDevice::new(Box::new(disk), *b"mmio-fuzz-serial-000", irq).expect("blk");
-        (Dev::Blk(Arc::new(Mutex::new(d))), vmm::devices::virtio::TYPE_BLOCK, (DISK_BYTES / 512) as u64)
+        (
+            Dev::Blk(Arc::new(Mutex::new(d))),
+            vmm::devices::virtio::TYPE_BLOCK,
+            (DISK_BYTES / 512) as u64,
+        )
     } else {
         let offloads = u32::from(cfg >> 2 & 7);
         let (backend, host) = pair(offloads);
         let mac = (cfg & 0x20 != 0).then_some(MacAddr(MAC));
         let d = NetDevice::new(Box::new(backend), mac, irq).expect("net");
-        (Dev::Net(Arc::new(Mutex::new(d)), host), vmm::devices::virtio::TYPE_NET, 0)
+        (
+            Dev::Net(Arc::new(Mutex::new(d)), host),
+            vmm::devices::virtio::TYPE_NET,
+            0,
+        )
     };
     let (vdev, interrupt, offered, maxes): (Arc<Mutex<dyn VirtioDevice>>, _, _, Vec<u16>) =
         match &dev {
@@ -315,9 +321,7 @@ impl Run {
                 2 => (self.m.offered >> (32 * (self.m.drfsel & 1))) as u32 & inp.u32(),
                 _ => inp.u32(),
             },
-            REG_DEVICE_FEATURES_SEL | REG_DRIVER_FEATURES_SEL | REG_QUEUE_SEL => {
-                u32::from(sel % 3)
-            }
+            REG_DEVICE_FEATURES_SEL | REG_DRIVER_FEATURES_SEL | REG_QUEUE_SEL => u32::from(sel % 3),
             REG_QUEUE_NUM => 1 << (sel % 10),
             REG_QUEUE_READY => u32::from(sel % 3 != 0),
             REG_QUEUE_NOTIFY => u32::from(sel % 3),
@@ -370,7 +374,11 @@ impl Run {
             w(self, REG_QUEUE_DEVICE_LOW, (base + 0x2000) as u32);
             w(self, REG_QUEUE_READY, 1);
         }
-        w(self, REG_STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK);
+        w(
+            self,
+            REG_STATUS,
+            ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK,
+        );
     }
 
     fn read_raw(&mut self, off: u64, width: usize) -> Vec<u8> {
@@ -383,8 +391,16 @@ impl Run {
         let before = self.t.state();
         let nr_before = self.interrupt.needs_reset();
         let b = self.read_raw(off, width);
-        assert_eq!(self.t.state(), before, "a read at {off:#x} changed the transport state");
-        assert_eq!(self.interrupt.needs_reset(), nr_before, "a read changed NEEDS_RESET");
+        assert_eq!(
+            self.t.state(),
+            before,
+            "a read at {off:#x} changed the transport state"
+        );
+        assert_eq!(
+            self.interrupt.needs_reset(),
+            nr_before,
+            "a read changed NEEDS_RESET"
+        );
         if off >= REG_CONFIG {
             self.check_config(off - REG_CONFIG, &b);
             return;
@@ -411,7 +427,11 @@ impl Run {
             REG_QUEUE_NUM_MAX => Some(q.map_or(0, |q| u32::from(q.max))),
             REG_QUEUE_READY => Some(q.map_or(0, |q| u32::from(q.ready))),
             REG_INTERRUPT_STATUS => {
-                assert_eq!(v & !(INT_VRING | INT_CONFIG), 0, "undefined interrupt status bits {v:#x}");
+                assert_eq!(
+                    v & !(INT_VRING | INT_CONFIG),
+                    0,
+                    "undefined interrupt status bits {v:#x}"
+                );
                 assert_eq!(v, self.interrupt.status(), "interrupt status register");
                 None
             }
@@ -428,7 +448,10 @@ impl Run {
             _ => Some(0),
         };
         if let Some(e) = expected {
-            assert_eq!(v, e, "register {off:#x} reads {v:#x}, the model says {e:#x}");
+            assert_eq!(
+                v, e,
+                "register {off:#x} reads {v:#x}, the model says {e:#x}"
+            );
         }
     }
 
@@ -436,7 +459,8 @@ impl Run {
         let expected_cfg: Vec<u8> = match &self.dev {
             Dev::Blk(_) => self.capacity_sectors.to_le_bytes().to_vec(),
             Dev::Net(d, _) => {
-                if self.m.offered & (1 << vmm::devices::virtio::net::device::VIRTIO_NET_F_MAC) != 0 {
+                if self.m.offered & (1 << vmm::devices::virtio::net::device::VIRTIO_NET_F_MAC) != 0
+                {
                     MAC.to_vec()
                 } else {
                     let _ = d;
@@ -464,12 +488,24 @@ impl Run {
         let before = self.t.state();
         self.t.write(off, &bytes);
         if off >= REG_CONFIG {
-            assert_eq!(self.t.state(), before, "a config write changed the transport registers");
+            assert_eq!(
+                self.t.state(),
+                before,
+                "a config write changed the transport registers"
+            );
             return;
         }
         if width != 4 || off % 4 != 0 {
-            assert_eq!(self.t.state(), before, "a {width}-byte write at {off:#x} changed state");
-            assert_eq!(self.interrupt.needs_reset(), nr_before, "a narrow write changed NEEDS_RESET");
+            assert_eq!(
+                self.t.state(),
+                before,
+                "a {width}-byte write at {off:#x} changed state"
+            );
+            assert_eq!(
+                self.interrupt.needs_reset(),
+                nr_before,
+                "a narrow write changed NEEDS_RESET"
+            );
             return;
         }
         let m = &mut self.m;
@@ -510,8 +546,12 @@ impl Run {
                     }
                 }
             }
-            REG_QUEUE_DESC_LOW | REG_QUEUE_DESC_HIGH | REG_QUEUE_DRIVER_LOW
-            | REG_QUEUE_DRIVER_HIGH | REG_QUEUE_DEVICE_LOW | REG_QUEUE_DEVICE_HIGH => {
+            REG_QUEUE_DESC_LOW
+            | REG_QUEUE_DESC_HIGH
+            | REG_QUEUE_DRIVER_LOW
+            | REG_QUEUE_DRIVER_HIGH
+            | REG_QUEUE_DEVICE_LOW
+            | REG_QUEUE_DEVICE_HIGH => {
                 if let Some(q) = m.setup_queue() {
                     let (field, align) = match off {
                         REG_QUEUE_DESC_LOW | REG_QUEUE_DESC_HIGH => (&mut q.desc, 16),
@@ -539,10 +579,7 @@ impl Run {
                 const INIT: u32 = ACKNOWLEDGE | DRIVER | FEATURES_OK | DRIVER_OK;
                 let step = matches!(
                     (from, to),
-                    (0, ACKNOWLEDGE)
-                        | (ACKNOWLEDGE, 0x3)
-                        | (0x3, 0xb)
-                        | (0xb, 0xf)
+                    (0, ACKNOWLEDGE) | (ACKNOWLEDGE, 0x3) | (0x3, 0xb) | (0xb, 0xf)
                 );
                 let fail = from & FAILED == 0 && from & !INIT == 0 && to == from | FAILED;
                 if to == 0 {
@@ -550,7 +587,8 @@ impl Run {
                 } else if step || fail {
                     let accept = to & !from != FEATURES_OK || {
                         let f = m.driver_features;
-                        f & !m.offered == 0 && f & (1 << vmm::devices::virtio::VIRTIO_F_VERSION_1) != 0
+                        f & !m.offered == 0
+                            && f & (1 << vmm::devices::virtio::VIRTIO_F_VERSION_1) != 0
                     };
                     if accept {
                         m.status = to;
@@ -570,12 +608,16 @@ impl Run {
         } else if driver_ok_now {
             let ok = self.m.queues.iter().all(ring_ok);
             assert_eq!(
-                active, ok,
+                active,
+                ok,
                 "DRIVER_OK: device active = {active}, but the queues are {}valid: {:?}",
                 if ok { "" } else { "not " },
                 self.m.queues
             );
-            assert_eq!(nr, !ok, "DRIVER_OK: NEEDS_RESET = {nr} with queues valid = {ok}");
+            assert_eq!(
+                nr, !ok,
+                "DRIVER_OK: NEEDS_RESET = {nr} with queues valid = {ok}"
+            );
             if ok {
                 let acked = self.acked_features();
                 assert_eq!(acked, self.m.driver_features, "features the device acked");
@@ -590,7 +632,11 @@ impl Run {
             );
         }
         if off == REG_INTERRUPT_ACK {
-            assert_eq!(self.interrupt.status() & v, 0, "ACK {v:#x} left those bits set");
+            assert_eq!(
+                self.interrupt.status() & v,
+                0,
+                "ACK {v:#x} left those bits set"
+            );
         }
     }
 
@@ -615,7 +661,10 @@ impl Run {
         assert_eq!(s.device_features_sel, m.dfsel, "{when}: DeviceFeaturesSel");
         assert_eq!(s.driver_features_sel, m.drfsel, "{when}: DriverFeaturesSel");
         assert_eq!(s.queue_sel, m.qsel, "{when}: QueueSel");
-        assert_eq!(s.acked_features, m.driver_features, "{when}: driver features");
+        assert_eq!(
+            s.acked_features, m.driver_features,
+            "{when}: driver features"
+        );
         assert_eq!(s.config_generation, 0, "{when}: config generation");
         assert_eq!(s.queues.len(), m.queues.len(), "{when}: queue count");
         for (i, (q, mq)) in s.queues.iter().zip(&m.queues).enumerate() {
@@ -636,7 +685,11 @@ impl Run {
         let active = self.device_active();
         let nr_before = self.interrupt.needs_reset();
         let before = MemSnapshot::take(&self.mem);
-        let allowed = if active { self.writable_ranges() } else { Some(Vec::new()) };
+        let allowed = if active {
+            self.writable_ranges()
+        } else {
+            Some(Vec::new())
+        };
         match &self.dev {
             Dev::Blk(d) => d.lock().expect("lock").process_queue(),
             Dev::Net(d, host) => {
@@ -651,20 +704,34 @@ impl Run {
                     got += 1;
                 }
                 self.received += got;
-                assert_eq!(got, tx, "frames the backend received vs. frames the device counted as sent");
+                assert_eq!(
+                    got, tx,
+                    "frames the backend received vs. frames the device counted as sent"
+                );
             }
         }
         let changed = before.changed(&self.mem);
         if !active {
-            assert!(changed.is_empty(), "an inactive device wrote guest memory at {:#x}", changed[0]);
-            assert_eq!(self.interrupt.needs_reset(), nr_before, "an inactive device set NEEDS_RESET");
+            assert!(
+                changed.is_empty(),
+                "an inactive device wrote guest memory at {:#x}",
+                changed[0]
+            );
+            assert_eq!(
+                self.interrupt.needs_reset(),
+                nr_before,
+                "an inactive device set NEEDS_RESET"
+            );
             return;
         }
         if let Some(allowed) = allowed {
             crate::driver::assert_writes_within(&changed, &allowed, "virtio-mmio device");
         }
         if nr_before {
-            assert!(self.interrupt.needs_reset(), "NEEDS_RESET cleared without a reset");
+            assert!(
+                self.interrupt.needs_reset(),
+                "NEEDS_RESET cleared without a reset"
+            );
         }
     }
 
@@ -708,9 +775,7 @@ impl Run {
             }
         }
         let overlaps = |a: &(u64, u64), b: &(u64, u64)| a.0 < b.1 && b.0 < a.1;
-        let clash = r
-            .iter()
-            .any(|w| structures.iter().any(|s| overlaps(w, s)))
+        let clash = r.iter().any(|w| structures.iter().any(|s| overlaps(w, s)))
             || structures
                 .iter()
                 .enumerate()

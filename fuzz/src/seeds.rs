@@ -78,7 +78,12 @@ impl BlkSeed {
         self.header(if zeroes { 5 } else { 4 }).sector(0);
         self.0.u8(segs.len() as u8 - 1);
         for &(s, n, unmap) in segs {
-            self.0.u8(0).u8(s).u8(0).u8(n).u8(if unmap { 200 } else { 0 });
+            self.0
+                .u8(0)
+                .u8(s)
+                .u8(0)
+                .u8(n)
+                .u8(if unmap { 200 } else { 0 });
         }
         self.0.u8(0).u8(0).u8(0);
         self
@@ -107,7 +112,13 @@ impl BlkSeed {
 fn blk(overlay: bool) -> Vec<(String, Vec<u8>)> {
     let mut v = Vec::new();
     let mut s = BlkSeed::new(false, 64, false, 2);
-    s.rw(true, 3, 2, 2).kick().rw(false, 2, 4, 3).kick().flush().get_id(20).kick();
+    s.rw(true, 3, 2, 2)
+        .kick()
+        .rw(false, 2, 4, 3)
+        .kick()
+        .flush()
+        .get_id(20)
+        .kick();
     v.push(("write-read".to_string(), s.bytes()));
     let mut s = BlkSeed::new(false, 16, true, 1);
     s.rw(true, 0, 8, 1)
@@ -120,11 +131,20 @@ fn blk(overlay: bool) -> Vec<(String, Vec<u8>)> {
         .kick();
     v.push(("discard-zeroes-reopen".to_string(), s.bytes()));
     let mut s = BlkSeed::new(false, 8, false, 0);
-    s.rw(false, 7, 2, 1).rw(true, 8, 1, 1).rw(false, 8, 0, 1).kick().reset().get_id(5).kick();
+    s.rw(false, 7, 2, 1)
+        .rw(true, 8, 1, 1)
+        .rw(false, 8, 0, 1)
+        .kick()
+        .reset()
+        .get_id(5)
+        .kick();
     v.push(("edges-reset".to_string(), s.bytes()));
     if !overlay {
         let mut s = BlkSeed::new(true, 8, false, 0);
-        s.rw(true, 0, 1, 1).rw(false, 0, 1, 1).discard(false, &[(0, 1, false)]).kick();
+        s.rw(true, 0, 1, 1)
+            .rw(false, 0, 1, 1)
+            .discard(false, &[(0, 1, false)])
+            .kick();
         v.push(("read-only".to_string(), s.bytes()));
     }
     v

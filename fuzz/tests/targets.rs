@@ -5,12 +5,17 @@
 use std::path::Path;
 
 fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(target);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(target);
     let mut v = Vec::new();
     if let Ok(rd) = std::fs::read_dir(&dir) {
         for e in rd {
             let p = e.expect("corpus entry").path();
-            v.push((p.display().to_string(), std::fs::read(&p).expect("corpus file")));
+            v.push((
+                p.display().to_string(),
+                std::fs::read(&p).expect("corpus file"),
+            ));
         }
     }
     v.sort();
@@ -53,11 +58,13 @@ fn random_inputs_pass() {
         x
     };
     for (t, f) in microvirt_fuzz::TARGETS {
-        for _ in 0..300 {
+        for _ in 0..100 {
             let len = (next() % 2048) as usize;
             let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
             if std::panic::catch_unwind(|| f(&data)).is_err() {
-                panic!("{t}: input {data:02x?}");
+                let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("failure-{t}"));
+                std::fs::write(&path, &data).expect("write the failing input");
+                panic!("{t}: failing input written to {}", path.display());
             }
         }
     }

@@ -331,7 +331,8 @@ impl VmiDocument {
         Ok(DEFAULT_GUEST_MEMORY)
     }
 
-    /// vCPUs: the operator's `vcpus`, else cores × sockets × threads (each default 1).
+    /// vCPUs: the operator's `vcpus`, else cores × sockets × threads (each default 1),
+    /// saturating (a product too large for 64 bits must not wrap around to a small count).
     pub fn vcpus(&self) -> u64 {
         if let Some(v) = self.vcpus {
             return v;
@@ -340,7 +341,7 @@ impl VmiDocument {
             Some(c) => [c.cores, c.sockets, c.threads]
                 .into_iter()
                 .map(|v| u64::from(v.unwrap_or(1)))
-                .product(),
+                .fold(1, u64::saturating_mul),
             None => 1,
         }
     }
@@ -416,6 +417,20 @@ spec:
             doc.spec.domain.devices.disks[0].serial.as_deref(),
             Some("abc")
         );
+    }
+
+    /// Found by the `vmi_document` fuzz target: 2^22 × 2^21 × 2^21 wrapped around to 0 vCPUs
+    /// (a panic in debug builds).
+    #[test]
+    fn vcpu_product_saturates() {
+        let doc = VmiDocument::parse(
+            "spec: {domain: {cpu: {cores: 4194304, sockets: 2097152, threads: 2097152}}}",
+            "t",
+        )
+        .unwrap();
+        assert_eq!(doc.vcpus(), u64::MAX);
+        let doc = VmiDocument::parse("spec: {domain: {cpu: {cores: 3, threads: 2}}}", "t").unwrap();
+        assert_eq!(doc.vcpus(), 6);
     }
 
     #[test]

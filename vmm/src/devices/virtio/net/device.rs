@@ -302,6 +302,9 @@ impl VirtioDevice for NetDevice {
     fn reset(&mut self) {
         self.active = None;
         self.broken = false;
+        if self.rx.pending.is_some() {
+            self.stats.rx_dropped_reset += 1;
+        }
         self.rx.clear();
         self.acked_features = 0;
         if let Err(e) = self.backend.set_offloads(0) {
@@ -328,6 +331,54 @@ impl VirtioDevice for NetDevice {
 mod tests {
     use super::*;
     use crate::devices::virtio::net::tap::TUN_F_CSUM;
+    use crate::devices::virtio::test_utils::{mem, TestQueue};
+
+    /// A backend holding queued frames.
+    struct Frames(std::collections::VecDeque<Vec<u8>>);
+
+    impl FrameIo for Frames {
+        fn read_frame(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let f = self.0.pop_front().ok_or(std::io::ErrorKind::WouldBlock)?;
+            buf[..f.len()].copy_from_slice(&f);
+            Ok(f.len())
+        }
+        fn write_frame(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            Ok(buf.len())
+        }
+    }
+
+    impl NetBackend for Frames {
+        fn fd(&self) -> RawFd {
+            -1
+        }
+        fn supported_offloads(&self) -> u32 {
+            0
+        }
+        fn set_offloads(&mut self, _: u32) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    /// Found by the `net_rxtx` fuzz target: a frame held back for lack of receive buffers was
+    /// thrown away by a device reset without being counted anywhere.
+    #[test]
+    fn reset_counts_the_frame_it_drops() {
+        let m = mem();
+        let frames = Frames(vec![vec![0u8; 60]].into());
+        let mut d = NetDevice::new(Box::new(frames), None, IrqLine::new(5).unwrap()).unwrap();
+        let (rx, tx) = (
+            TestQueue::new(&m, 0x1000, 16),
+            TestQueue::new(&m, 0x4000, 16),
+        );
+        d.activate(m.clone(), vec![rx.queue(), tx.queue()]).unwrap();
+        d.process_rx(); // no receive buffers: the frame waits
+        assert!(d.rx_pending());
+        assert_eq!(d.stats().rx_dropped(), 0);
+        d.reset();
+        assert!(!d.rx_pending());
+        assert_eq!(d.stats().rx_dropped_reset, 1);
+        assert_eq!(d.stats().rx_dropped(), 1);
+    }
 
     #[test]
     fn offered_features_follow_tap_support_and_mac() {
