@@ -710,6 +710,12 @@ impl Run {
                 "chains must complete in the order they were made available"
             );
             let p = self.pending.remove(head).expect("pending request");
+            trace!(
+                "blk: {:?} sector {} {:?} completed, used length {len}",
+                p.kind,
+                p.sector,
+                p.mistake
+            );
             self.complete(&p, *len);
         }
         // What did not complete: nothing, or everything from a chain without a status byte on.

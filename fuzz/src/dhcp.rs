@@ -285,6 +285,11 @@ pub fn run(data: &[u8]) {
         lease: lease.clone(),
     };
     let reply = server.handle(&pkt);
+    trace!(
+        "dhcp: {}-byte packet, reply {:?}",
+        pkt.len(),
+        reply.as_ref().and_then(|r| r.get(240..243))
+    );
     let req = reference_parse(&pkt);
     let expected_type = req.as_ref().and_then(|r| {
         if r.chaddr[..6] != MAC {

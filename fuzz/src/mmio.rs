@@ -711,6 +711,12 @@ impl Run {
             }
         }
         let changed = before.changed(&self.mem);
+        trace!(
+            "mmio process: active {active}, {} bytes of guest memory changed, status {:#x}, isr {:#x}",
+            changed.len(),
+            self.m.status,
+            self.interrupt.status()
+        );
         if !active {
             assert!(
                 changed.is_empty(),

@@ -653,7 +653,9 @@ pub fn run(data: &[u8]) {
     let mode = inp.u8();
     if mode % 2 == 0 {
         let text = String::from_utf8_lossy(inp.rest()).into_owned();
-        if let Ok(doc) = VmiDocument::parse(&text, "fuzz") {
+        let parsed = VmiDocument::parse(&text, "fuzz");
+        trace!("vmi: raw text parses: {}", parsed.is_ok());
+        if let Ok(doc) = parsed {
             derived(&doc);
         }
         return;
@@ -682,6 +684,7 @@ pub fn run(data: &[u8]) {
         .unwrap_or_else(|e| panic!("the JSON form does not parse: {e}\n{json}"));
     let from_yaml = VmiDocument::parse(&yaml, "vmi.yaml")
         .unwrap_or_else(|e| panic!("the YAML form does not parse: {e}\n{yaml}"));
+    trace!("vmi: JSON and YAML forms parsed:\n{yaml}");
     matches(&from_json, &v, "JSON");
     matches(&from_yaml, &v, "YAML");
     assert_eq!(

@@ -8,6 +8,7 @@ mod bench;
 mod bench_snapshot;
 mod cluster;
 mod demo;
+mod fuzz;
 mod images;
 mod setup;
 mod test;
@@ -26,6 +27,7 @@ fn usage() -> &'static str {
      commands:\n\
      \x20 test            set up this machine (packages, cached artifacts) and run every test\n\
      \x20 demo [ARGS]     build microvm and the test guest, boot it here (console on this terminal)\n\
+     \x20 fuzz [--secs N] [--jobs N] [TARGET...]  coverage-guided fuzzing (libFuzzer) of every fuzz target\n\
      \x20 bench [RUNS] [--snapshot-only|--boot-only]  VMM benchmarks on /dev/kvm: start-to-guest, memory overhead, boots/s, snapshot/restore\n\
      \x20 images          build (or find cached) the guest kernel + rootfs, print their paths\n\
      \x20 testhost [SCENARIO...|--list]  run end-to-end scenarios in the QEMU-TCG test host\n\
@@ -46,6 +48,7 @@ fn main() -> Result<()> {
         "bench" => bench::main(rest),
         "test" => test::main(rest),
         "demo" => demo::main(rest),
+        "fuzz" => fuzz::main(rest),
         "cluster" => cluster::main(rest),
         "images" => images::main(rest),
         "testhost" => testhost::main(rest),

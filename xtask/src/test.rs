@@ -8,13 +8,17 @@
 //! 4. `cargo test --workspace`: unit tests, KVM integration tests with the test guest,
 //!    controller tests against a real kube-apiserver + etcd, and the QEMU-TCG test-host
 //!    end-to-end scenarios with real Linux guests. Slow artifacts (guest kernel, rootfs,
-//!    kube-apiserver, etcd) are built once and cached under ~/.cache/microvirt by content hash.
+//!    kube-apiserver, etcd) are built once and cached under ~/.cache/microvirt by content hash;
+//! 5. fuzzing: every coverage-guided fuzz target in `fuzz/` for [`fuzz::TEST_SECS`] seconds
+//!    from the committed corpus (`cargo xtask fuzz`); a crash fails the run and names the
+//!    reproducer.
 
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+use crate::fuzz;
 use crate::setup::ensure_packages;
 
 /// Every Debian package any test needs.
@@ -68,9 +72,10 @@ fn cargo(args: &[&str]) -> Result<()> {
 
 pub fn main(args: &[String]) -> Result<()> {
     let skip_lint = args.iter().any(|a| a == "--no-lint");
+    let skip_fuzz = args.iter().any(|a| a == "--no-fuzz");
     let extra: Vec<&str> = args
         .iter()
-        .filter(|a| *a != "--no-lint")
+        .filter(|a| *a != "--no-lint" && *a != "--no-fuzz")
         .map(String::as_str)
         .collect();
     let root = crate::workspace_root();
@@ -118,6 +123,13 @@ pub fn main(args: &[String]) -> Result<()> {
         test_args.extend(extra);
     }
     phase("cargo test --workspace", || cargo(&test_args))?;
+    if !skip_fuzz {
+        phase("fuzzing (every target, from the committed corpus)", || {
+            let summary = fuzz::run(&fuzz::Options::all(fuzz::TEST_SECS))?;
+            println!("{summary}");
+            Ok(())
+        })?;
+    }
     println!(
         "\nall tests passed in {:.1}s",
         total.elapsed().as_secs_f64()
