@@ -17,6 +17,7 @@ pub struct PairBackend {
 /// The harness's end.
 pub struct HostEnd {
     fd: OwnedFd,
+    buf: std::cell::RefCell<Vec<u8>>,
 }
 
 /// A connected pair; the device end claims to support the TUN_F_* `offloads`.
@@ -34,7 +35,13 @@ pub fn pair(offloads: u32) -> (PairBackend, HostEnd) {
     assert_eq!(r, 0, "socketpair: {}", io::Error::last_os_error());
     // SAFETY: both descriptors were just created by socketpair and are owned by nobody else.
     let (a, b) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    (PairBackend { fd: a, offloads }, HostEnd { fd: b })
+    (
+        PairBackend { fd: a, offloads },
+        HostEnd {
+            fd: b,
+            buf: std::cell::RefCell::new(vec![0u8; 70_000]),
+        },
+    )
 }
 
 fn send(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
@@ -103,12 +110,9 @@ impl HostEnd {
 
     /// Receive one frame the device sent, if any.
     pub fn recv(&self) -> Option<Vec<u8>> {
-        let mut buf = vec![0u8; 70_000];
+        let mut buf = self.buf.borrow_mut();
         match recv(self.fd.as_raw_fd(), &mut buf) {
-            Ok(n) => {
-                buf.truncate(n);
-                Some(buf)
-            }
+            Ok(n) => Some(buf[..n].to_vec()),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
             Err(e) => panic!("receiving a frame from the device: {e}"),
         }

@@ -28,14 +28,32 @@ const AREAS: u64 = 0x1_0000;
 pub const F_NEXT: u16 = 1;
 pub const F_WRITE: u16 = 2;
 
-/// Fresh, zeroed guest memory with the layout above.
-pub fn guest_memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::from_ranges(&[
+thread_local! {
+    /// Guest memory is mapped once per thread and zeroed for every input (mapping and faulting
+    /// in fresh pages for every input costs more than most inputs).
+    static MEMORY: GuestMemoryMmap = GuestMemoryMmap::from_ranges(&[
         (GuestAddress(0), R0_END as usize),
         (GuestAddress(R0_END), (R1_END - R0_END) as usize),
         (GuestAddress(R2), (R2_END - R2) as usize),
     ])
-    .expect("guest memory")
+    .expect("guest memory");
+    /// Buffers for [`MemSnapshot`], reused for the same reason.
+    static SNAPSHOT_BUFFERS: std::cell::RefCell<Vec<Vec<u8>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Zeroed guest memory with the layout above (the same mapping every time on one thread;
+/// targets drop their devices before returning, so nothing else uses it by then).
+pub fn guest_memory() -> GuestMemoryMmap {
+    let mem = MEMORY.with(Clone::clone);
+    for r in mem.iter() {
+        let s = r.as_volatile_slice().expect("region slice");
+        let guard = s.ptr_guard_mut();
+        // SAFETY: the guard's pointer covers the whole mapped region (`s.len()` bytes) and
+        // stays valid while `guard` lives; no device of a previous input is left to access it.
+        unsafe { std::ptr::write_bytes(guard.as_ptr(), 0, s.len()) };
+    }
+    mem
 }
 
 /// Buffer area of descriptor slot `i` of queue `q` (inside R0).
@@ -61,9 +79,11 @@ impl MemSnapshot {
     pub fn take(mem: &GuestMemoryMmap) -> Self {
         let mut v = Vec::new();
         for r in mem.iter() {
-            let mut b = vec![0u8; r.len() as usize];
-            mem.read_slice(&mut b, r.start_addr())
-                .expect("whole region");
+            let mut b = SNAPSHOT_BUFFERS
+                .with(|p| p.borrow_mut().pop())
+                .unwrap_or_default();
+            b.resize(r.len() as usize, 0);
+            mem.read_slice(&mut b, r.start_addr()).expect("whole region");
             v.push((r.start_addr().0, b));
         }
         Self(v)
@@ -93,6 +113,12 @@ impl MemSnapshot {
             }
         }
         out
+    }
+}
+
+impl Drop for MemSnapshot {
+    fn drop(&mut self) {
+        SNAPSHOT_BUFFERS.with(|p| p.borrow_mut().extend(self.0.drain(..).map(|(_, b)| b)));
     }
 }
 

@@ -58,7 +58,7 @@ fn random_inputs_pass() {
         x
     };
     for (t, f) in microvirt_fuzz::TARGETS {
-        for _ in 0..100 {
+        for _ in 0..40 {
             let len = (next() % 2048) as usize;
             let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
             if std::panic::catch_unwind(|| f(&data)).is_err() {

@@ -50,7 +50,7 @@ impl Options {
         Self {
             secs,
             jobs: cpus.min(TARGETS.len()),
-            sanitizer: "address".into(),
+            sanitizer: "none".into(),
             targets: TARGETS.iter().map(|t| t.to_string()).collect(),
         }
     }
