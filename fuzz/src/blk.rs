@@ -501,13 +501,12 @@ impl Run {
             data.push(Buf { addr, len, write });
         }
         // Status.
-        let status_addr;
         if status_shared && data.last().is_some_and(|b| b.len == 0) {
             data.pop(); // a 1-byte descriptor is only the status byte
         }
-        if status_shared {
+        let status_addr = if status_shared {
             let last = bufs.last().expect("data buffer");
-            status_addr = last.addr + u64::from(last.len) - 1;
+            last.addr + u64::from(last.len) - 1
         } else {
             let addr = area(ndesc - 1);
             bufs.push(Buf {
@@ -515,8 +514,8 @@ impl Run {
                 len: 1,
                 write: true,
             });
-            status_addr = addr;
-        }
+            addr
+        };
         // Apply the mistake.
         let mut mistake = mistake;
         match mistake {
@@ -623,7 +622,9 @@ impl Run {
         match p.kind {
             Kind::In | Kind::Out => {
                 let len = p.data_len();
-                if (p.kind == Kind::Out && self.ro) || len % SECTOR != 0 || !in_range(p.sector, len)
+                if (p.kind == Kind::Out && self.ro)
+                    || !len.is_multiple_of(SECTOR)
+                    || !in_range(p.sector, len)
                 {
                     ioerr
                 } else {
@@ -642,7 +643,7 @@ impl Run {
                 let n = p.payload_len / 16;
                 if self.ro
                     || p.payload_len == 0
-                    || p.payload_len % 16 != 0
+                    || !p.payload_len.is_multiple_of(16)
                     || n > u64::from(MAX_DISCARD_SEG)
                     || p.segments.iter().any(|&(s, num, _)| {
                         num > MAX_DISCARD_SECTORS || !in_range(s, u64::from(num) * SECTOR)

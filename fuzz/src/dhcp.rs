@@ -201,7 +201,7 @@ fn lease(inp: &mut Input) -> (Ipv4Addr, Lease) {
 }
 
 fn packet(inp: &mut Input, server_ip: Ipv4Addr, lease_ip: Ipv4Addr) -> Vec<u8> {
-    if inp.u8() % 4 == 0 {
+    if inp.u8().is_multiple_of(4) {
         return inp.rest().to_vec();
     }
     let mut p = vec![0u8; 240];
@@ -217,12 +217,12 @@ fn packet(inp: &mut Input, server_ip: Ipv4Addr, lease_ip: Ipv4Addr) -> Vec<u8> {
         2 => lease_ip.octets(),
         _ => inp.u32().to_be_bytes(),
     });
-    p[24..28].copy_from_slice(&if inp.u8() % 8 == 0 {
+    p[24..28].copy_from_slice(&if inp.u8().is_multiple_of(8) {
         inp.u32().to_be_bytes()
     } else {
         [0; 4]
     });
-    let mac = if inp.u8() % 16 == 0 {
+    let mac = if inp.u8().is_multiple_of(16) {
         let b = inp.bytes(6);
         let mut m = [0u8; 6];
         m[..b.len()].copy_from_slice(b);
@@ -269,7 +269,7 @@ fn packet(inp: &mut Input, server_ip: Ipv4Addr, lease_ip: Ipv4Addr) -> Vec<u8> {
             }
         }
     }
-    if inp.u8() % 4 == 0 {
+    if inp.u8().is_multiple_of(4) {
         p.push(255);
     }
     p

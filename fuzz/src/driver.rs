@@ -83,7 +83,8 @@ impl MemSnapshot {
                 .with(|p| p.borrow_mut().pop())
                 .unwrap_or_default();
             b.resize(r.len() as usize, 0);
-            mem.read_slice(&mut b, r.start_addr()).expect("whole region");
+            mem.read_slice(&mut b, r.start_addr())
+                .expect("whole region");
             v.push((r.start_addr().0, b));
         }
         Self(v)

@@ -29,8 +29,11 @@ pub mod scratch;
 pub mod seeds;
 pub mod vmi;
 
+/// A target: runs one input, panics when an invariant does not hold.
+pub type Target = fn(&[u8]);
+
 /// Every target by name, as `cargo fuzz` and `cargo xtask fuzz` call them.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("blk_raw", |d| blk::run(d, blk::Backend::Raw)),
     ("blk_overlay", |d| blk::run(d, blk::Backend::Overlay)),
     ("mmio_transport", mmio::run),

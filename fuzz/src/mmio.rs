@@ -323,7 +323,7 @@ impl Run {
             },
             REG_DEVICE_FEATURES_SEL | REG_DRIVER_FEATURES_SEL | REG_QUEUE_SEL => u32::from(sel % 3),
             REG_QUEUE_NUM => 1 << (sel % 10),
-            REG_QUEUE_READY => u32::from(sel % 3 != 0),
+            REG_QUEUE_READY => u32::from(!sel.is_multiple_of(3)),
             REG_QUEUE_NOTIFY => u32::from(sel % 3),
             REG_INTERRUPT_ACK => u32::from(sel % 4),
             REG_QUEUE_DESC_LOW | REG_QUEUE_DRIVER_LOW | REG_QUEUE_DEVICE_LOW => match sel % 8 {
@@ -333,7 +333,7 @@ impl Run {
                 _ => R2 as u32 + u32::from(inp.u16() & !0xf),
             },
             REG_QUEUE_DESC_HIGH | REG_QUEUE_DRIVER_HIGH | REG_QUEUE_DEVICE_HIGH => {
-                if sel % 4 == 0 {
+                if sel.is_multiple_of(4) {
                     u32::from(inp.u8())
                 } else {
                     0
@@ -405,7 +405,7 @@ impl Run {
             self.check_config(off - REG_CONFIG, &b);
             return;
         }
-        if width != 4 || off % 4 != 0 {
+        if width != 4 || !off.is_multiple_of(4) {
             assert!(
                 b.iter().all(|&x| x == 0),
                 "{width}-byte read at {off:#x} returned {b:02x?}, not zeroes"
@@ -495,7 +495,7 @@ impl Run {
             );
             return;
         }
-        if width != 4 || off % 4 != 0 {
+        if width != 4 || !off.is_multiple_of(4) {
             assert_eq!(
                 self.t.state(),
                 before,
@@ -513,16 +513,13 @@ impl Run {
         match off {
             REG_DEVICE_FEATURES_SEL => m.dfsel = v,
             REG_DRIVER_FEATURES_SEL => m.drfsel = v,
-            REG_DRIVER_FEATURES => {
-                if m.status == status::ACKNOWLEDGE | status::DRIVER {
-                    match m.drfsel {
-                        0 => m.driver_features = (m.driver_features & !0xffff_ffff) | u64::from(v),
-                        1 => {
-                            m.driver_features =
-                                (m.driver_features & 0xffff_ffff) | (u64::from(v) << 32)
-                        }
-                        _ => {}
+            REG_DRIVER_FEATURES if m.status == status::ACKNOWLEDGE | status::DRIVER => {
+                match m.drfsel {
+                    0 => m.driver_features = (m.driver_features & !0xffff_ffff) | u64::from(v),
+                    1 => {
+                        m.driver_features = (m.driver_features & 0xffff_ffff) | (u64::from(v) << 32)
                     }
+                    _ => {}
                 }
             }
             REG_QUEUE_SEL => m.qsel = v,

@@ -4,9 +4,9 @@
 //! Two kinds of input, picked by the first byte:
 //! - raw text: any bytes as a manifest. The parser must answer with a document or an error
 //!   (no panic, no hang, no stack overflow on deep nesting), and on a document the derived
-//!   values must hold: vCPUs are the product of cores × sockets × threads (each defaulting to
-//!   1) without wrapping around, the grace period is the given one clamped at 0 (default 30),
-//!   memory is an error or a number, never a panic;
+//!   values must hold: vCPUs are the product of cores × sockets × threads (each defaulting
+//!   to one) without wrapping around, the grace period is the given one clamped at 0 (default
+//!   30), memory is an error or a number, never a panic;
 //! - a generated manifest: a document tree with every field the launcher reads (strings full
 //!   of YAML-significant characters, words YAML gives meaning to such as `yes`, `null`, `0x10`,
 //!   numbers at their limits, quantities as strings and bare numbers, nested lists), written
@@ -125,7 +125,7 @@ fn maybe(
     key: &str,
     v: impl FnOnce(&mut Input) -> Value,
 ) {
-    if inp.u8() % 4 != 0 {
+    if !inp.u8().is_multiple_of(4) {
         let v = v(inp);
         m.insert(key.to_string(), v);
     }
@@ -651,7 +651,7 @@ fn matches(doc: &VmiDocument, v: &Value, how: &str) {
 pub fn run(data: &[u8]) {
     let mut inp = Input::new(data);
     let mode = inp.u8();
-    if mode % 2 == 0 {
+    if mode.is_multiple_of(2) {
         let text = String::from_utf8_lossy(inp.rest()).into_owned();
         let parsed = VmiDocument::parse(&text, "fuzz");
         trace!("vmi: raw text parses: {}", parsed.is_ok());

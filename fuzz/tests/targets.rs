@@ -22,7 +22,7 @@ fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
     v
 }
 
-fn target(name: &str) -> fn(&[u8]) {
+fn target(name: &str) -> microvirt_fuzz::Target {
     microvirt_fuzz::TARGETS
         .iter()
         .find(|(n, _)| *n == name)
