@@ -150,6 +150,26 @@ fn ring_ok(q: &QModel) -> bool {
         && in_memory(q.used, 6 + 8 * n)
 }
 
+/// A device as `cfg` says (bit 0: net; blk: bit 1 read-only; net: bits 2-4 TAP offloads,
+/// bit 5 MAC), its handle as the transport sees it, and its interrupt state.
+fn make_device(cfg: u8) -> (Dev, Arc<Mutex<dyn VirtioDevice>>, Arc<VirtioInterrupt>) {
+    let irq = IrqLine::new(5).expect("eventfd");
+    if cfg & 1 == 0 {
+        let disk = MemDisk::new(DISK_BYTES, cfg & 2 != 0);
+        let d = BlockDevice::new(Box::new(disk), *b"mmio-fuzz-serial-000", irq).expect("blk");
+        let i = d.interrupt().clone();
+        let d = Arc::new(Mutex::new(d));
+        (Dev::Blk(d.clone()), d, i)
+    } else {
+        let (backend, host) = pair(u32::from(cfg >> 2 & 7));
+        let mac = (cfg & 0x20 != 0).then_some(MacAddr(MAC));
+        let d = NetDevice::new(Box::new(backend), mac, irq).expect("net");
+        let i = d.interrupt().clone();
+        let d = Arc::new(Mutex::new(d));
+        (Dev::Net(d.clone(), host), d, i)
+    }
+}
+
 /// The device behind the transport.
 enum Dev {
     Blk(Arc<Mutex<BlockDevice>>),
@@ -158,6 +178,7 @@ enum Dev {
 
 struct Run {
     t: MmioTransport,
+    cfg: u8,
     dev: Dev,
     interrupt: Arc<VirtioInterrupt>,
     mem: GuestMemoryMmap,
@@ -184,46 +205,21 @@ pub fn run(data: &[u8]) {
     let fill = inp.bytes(len);
     let _ = mem.write_slice(fill, GuestAddress(at));
 
-    let irq = IrqLine::new(5).expect("eventfd");
-    let (dev, device_type, capacity_sectors) = if cfg & 1 == 0 {
-        let disk = MemDisk::new(DISK_BYTES, cfg & 2 != 0);
-        let d = BlockDevice::new(Box::new(disk), *b"mmio-fuzz-serial-000", irq).expect("blk");
-        (
-            Dev::Blk(Arc::new(Mutex::new(d))),
-            vmm::devices::virtio::TYPE_BLOCK,
-            (DISK_BYTES / 512) as u64,
-        )
+    let (dev, vdev, interrupt) = make_device(cfg);
+    let device_type = if cfg & 1 == 0 {
+        vmm::devices::virtio::TYPE_BLOCK
     } else {
-        let offloads = u32::from(cfg >> 2 & 7);
-        let (backend, host) = pair(offloads);
-        let mac = (cfg & 0x20 != 0).then_some(MacAddr(MAC));
-        let d = NetDevice::new(Box::new(backend), mac, irq).expect("net");
-        (
-            Dev::Net(Arc::new(Mutex::new(d)), host),
-            vmm::devices::virtio::TYPE_NET,
-            0,
-        )
+        vmm::devices::virtio::TYPE_NET
     };
-    let (vdev, interrupt, offered, maxes): (Arc<Mutex<dyn VirtioDevice>>, _, _, Vec<u16>) =
-        match &dev {
-            Dev::Blk(d) => {
-                let g = d.lock().expect("lock");
-                let i = g.interrupt().clone();
-                let (f, m) = (g.avail_features(), g.queue_max_sizes().to_vec());
-                drop(g);
-                (d.clone(), i, f, m)
-            }
-            Dev::Net(d, _) => {
-                let g = d.lock().expect("lock");
-                let i = g.interrupt().clone();
-                let (f, m) = (g.avail_features(), g.queue_max_sizes().to_vec());
-                drop(g);
-                (d.clone(), i, f, m)
-            }
-        };
+    let (offered, maxes) = {
+        let g = vdev.lock().expect("lock");
+        (g.avail_features(), g.queue_max_sizes().to_vec())
+    };
+    let capacity_sectors = (DISK_BYTES / 512) as u64;
     let t = MmioTransport::new(mem.clone(), vdev);
     let mut run = Run {
         t,
+        cfg,
         dev,
         interrupt,
         mem,
@@ -246,7 +242,7 @@ pub fn run(data: &[u8]) {
         if inp.is_empty() {
             break;
         }
-        match inp.u8() % 16 {
+        match inp.u8() % 17 {
             0..=4 => {
                 let off = run.offset(&mut inp);
                 let width = width(&mut inp);
@@ -271,7 +267,8 @@ pub fn run(data: &[u8]) {
                 let b = inp.bytes(n);
                 let _ = run.mem.write_slice(b, GuestAddress(addr));
             }
-            _ => run.host_frame(&mut inp),
+            15 => run.host_frame(&mut inp),
+            _ => run.snapshot_restore(),
         }
     }
     run.process();
@@ -784,6 +781,32 @@ impl Run {
                 .enumerate()
                 .any(|(i, a)| structures[i + 1..].iter().any(|b| overlaps(a, b)));
         (!clash).then_some(r)
+    }
+
+    /// Save the transport's state and restore it onto a fresh device of the same kind (what a
+    /// snapshot and restore do): the restored transport must report exactly the saved state,
+    /// and the device is active exactly when the driver had set DRIVER_OK without NEEDS_RESET.
+    fn snapshot_restore(&mut self) {
+        let saved = self.t.state();
+        let (dev, vdev, interrupt) = make_device(self.cfg);
+        if saved.device_status & status::FEATURES_OK != 0 {
+            vdev.lock()
+                .expect("lock")
+                .set_acked_features(saved.acked_features);
+        }
+        let t = MmioTransport::restore(self.mem.clone(), vdev, &saved)
+            .unwrap_or_else(|e| panic!("restoring a state the transport saved: {e}\n{saved:?}"));
+        assert_eq!(
+            t.state(),
+            saved,
+            "the restored transport differs from the saved one"
+        );
+        self.t = t;
+        self.dev = dev;
+        self.interrupt = interrupt;
+        let active = saved.device_status & status::DRIVER_OK != 0 && !saved.needs_reset;
+        assert_eq!(self.device_active(), active, "device active after restore");
+        self.compare_state("after restore");
     }
 
     /// Send a frame from the host side (net only).

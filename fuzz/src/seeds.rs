@@ -77,6 +77,10 @@ impl MmioSeed {
             .bytes(bytes);
         self
     }
+    fn snapshot_restore(&mut self) -> &mut Self {
+        self.0.u8(16);
+        self
+    }
     fn frame(&mut self, len: u16) -> &mut Self {
         self.0.u8(15).u16(len);
         for i in 0..len {
@@ -104,8 +108,10 @@ fn mmio() -> Vec<(String, Vec<u8>)> {
     s.init(3)
         .mem(0, &table)
         .mem(0x1000, &[0, 0, 1, 0, 0, 0])
+        .snapshot_restore()
         .process()
         .read(reg::INTERRUPT_STATUS, 0)
+        .snapshot_restore()
         .write_raw(reg::INTERRUPT_ACK, 1)
         .read(reg::STATUS, 0)
         .read(reg::CONFIG, 0)
