@@ -374,3 +374,29 @@ fn rel_to_fuzz(p: &Path) -> PathBuf {
         .map(Path::to_path_buf)
         .unwrap_or(abs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_libfuzzer_status_lines() {
+        let l = "#4096\tpulse  cov: 9320 ft: 26178 corp: 2087/424Kb exec/s: 151 rss: 35Mb";
+        assert_eq!(field(l, "cov: "), Some(9320));
+        assert_eq!(field(l, "ft: "), Some(26178));
+        assert_eq!(field(l, "corp: "), Some(2087));
+        assert_eq!(field("INFO: Seed: 1", "cov: "), None);
+    }
+
+    #[test]
+    fn every_target_has_a_wrapper_and_a_corpus() {
+        let dir = fuzz_dir();
+        for t in TARGETS {
+            assert!(
+                dir.join("fuzz_targets").join(format!("{t}.rs")).is_file(),
+                "{t}"
+            );
+            assert!(dir.join("corpus").join(t).is_dir(), "{t}: committed corpus");
+        }
+    }
+}
