@@ -27,6 +27,7 @@ pub mod mmio;
 pub mod net;
 pub mod scratch;
 pub mod seeds;
+pub mod snapshot;
 pub mod vmi;
 
 /// A target: runs one input, panics when an invariant does not hold.
@@ -40,4 +41,5 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("net_rxtx", net::run),
     ("dhcp_parse", dhcp::run),
     ("vmi_document", vmi::run),
+    ("snapshot_state", snapshot::run),
 ];

@@ -26,7 +26,43 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
     for (name, bytes) in vmi() {
         v.push(("vmi_document", name, bytes));
     }
+    for (name, bytes) in snapshot() {
+        v.push(("snapshot_state", name, bytes));
+    }
     v
+}
+
+/// `snapshot_state` inputs: mode, TSC delta, then a payload (mode 1) or a whole file (mode 0).
+fn snapshot() -> Vec<(String, Vec<u8>)> {
+    let input = |mode: u8, body: &[u8]| {
+        let mut s = Seed::new();
+        s.u8(mode).u64(1_000_000);
+        let mut v = s.0;
+        v.extend_from_slice(body);
+        v
+    };
+    let json = |overlay| {
+        serde_json::to_vec(&crate::snapshot::sample_state(overlay)).expect("state serializes")
+    };
+    let file = vmm::snapshot::format::encode(&json(false));
+    let mut tampered = crate::snapshot::sample_state(false);
+    // Rings moved outside guest memory and a queue that claims work it does not have.
+    if let Some(d) = tampered.devices.first_mut() {
+        d.transport.queues[0].used_ring = 0xffff_ffff_0000;
+    }
+    if let Some(d) = tampered.devices.get_mut(1) {
+        d.transport.queues[1].next_avail = 7;
+    }
+    vec![
+        ("payload".into(), input(1, &json(false))),
+        ("payload-overlay".into(), input(1, &json(true))),
+        ("file".into(), input(0, &file)),
+        (
+            "payload-tampered".into(),
+            input(1, &serde_json::to_vec(&tampered).expect("state serializes")),
+        ),
+        ("file-truncated".into(), input(0, &file[..file.len() / 2])),
+    ]
 }
 
 /// Builds `mmio_transport` inputs.

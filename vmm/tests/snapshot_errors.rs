@@ -115,6 +115,24 @@ fn other_major_version_is_refused_and_minor_is_accepted_to_the_next_check() {
 }
 
 #[test]
+fn overlay_copy_names_must_be_plain_names_inside_the_snapshot() {
+    let t = copy_of("overlayname");
+    let dir = t.path("snap");
+    let good = read_state(&dir);
+    // The empty name (found by the snapshot_state fuzz target) would open the snapshot
+    // directory itself as the overlay copy.
+    for name in ["", "../disk.img", "/etc/hostname", ".hidden"] {
+        let mut s = good.clone();
+        s["devices"][0]["device"]["overlay_file"] = json!(name);
+        write_state(&dir, &s);
+        has(
+            &restore_fails(&dir, &[]),
+            &format!("overlay file name {name:?}"),
+        );
+    }
+}
+
+#[test]
 fn memory_size_and_vcpu_mismatch() {
     let t = copy_of("memsize");
     has(

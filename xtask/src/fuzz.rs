@@ -1,6 +1,7 @@
 //! `cargo xtask fuzz [--secs N] [--jobs N] [--sanitizer address|none] [TARGET...]`: build the
-//! coverage-guided fuzz targets in `fuzz/` (libFuzzer through cargo-fuzz) and run each for `N`
-//! seconds (default 60), starting from the committed corpus `fuzz/corpus/<target>`.
+//! coverage-guided fuzz targets in `fuzz/` (libFuzzer, with the instrumentation cargo-fuzz uses,
+//! by plain `cargo build` on the stable toolchain) and run each for `N` seconds (default 60),
+//! starting from the committed corpus `fuzz/corpus/<target>`.
 //!
 //! New inputs go to a scratch corpus under `fuzz/target/corpus-run/<target>`, never into the
 //! committed corpus. A target that crashes, hangs (10 s per input) or runs out of memory fails
@@ -26,10 +27,8 @@ pub const TARGETS: &[&str] = &[
     "net_rxtx",
     "dhcp_parse",
     "vmi_document",
+    "snapshot_state",
 ];
-
-/// cargo-fuzz version installed (and required) by this command.
-pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 /// Seconds per target in `cargo xtask test`.
 pub const TEST_SECS: u64 = 30;
@@ -58,7 +57,8 @@ impl Options {
 
 fn usage() -> &'static str {
     "usage: cargo xtask fuzz [--secs N] [--jobs N] [--sanitizer address|none] [TARGET...]\n\
-     targets: mmio_transport blk_raw blk_overlay net_rxtx dhcp_parse vmi_document (default: all)"
+     targets (default: all): mmio_transport blk_raw blk_overlay net_rxtx dhcp_parse vmi_document \
+     snapshot_state"
 }
 
 pub fn main(args: &[String]) -> Result<()> {
@@ -109,70 +109,83 @@ fn fuzz_dir() -> PathBuf {
     crate::workspace_root().join("fuzz")
 }
 
-/// `cargo fuzz` at [`CARGO_FUZZ_VERSION`], installed from crates.io into `~/.cargo/bin` when
-/// missing or at another version.
-fn ensure_cargo_fuzz() -> Result<()> {
-    let out = Command::new(env!("CARGO"))
-        .args(["fuzz", "--version"])
-        .output();
-    let have = out
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
-    if have.as_deref() == Some(&format!("cargo-fuzz {CARGO_FUZZ_VERSION}")) {
-        return Ok(());
+/// The instrumentation cargo-fuzz 0.13.2 (`cargo fuzz build -O --debug-assertions`) gives a
+/// build: SanitizerCoverage with inline 8-bit counters, the PC table, compare tracing and stack
+/// depth for libFuzzer's feedback, no branch folding, `--cfg fuzzing`, one codegen unit, and
+/// debug assertions (so integer overflow is a finding too). All of these are stable `rustc`
+/// options: without a sanitizer the build needs neither nightly nor cargo-fuzz itself.
+const COVERAGE_FLAGS: &[&str] = &[
+    "-Cpasses=sancov-module",
+    "-Cllvm-args=-sanitizer-coverage-level=4",
+    "-Cllvm-args=-sanitizer-coverage-inline-8bit-counters",
+    "-Cllvm-args=-sanitizer-coverage-pc-table",
+    "-Cllvm-args=-sanitizer-coverage-trace-compares",
+    "--cfg",
+    "fuzzing",
+    "-Cllvm-args=-simplifycfg-branch-fold-threshold=0",
+    "-Cllvm-args=-sanitizer-coverage-stack-depth",
+    "-Cdebug-assertions",
+    "-Ccodegen-units=1",
+];
+
+/// The target triple the fuzz targets are built for (cargo-fuzz's layout:
+/// `fuzz/target/<triple>/release/<target>`).
+const TRIPLE: &str = "x86_64-unknown-linux-gnu";
+
+/// `RUSTFLAGS` for a build with `sanitizer` (`none` or `address`).
+fn rustflags(sanitizer: &str) -> String {
+    let mut f = COVERAGE_FLAGS.join(" ");
+    if sanitizer == "address" {
+        // Nightly-only on this toolchain: unlocked with RUSTC_BOOTSTRAP (see `build`).
+        f.push_str(" -Zsanitizer=address");
     }
-    println!(
-        "installing cargo-fuzz {CARGO_FUZZ_VERSION} (found: {})",
-        have.as_deref().unwrap_or("none")
-    );
-    let st = Command::new(env!("CARGO"))
-        .args([
-            "install",
-            "cargo-fuzz",
-            "--locked",
-            "--version",
-            CARGO_FUZZ_VERSION,
-        ])
-        .status()
-        .context("running cargo install cargo-fuzz")?;
-    if !st.success() {
-        bail!("cargo install cargo-fuzz {CARGO_FUZZ_VERSION} failed ({st})");
-    }
-    Ok(())
+    f
 }
 
-/// The cargo-fuzz build flags every build and every reproducer command uses.
-fn build_flags(sanitizer: &str) -> Vec<String> {
-    // Release with debug assertions (overflow checks): wrapping arithmetic is a finding too.
-    vec![
-        "-O".into(),
-        "--debug-assertions".into(),
-        "--sanitizer".into(),
-        sanitizer.into(),
-    ]
+/// Where the libFuzzer binary of `target` is.
+fn binary(target: &str) -> PathBuf {
+    fuzz_dir()
+        .join("target")
+        .join(TRIPLE)
+        .join("release")
+        .join(target)
 }
 
 fn build(sanitizer: &str, targets: &[String]) -> Result<()> {
     // libFuzzer itself is C++ (built by libfuzzer-sys).
     ensure_packages(&["g++"])?;
-    ensure_cargo_fuzz()?;
+    let dir = fuzz_dir();
     let mut cmd = Command::new(env!("CARGO"));
-    cmd.arg("fuzz")
-        .arg("build")
-        .args(build_flags(sanitizer))
-        // The sanitizer and coverage flags are nightly options; the stable toolchain allows
-        // them with RUSTC_BOOTSTRAP.
-        .env("RUSTC_BOOTSTRAP", "1")
-        .current_dir(crate::workspace_root());
-    if targets.len() == 1 {
-        cmd.arg(&targets[0]);
+    cmd.arg("build")
+        .arg("--manifest-path")
+        .arg(dir.join("Cargo.toml"))
+        .args(["--release", "--target", TRIPLE, "--target-dir"])
+        .arg(dir.join("target"))
+        .args(["--config", "profile.release.debug=\"line-tables-only\""])
+        .env("RUSTFLAGS", rustflags(sanitizer))
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .current_dir(&dir);
+    for t in targets {
+        cmd.args(["--bin", t]);
     }
-    let st = cmd.status().context("running cargo fuzz build")?;
+    if sanitizer == "address" {
+        cmd.env("RUSTC_BOOTSTRAP", "1");
+    }
+    let st = cmd
+        .status()
+        .context("running cargo build for the fuzz targets")?;
     if !st.success() {
-        bail!("cargo fuzz build failed ({st})");
+        bail!("building the fuzz targets failed ({st})");
     }
     Ok(())
+}
+
+/// libFuzzer's `-max_len` for `target`: the snapshot state file's payload is several KiB.
+fn max_len(target: &str) -> usize {
+    match target {
+        "snapshot_state" => 16384,
+        _ => 4096,
+    }
 }
 
 /// What one target's run found.
@@ -199,9 +212,7 @@ fn field(line: &str, name: &str) -> Option<u64> {
 fn run_target(target: &str, o: &Options) -> Result<Report> {
     let root = crate::workspace_root();
     let dir = fuzz_dir();
-    let bin = dir
-        .join("target/x86_64-unknown-linux-gnu/release")
-        .join(target);
+    let bin = binary(target);
     let corpus = dir.join("corpus").join(target);
     let scratch = dir.join("target/corpus-run").join(target);
     let artifacts = dir.join("artifacts").join(target);
@@ -215,13 +226,19 @@ fn run_target(target: &str, o: &Options) -> Result<Report> {
         .arg(format!("-max_total_time={}", o.secs))
         .arg("-timeout=10")
         .arg("-rss_limit_mb=2048")
-        .arg("-max_len=4096")
+        .arg(format!("-max_len={}", max_len(target)))
         .arg("-print_final_stats=1")
         .arg(format!("-artifact_prefix={}/", artifacts.display()))
         .current_dir(&root)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
+        .env(
+            "ASAN_OPTIONS",
+            std::env::var("ASAN_OPTIONS").map_or("detect_odr_violation=0".into(), |o| {
+                format!("{o}:detect_odr_violation=0")
+            }),
+        )
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
     let started = Instant::now();
@@ -344,10 +361,9 @@ pub fn run(o: &Options) -> Result<String> {
         ));
         match &r.artifact {
             Some(a) => msg.push_str(&format!(
-                "  reproducer: {}\n  replay:     RUSTC_BOOTSTRAP=1 cargo fuzz run {} {} {}\n  triage:     cd fuzz && MICROVIRT_FUZZ_TRACE=1 cargo run --no-default-features --features seeds --bin replay -- {} {}\n",
+                "  reproducer: {}\n  replay:     {} {}\n  triage:     cd fuzz && MICROVIRT_FUZZ_TRACE=1 cargo run --no-default-features --features seeds --bin replay -- {} {}\n",
                 a.display(),
-                build_flags(&o.sanitizer).join(" "),
-                r.target,
+                binary(&r.target).display(),
                 a.display(),
                 r.target,
                 rel_to_fuzz(a).display()

@@ -316,7 +316,9 @@ impl LoadedSnapshot {
         for (i, dev) in state.devices.iter().enumerate() {
             if let crate::devices::virtio::persist::DeviceState::Block(b) = &dev.device {
                 if let Some(name) = &b.overlay_file {
-                    if name.contains('/') || name.starts_with('.') {
+                    // A plain name inside the directory (an empty one would open the
+                    // directory itself).
+                    if name.is_empty() || name.contains('/') || name.starts_with('.') {
                         return Err(SnapshotError::Inconsistent {
                             dir: d,
                             detail: format!("overlay file name {name:?}"),

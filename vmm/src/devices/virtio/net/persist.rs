@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::device::{NetDevice, NetDeviceState};
+use super::device::{NetBackend, NetDevice, NetDeviceState};
 use super::tap::Tap;
 use super::NetConfig;
 use crate::devices::interrupt::IrqLine;
@@ -64,10 +64,22 @@ impl NetDevice {
             });
         }
         let tap = Tap::open(&cfg.tap).map_err(VirtioError::Tap)?;
-        let mut dev = NetDevice::new(Box::new(tap), state.device.mac, irq)?;
+        Self::restore_on(Box::new(tap), &format!("TAP {}", cfg.tap), irq, state)
+    }
+
+    /// The device half of [`NetDevice::restore`] on an already opened `backend` (`what` names
+    /// it in errors): the saved MAC, acked features (which the backend must offer), counters,
+    /// broken flag and pending frame.
+    pub fn restore_on(
+        backend: Box<dyn NetBackend>,
+        what: &str,
+        irq: IrqLine,
+        state: &NetState,
+    ) -> Result<Self, PersistError> {
+        let mut dev = NetDevice::new(backend, state.device.mac, irq)?;
         if state.device.acked_features & !dev.avail_features() != 0 {
             return Err(PersistError::Features {
-                what: format!("TAP {}", cfg.tap),
+                what: what.to_string(),
                 acked: state.device.acked_features,
                 offered: dev.avail_features(),
             });
