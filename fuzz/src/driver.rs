@@ -342,3 +342,27 @@ pub fn assert_writes_within(changed: &[u64], ranges: &[(u64, u64)], what: &str) 
         );
     }
 }
+
+/// What the event loop does for a virtio-blk notification, run to the end: take the queue, then
+/// put every completion of the device's I/O thread in the used ring as it arrives, until no
+/// request is in flight.
+pub fn blk_process(d: &mut vmm::devices::virtio::block::BlockDevice) {
+    use std::os::fd::AsRawFd;
+    d.process_queue();
+    while d.in_flight() > 0 {
+        let mut p = libc::pollfd {
+            fd: d.completion_event().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `p` is one valid pollfd that outlives the call.
+        let r = unsafe { libc::poll(&mut p, 1, 10_000) };
+        assert!(r >= 0, "poll: {}", std::io::Error::last_os_error());
+        assert!(
+            r > 0,
+            "the I/O thread did not complete a request within 10 s"
+        );
+        let _ = d.completion_event().read();
+        d.process_completions();
+    }
+}

@@ -685,7 +685,7 @@ impl Run {
             Some(Vec::new())
         };
         match &self.dev {
-            Dev::Blk(d) => d.lock().expect("lock").process_queue(),
+            Dev::Blk(d) => crate::driver::blk_process(&mut d.lock().expect("lock")),
             Dev::Net(d, host) => {
                 let mut g = d.lock().expect("lock");
                 let tx_before = g.stats().tx_frames;

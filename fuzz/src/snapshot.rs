@@ -13,7 +13,7 @@
 //!   VM's own for its RAM size;
 //! - then, as a restore would: the MSR list for each vCPU (same MSRs, TSC advanced by the delta),
 //!   the UART and the i8042 from their saved state (reading back what was saved, the i8042's
-//!   buffer bounded), and every virtio device re-created over a scratch disk or a fake TAP with
+//!   buffer bounded), and every virtio device (disk, NIC, entropy) re-created over a scratch disk, a fake TAP or getrandom with
 //!   its transport restored in guest memory; a restored transport reports exactly the saved
 //!   registers, and processing its queues (rings at whatever the file says) must not panic.
 
@@ -24,10 +24,12 @@ use std::sync::{Arc, Mutex};
 use vmm::devices::interrupt::IrqLine;
 use vmm::devices::legacy::i8042::I8042Device;
 use vmm::devices::legacy::serial::{SerialDevice, SerialOut};
+use vmm::devices::virtio::block::device::IoThreadOptions;
 use vmm::devices::virtio::block::{BlockConfig, BlockDevice};
 use vmm::devices::virtio::mmio::MmioTransport;
 use vmm::devices::virtio::net::NetDevice;
 use vmm::devices::virtio::persist::{DeviceState, VirtioDeviceState};
+use vmm::devices::virtio::rng::RngDevice;
 use vmm::devices::virtio::VirtioDevice;
 use vmm::snapshot::format;
 use vmm::snapshot::state::MicrovmState;
@@ -236,7 +238,7 @@ fn restore_device(mem: &GuestMemoryMmap, index: usize, d: &VirtioDeviceState, mo
                 id: b.config.id.clone(),
                 overlay: None,
             };
-            let r = BlockDevice::restore(&cfg, None, irq, &b.device);
+            let r = BlockDevice::restore(&cfg, None, irq, &b.device, IoThreadOptions::default());
             trace!("device {index}: virtio-blk restore: {:?}", r.as_ref().err());
             if let Ok(dev) = r {
                 assert_eq!(
@@ -246,11 +248,26 @@ fn restore_device(mem: &GuestMemoryMmap, index: usize, d: &VirtioDeviceState, mo
                 let dev = Arc::new(Mutex::new(dev));
                 if transport(mem, index, dev.clone(), d) {
                     for _ in 0..2 {
-                        dev.lock().expect("blk").process_queue();
+                        crate::driver::blk_process(&mut dev.lock().expect("blk"));
                     }
                 }
             }
             let _ = fs::remove_file(&path);
+        }
+        DeviceState::Rng(r) => {
+            let res = RngDevice::restore(irq, r);
+            trace!(
+                "device {index}: virtio-rng restore: {:?}",
+                res.as_ref().err()
+            );
+            if let Ok(dev) = res {
+                let dev = Arc::new(Mutex::new(dev));
+                if transport(mem, index, dev.clone(), d) {
+                    for _ in 0..2 {
+                        dev.lock().expect("rng").process_queue();
+                    }
+                }
+            }
         }
         DeviceState::Net(n) => {
             let (backend, host) = pair(u32::from(mode >> 1 & 7));
@@ -298,7 +315,7 @@ fn transport(
 }
 
 /// A plausible state of a 16 MiB, one-vCPU VM with a disk (with an overlay copy when
-/// `overlay`) and a NIC, both running with their rings in the harness's guest memory (seeds).
+/// `overlay`), a NIC and an entropy device, all running with their rings in the harness's guest memory (seeds).
 pub fn sample_state(overlay: bool) -> MicrovmState {
     use vmm::device_manager::mmio::MmioSlot;
     use vmm::devices::legacy::i8042::I8042State;
@@ -310,6 +327,8 @@ pub fn sample_state(overlay: bool) -> MicrovmState {
     use vmm::devices::virtio::net::frames::NetStats;
     use vmm::devices::virtio::net::persist::NetState;
     use vmm::devices::virtio::net::{MacAddr, NetConfig};
+    use vmm::devices::virtio::rng::device::RngDeviceState;
+    use vmm::devices::virtio::rng::persist::RngState;
     use vmm::snapshot::blob::Blob;
     use vmm::snapshot::host::HostFacts;
     use vmm::snapshot::state::MachineInfo;
@@ -452,6 +471,20 @@ pub fn sample_state(overlay: bool) -> MicrovmState {
                         needs_reset: false,
                     },
                     rx_pending: Some(vec![0xff; 42]),
+                }),
+            },
+            VirtioDeviceState {
+                slot: MmioSlot {
+                    addr: 0xd000_2000,
+                    len: 0x1000,
+                    irq: 7,
+                },
+                transport: running(&[0x4_0000]),
+                device: DeviceState::Rng(RngState {
+                    device: RngDeviceState {
+                        acked_features: version_1,
+                        needs_reset: false,
+                    },
                 }),
             },
         ],
