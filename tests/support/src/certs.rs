@@ -30,7 +30,8 @@ pub(crate) struct Pki {
     pub ca_pem: String,
     /// The same CA, DER encoded.
     pub ca_der: Vec<u8>,
-    /// kube-apiserver's serving certificate (127.0.0.1, localhost, kubernetes.default...).
+    /// kube-apiserver's serving certificate (127.0.0.1, the given addresses, localhost,
+    /// kubernetes.default...).
     pub serving_cert_pem: String,
     /// Its private key.
     pub serving_key_pem: String,
@@ -41,7 +42,9 @@ pub(crate) struct Pki {
     pub service_account_pub_pem: String,
 }
 
-pub(crate) fn generate() -> Result<Pki, CertError> {
+/// Generates the PKI; the serving certificate is valid for 127.0.0.1 and every address in `ips`
+/// (the apiserver's bind address, the `kubernetes` Service's cluster IP).
+pub(crate) fn generate(ips: &[IpAddr]) -> Result<Pki, CertError> {
     let ca_key = KeyPair::generate().map_err(rc("CA key"))?;
     let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(rc("CA parameters"))?;
     ca.distinguished_name
@@ -69,6 +72,11 @@ pub(crate) fn generate() -> Result<Pki, CertError> {
     serving
         .subject_alt_names
         .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+    for ip in ips {
+        if !ip.is_loopback() {
+            serving.subject_alt_names.push(SanType::IpAddress(*ip));
+        }
+    }
     serving
         .distinguished_name
         .push(DnType::CommonName, "kube-apiserver");
@@ -99,7 +107,7 @@ mod tests {
 
     #[test]
     fn generates_pem_material() {
-        let p = generate().unwrap();
+        let p = generate(&[IpAddr::V4(Ipv4Addr::new(10, 96, 0, 1))]).unwrap();
         assert!(p.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(p
             .serving_cert_pem

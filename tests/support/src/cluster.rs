@@ -2,6 +2,7 @@
 
 use std::fs::{self, OpenOptions};
 use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -92,6 +93,18 @@ pub struct ClusterOptions {
     pub ready_timeout: Duration,
     /// Extra kube-apiserver flags, appended after the defaults (a later flag wins).
     pub extra_apiserver_args: Vec<String>,
+    /// The address kube-apiserver listens on and advertises. Default 127.0.0.1; a real node
+    /// whose kubelet runs in another network namespace needs an address it can reach (see
+    /// [`crate::RealCluster`]). etcd always stays on 127.0.0.1.
+    pub bind_address: Ipv4Addr,
+    /// Extra IP addresses for the serving certificate (e.g. the `kubernetes` Service's
+    /// cluster IP, which in-cluster clients connect to).
+    pub extra_serving_ips: Vec<Ipv4Addr>,
+    /// Keep the `ServiceAccount` admission plugin (default false: without a
+    /// kube-controller-manager no namespace gets its `default` account and the plugin would
+    /// refuse every pod; with one, as in [`crate::RealCluster`], pods need it for their
+    /// service-account tokens).
+    pub service_account_admission: bool,
 }
 
 impl Default for ClusterOptions {
@@ -101,6 +114,9 @@ impl Default for ClusterOptions {
             persistent: false,
             ready_timeout: Duration::from_secs(120),
             extra_apiserver_args: Vec::new(),
+            bind_address: Ipv4Addr::LOCALHOST,
+            extra_serving_ips: Vec::new(),
+            service_account_admission: false,
         }
     }
 }
@@ -145,13 +161,15 @@ fn fresh_temp_dir() -> Result<PathBuf, ClusterError> {
     Ok(dir)
 }
 
-/// Shell text of the watchdog: waits for the test process to go away, then stops the cluster
-/// processes named in the pid files and (when asked) removes the data dir.
-const WATCHDOG_SH: &str = r#"trap '' INT TERM HUP
+/// Shell text of the watchdog: waits for the test process to go away, then stops the processes
+/// named in the data dir's pid files (etcd, kube-apiserver, and whatever else an owner records
+/// there, e.g. [`crate::RealCluster`]'s scheduler and controller-manager) and (when asked)
+/// removes the data dir.
+pub(crate) const WATCHDOG_SH: &str = r#"trap '' INT TERM HUP
 parent=$1 dir=$2 remove=$3
 while kill -0 "$parent" 2>/dev/null; do sleep 1; done
 for sig in TERM KILL; do
-  for f in "$dir/kube-apiserver.pid" "$dir/etcd.pid"; do
+  for f in "$dir"/*.pid; do
     p=$(cat "$f" 2>/dev/null) && [ -n "$p" ] && grep -qaF -- "$dir" "/proc/$p/cmdline" 2>/dev/null && kill -$sig "$p"
   done
   [ "$sig" = TERM ] && sleep 3
@@ -217,7 +235,11 @@ impl Cluster {
             c.start_watchdog()?;
         }
 
-        let pki = certs::generate()?;
+        let ips: Vec<IpAddr> = std::iter::once(opts.bind_address)
+            .chain(opts.extra_serving_ips.iter().copied())
+            .map(IpAddr::V4)
+            .collect();
+        let pki = certs::generate(&ips)?;
         let token = random_hex().map_err(io_err("reading /dev/urandom"))?;
         let p = |name: &str| dir.join("pki").join(name);
         let files = [
@@ -242,10 +264,13 @@ impl Cluster {
         let tokens = format!("{token},microvirt-admin,microvirt-admin,\"system:masters\"\n");
         fs::write(p("tokens.csv"), tokens).map_err(io_err("writing tokens.csv"))?;
 
-        let alloc = || free_port().map_err(io_err("finding a free port"));
-        let (etcd_port, peer_port, api_port) = (alloc()?, alloc()?, alloc()?);
+        let alloc = |ip| free_port(ip).map_err(io_err("finding a free port"));
+        let lo = Ipv4Addr::LOCALHOST;
+        let (etcd_port, peer_port) = (alloc(lo)?, alloc(lo)?);
+        let api_port = alloc(opts.bind_address)?;
         c.etcd_port = etcd_port;
-        c.server_url = format!("https://127.0.0.1:{api_port}");
+        let bind = opts.bind_address;
+        c.server_url = format!("https://{bind}:{api_port}");
 
         // etcd: plain HTTP on loopback only.
         let client_url = format!("http://127.0.0.1:{etcd_port}");
@@ -270,8 +295,8 @@ impl Cluster {
         let pki_arg = |flag: &str, name: &str| format!("--{flag}={}", p(name).display());
         let mut args = vec![
             format!("--etcd-servers={client_url}"),
-            "--bind-address=127.0.0.1".to_string(),
-            "--advertise-address=127.0.0.1".to_string(),
+            format!("--bind-address={bind}"),
+            format!("--advertise-address={bind}"),
             format!("--secure-port={api_port}"),
             pki_arg("tls-cert-file", "apiserver.crt"),
             pki_arg("tls-private-key-file", "apiserver.key"),
@@ -287,16 +312,22 @@ impl Cluster {
             // The `kubernetes` Service endpoints would point at 127.0.0.1, which validation
             // refuses; nothing in-cluster needs them.
             "--endpoint-reconciler-type=none".to_string(),
-            // No controller-manager creates the `default` ServiceAccount, so this plugin would
-            // refuse every pod.
-            "--disable-admission-plugins=ServiceAccount".to_string(),
             "--allow-privileged=true".to_string(),
             "--profiling=false".to_string(),
             "--v=0".to_string(),
         ];
+        if !opts.service_account_admission {
+            // No controller-manager creates the `default` ServiceAccount, so this plugin would
+            // refuse every pod.
+            args.push("--disable-admission-plugins=ServiceAccount".to_string());
+        }
         args.extend(opts.extra_apiserver_args.iter().cloned());
         c.apiserver_args = args;
-        c.client = Some(ApiClient::new(&pki.ca_der, api_port, &token)?);
+        c.client = Some(ApiClient::new(
+            &pki.ca_der,
+            SocketAddr::new(IpAddr::V4(bind), api_port),
+            &token,
+        )?);
         c.write_kubeconfig(&pki.ca_pem, &token)?;
         fs::write(dir.join("server-url"), &c.server_url).map_err(io_err("writing server-url"))?;
         c.spawn_apiserver()?;
@@ -315,7 +346,7 @@ impl Cluster {
         &self.kubeconfig
     }
 
-    /// `https://127.0.0.1:<port>`.
+    /// `https://<bind address>:<port>` (by default `https://127.0.0.1:<port>`).
     pub fn server_url(&self) -> &str {
         &self.server_url
     }

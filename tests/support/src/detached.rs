@@ -2,6 +2,7 @@
 //! by another process (`cargo xtask cluster up`), through the files in its data dir.
 
 use std::fs;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -72,21 +73,22 @@ pub fn status(dir: &Path) -> Status {
 }
 
 fn probe_ready(dir: &Path, url: Option<&str>) -> bool {
-    let port = url
-        .and_then(|u| u.rsplit(':').next())
-        .and_then(|p| p.trim().parse::<u16>().ok());
+    let addr = url
+        .and_then(|u| u.trim().strip_prefix("https://"))
+        .and_then(|a| a.parse::<SocketAddr>().ok());
     let ca = fs::read(dir.join("pki").join("ca.der")).ok();
     let token = fs::read_to_string(dir.join("pki").join("admin.token")).ok();
-    let (Some(port), Some(ca), Some(token)) = (port, ca, token) else {
+    let (Some(addr), Some(ca), Some(token)) = (addr, ca, token) else {
         return false;
     };
-    ApiClient::new(&ca, port, token.trim())
+    ApiClient::new(&ca, addr, token.trim())
         .and_then(|c| c.request("GET", "/readyz", None, Duration::from_secs(5)))
         .map(|r| r.status == 200 && r.body.trim() == "ok")
         .unwrap_or(false)
 }
 
-/// Stops the persistent cluster in `dir` (SIGTERM, SIGKILL after 15 s) and removes `dir`.
+/// Stops the persistent cluster in `dir` (SIGTERM, SIGKILL after 15 s; kube-controller-manager
+/// and kube-scheduler too, when a [`crate::RealCluster`] recorded them) and removes `dir`.
 /// Returns whether anything was running.
 pub fn stop(dir: &Path) -> Result<bool, ClusterError> {
     let dir = match fs::canonicalize(dir) {
@@ -94,7 +96,13 @@ pub fn stop(dir: &Path) -> Result<bool, ClusterError> {
         Err(_) => return Ok(false),
     };
     let mut was_running = false;
-    for what in ["kube-apiserver", "etcd"] {
+    // Clients of the apiserver first, etcd last.
+    for what in [
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kube-apiserver",
+        "etcd",
+    ] {
         let Some(pid) = running_pid(&dir, what) else {
             continue;
         };

@@ -50,7 +50,7 @@ pub(crate) struct ApiClient {
 }
 
 impl ApiClient {
-    pub(crate) fn new(ca_der: &[u8], port: u16, token: &str) -> Result<Self, HttpError> {
+    pub(crate) fn new(ca_der: &[u8], addr: SocketAddr, token: &str) -> Result<Self, HttpError> {
         let mut roots = RootCertStore::empty();
         roots.add(CertificateDer::from(ca_der.to_vec()))?;
         let config =
@@ -60,7 +60,7 @@ impl ApiClient {
                 .with_no_client_auth();
         Ok(Self {
             config: Arc::new(config),
-            addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+            addr,
             token: token.to_string(),
         })
     }
@@ -76,7 +76,7 @@ impl ApiClient {
         let tcp = connect(self.addr, timeout)?;
         let conn = ClientConnection::new(
             self.config.clone(),
-            ServerName::IpAddress(Ipv4Addr::LOCALHOST.into()),
+            ServerName::IpAddress(self.addr.ip().into()),
         )?;
         let mut tls = StreamOwned::new(conn, tcp);
         let auth = format!("Authorization: Bearer {}\r\n", self.token);
@@ -95,10 +95,20 @@ fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, HttpError> 
 
 /// A plain-HTTP GET to a loopback port (etcd's `/health`).
 pub(crate) fn plain_get(port: u16, path: &str, timeout: Duration) -> Result<Response, HttpError> {
-    let mut tcp = connect(
+    plain_get_addr(
         SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
+        path,
         timeout,
-    )?;
+    )
+}
+
+/// A plain-HTTP GET (the kubelet's `/healthz`).
+pub(crate) fn plain_get_addr(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<Response, HttpError> {
+    let mut tcp = connect(addr, timeout)?;
     exchange(&mut tcp, "GET", path, "", None)
 }
 

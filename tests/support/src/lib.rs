@@ -52,9 +52,17 @@ mod certs;
 mod cluster;
 pub mod detached;
 mod http;
+pub mod node;
+pub mod oci;
 mod process;
+mod real;
 
-pub use binaries::{ensure_binaries, Binaries, BinariesError, ETCD_VERSION, KUBERNETES_VERSION};
+pub use binaries::{
+    ensure_binaries, ensure_node_binaries, Binaries, BinariesError, NodeBinaries,
+    CONTAINERD_VERSION, ETCD_VERSION, KUBERNETES_VERSION,
+};
 pub use certs::CertError;
 pub use cluster::{Cluster, ClusterError, ClusterOptions, FrozenApiserver};
 pub use http::{HttpError, Response};
+pub use node::{Node, NodeError, NodeOptions};
+pub use real::{RealCluster, RealClusterError, RealClusterOptions};

@@ -88,11 +88,11 @@ static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
 /// A loopback TCP port that was free a moment ago and that this process has not handed out
 /// before (so clusters started in parallel by one test binary never collide; a collision with
 /// another process is caught as "address already in use" and retried by the caller).
-pub(crate) fn free_port() -> io::Result<u16> {
+pub(crate) fn free_port(ip: Ipv4Addr) -> io::Result<u16> {
     let mut seen = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     let seen = seen.get_or_insert_with(HashSet::new);
     for _ in 0..64 {
-        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let l = TcpListener::bind((ip, 0))?;
         let port = l.local_addr()?.port();
         if seen.insert(port) {
             return Ok(port);
@@ -132,8 +132,8 @@ mod tests {
 
     #[test]
     fn free_ports_are_distinct() {
-        let a = free_port().unwrap();
-        let b = free_port().unwrap();
+        let a = free_port(Ipv4Addr::LOCALHOST).unwrap();
+        let b = free_port(Ipv4Addr::LOCALHOST).unwrap();
         assert_ne!(a, b);
     }
 
