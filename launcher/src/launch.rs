@@ -67,6 +67,10 @@ pub struct Options {
     /// Keep the network configuration when the launcher exits (pod mode: the namespace goes
     /// away with the pod).
     pub keep_network: bool,
+    /// Boot the built-in demo guest when the VMI names no `kernelBoot.container` (run mode).
+    /// Pod mode never does: a VMI there always names its kernel image (the operator fills in
+    /// its default), and the demo guest is asked for through an image that carries it.
+    pub demo_guest: bool,
     /// Start from this snapshot instead of booting.
     pub restore: Option<Restore>,
     /// Where a `snapshot` request without a `dir` writes (pod mode: `$MICROVIRT_ROOT/snapshot`,
@@ -187,33 +191,40 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
     })?;
     let mut demo = None;
     let kb = doc.kernel_boot();
-    let mut vm = match kb.and_then(|k| k.container.as_ref()) {
-        None => {
-            let d = DemoKernel::new().map_err(LaunchError::Demo)?;
-            let vm = VmConfig::new(d.path());
-            demo = Some(d);
-            vm
-        }
-        Some(c) => {
-            let k = c
-                .kernel_path
-                .as_deref()
-                .ok_or_else(|| LaunchError::Kernel("kernelPath is required".into()))?;
-            let mut vm = VmConfig::new(kernel_path(&opts.layout, k)?);
-            if let Some(i) = c.initrd_path.as_deref() {
-                vm.initrd = Some(kernel_path(&opts.layout, i)?);
+    let mut vm =
+        match kb.and_then(|k| k.container.as_ref()) {
+            None if !opts.demo_guest => return Err(LaunchError::Kernel(
+                "none given, and a pod never boots the built-in demo guest (the operator fills \
+                 in its --default-kernel-image; the image microvirt/demo-kernel:dev carries the \
+                 demo guest)"
+                    .into(),
+            )),
+            None => {
+                let d = DemoKernel::new().map_err(LaunchError::Demo)?;
+                let vm = VmConfig::new(d.path());
+                demo = Some(d);
+                vm
             }
-            for p in std::iter::once(&vm.kernel).chain(vm.initrd.as_ref()) {
-                if !p.is_file() {
-                    return Err(LaunchError::Kernel(format!(
-                        "{} is not a file",
-                        p.display()
-                    )));
+            Some(c) => {
+                let k = c
+                    .kernel_path
+                    .as_deref()
+                    .ok_or_else(|| LaunchError::Kernel("kernelPath is required".into()))?;
+                let mut vm = VmConfig::new(kernel_path(&opts.layout, k)?);
+                if let Some(i) = c.initrd_path.as_deref() {
+                    vm.initrd = Some(kernel_path(&opts.layout, i)?);
                 }
+                for p in std::iter::once(&vm.kernel).chain(vm.initrd.as_ref()) {
+                    if !p.is_file() {
+                        return Err(LaunchError::Kernel(format!(
+                            "{} is not a file",
+                            p.display()
+                        )));
+                    }
+                }
+                vm
             }
-            vm
-        }
-    };
+        };
     vm.cmdline = kb.and_then(|k| k.kernel_args.clone());
     vm.mem_mib = doc.guest_memory_bytes()?.div_ceil(1 << 20);
     vm.vcpus = doc.vcpus();

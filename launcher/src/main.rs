@@ -28,8 +28,9 @@ usage:
 run: boots the VMI (YAML or JSON) on this machine. The console is the terminal; Ctrl-C or
   SIGTERM asks the guest to shut down (Ctrl-Alt-Del) and stops it after the grace period
   (terminationGracePeriodSeconds, default 30 s; --grace-period overrides); a second signal
-  stops it at once. A VMI without firmware.kernelBoot boots the built-in demo guest; its
-  kernelArgs pick a scenario (testguest.scenario=echo|ctrlaltdel|halt-forever|blk|...).
+  stops it at once. A VMI without firmware.kernelBoot.container boots the built-in demo guest
+  (run only; pod never does); kernelArgs pick its scenario
+  (testguest.scenario=echo|ctrlaltdel|halt-forever|blk|...).
   Local files: kernelPath/initrdPath and containerDisk.path are paths on this machine
   (absolute, or relative to the VMI file's directory; images are not pulled); a
   persistentVolumeClaim's claimName is a path when it contains '/', else a name under
@@ -314,6 +315,7 @@ fn cmd_run(a: RunArgs, start: Clock) -> ExitCode {
             dir,
             paused: a.paused,
         }),
+        demo_guest: true,
     };
     // Keys go to the guest as typed (the guest echoes); Ctrl-C still means shut down.
     let raw = (a.console == Console::Stdio)
@@ -386,6 +388,7 @@ fn cmd_pod(start: Clock) -> ExitCode {
         keep_network: true,
         restore,
         snapshot_dir: Some(root.join("snapshot")),
+        demo_guest: false,
     };
     let outcome = launch(&doc, &opts, false, start);
     finish(outcome, Some(&term_log))

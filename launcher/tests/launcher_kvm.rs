@@ -424,7 +424,9 @@ fn disks_from_volumes_overlay_isolation_pvc_persistence_empty_disk() {
     assert_eq!(std::fs::read(&pvc).unwrap(), img);
 }
 
-/// A fake pod filesystem: MICROVIRT_ROOT with vmi/vmi.json, a termination log path.
+/// A fake pod filesystem: MICROVIRT_ROOT with vmi/vmi.json, the kernelBoot image's mount
+/// with the demo guest at boot/vmlinux (as in microvirt/demo-kernel:dev), a termination log
+/// path.
 struct Pod {
     dir: TempDir,
 }
@@ -434,6 +436,12 @@ impl Pod {
         let dir = TempDir::new(tag);
         std::fs::create_dir_all(dir.path().join("root/vmi")).unwrap();
         std::fs::write(dir.path().join("root/vmi/vmi.json"), vmi_json).unwrap();
+        std::fs::create_dir_all(dir.path().join("root/kernel-boot/boot")).unwrap();
+        std::fs::write(
+            dir.path().join("root/kernel-boot/boot/vmlinux"),
+            launcher::demo::DEMO_GUEST,
+        )
+        .unwrap();
         Pod { dir }
     }
     fn root(&self) -> PathBuf {
@@ -472,7 +480,10 @@ fn pod_document(name: &str, kernel_args: &str, grace: u32) -> String {
             "domain": {
                 "cpu": {"cores": 4},
                 "memory": {"guest": "1Gi"},
-                "firmware": {"kernelBoot": {"kernelArgs": kernel_args}},
+                "firmware": {"kernelBoot": {
+                    "kernelArgs": kernel_args,
+                    "container": {"image": "microvirt/demo-kernel:dev", "kernelPath": "/boot/vmlinux"}
+                }},
                 "devices": {"disks": [{"name": "seed", "disk": {"bus": "virtio"}}]}
             },
             "volumes": [{"name": "seed", "cloudInitNoCloud": {"userData": "#cloud-config\n"}}]
@@ -614,6 +625,25 @@ fn pod_mode_bad_document_writes_the_reason() {
     assert!(out.status.signal().is_none());
     let msg = std::fs::read_to_string(pod.term_log()).unwrap();
     assert!(msg.starts_with("invalid VMI document: "), "{msg}");
+}
+
+#[test]
+fn pod_mode_never_boots_the_demo_guest_unasked() {
+    // A VMI document without kernelBoot.container (the run mode's demo-guest case).
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&pod_document("nokernel", "testguest.scenario=basic", 5)).unwrap();
+    doc["spec"]["domain"]["firmware"]["kernelBoot"]
+        .as_object_mut()
+        .unwrap()
+        .remove("container");
+    let pod = Pod::new("podnokernel", &doc.to_string());
+    let out = pod.cmd(&["pod"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let msg = std::fs::read_to_string(pod.term_log()).unwrap();
+    assert!(msg.contains("never boots the built-in demo guest"), "{msg}");
+    assert!(msg.contains("reason=SetupFailed"), "{msg}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("testguest"));
+    assert!(!pod.probe_ready());
 }
 
 #[test]

@@ -31,6 +31,12 @@ pub struct Config {
     /// of the pod's `ephemeral-storage` request and limit. A guest that writes more to its
     /// containerDisks than this allows gets its pod evicted by the kubelet.
     pub container_disk_overlay: u64,
+    /// kernelBoot image for VMIs that name no `firmware.kernelBoot.container` (the kernel is
+    /// [`DEFAULT_KERNEL_PATH`] inside it). `None`: such VMIs fail (`InvalidSpec`); the launcher
+    /// never falls back to its built-in demo guest in a pod.
+    pub default_kernel_image: Option<String>,
+    /// Kernel command line for those VMIs when they give no `kernelArgs`.
+    pub default_kernel_args: String,
 }
 
 impl Default for Config {
@@ -43,12 +49,21 @@ impl Default for Config {
             default_guest_memory: 128 << 20,
             launcher_scratch: 64 << 20,
             container_disk_overlay: 2 << 30,
+            default_kernel_image: Some(DEFAULT_KERNEL_IMAGE.to_string()),
+            default_kernel_args: DEFAULT_KERNEL_ARGS.to_string(),
         }
     }
 }
 
 /// Default launcher image.
 pub const DEFAULT_LAUNCHER_IMAGE: &str = "microvirt/virt-launcher:dev";
+/// Default guest kernel image: the Linux kernel of `guest-images/` (`cargo xtask oci-images`).
+pub const DEFAULT_KERNEL_IMAGE: &str = "microvirt/guest-kernel:dev";
+/// Where the kernel is inside a default kernel image.
+pub const DEFAULT_KERNEL_PATH: &str = "/boot/vmlinux";
+/// Command line of the default kernel: root on the first disk (the containerDisk of a
+/// KubeVirt-style VMI), as the guest-images root file system expects.
+pub const DEFAULT_KERNEL_ARGS: &str = "root=/dev/vda rw";
 /// Field manager of every server-side apply the operator does.
 pub const FIELD_MANAGER: &str = "microvirt-operator";
 /// Extended resource that grants `/dev/kvm` and `/dev/net/tun`.

@@ -13,7 +13,9 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use clap::Parser;
 use microvirt_crds::quantity::parse_bytes;
-use microvirt_operator::config::{Config, KvmMode, DEFAULT_LAUNCHER_IMAGE};
+use microvirt_operator::config::{
+    Config, KvmMode, DEFAULT_KERNEL_ARGS, DEFAULT_KERNEL_IMAGE, DEFAULT_LAUNCHER_IMAGE,
+};
 use microvirt_operator::controller::{run, RunOptions};
 use microvirt_operator::health::{Health, Role};
 use microvirt_operator::leader::{LeaderConfig, LeaderElector};
@@ -49,6 +51,13 @@ struct Args {
     /// ephemeral-storage).
     #[arg(long, env = "MICROVIRT_CONTAINER_DISK_OVERLAY", default_value = "2Gi")]
     container_disk_overlay: String,
+    /// kernelBoot image for VMIs without firmware.kernelBoot.container (kernel at
+    /// /boot/vmlinux inside it); empty: such VMIs fail.
+    #[arg(long, env = "MICROVIRT_DEFAULT_KERNEL_IMAGE", default_value = DEFAULT_KERNEL_IMAGE)]
+    default_kernel_image: String,
+    /// Kernel command line for those VMIs when they give no kernelArgs.
+    #[arg(long, default_value = DEFAULT_KERNEL_ARGS)]
+    default_kernel_args: String,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "MICROVIRT_WATCH_NAMESPACE")]
     namespace: Option<String>,
@@ -135,6 +144,8 @@ async fn operate(args: Args) -> Result<()> {
         launcher_scratch: parse_bytes(&args.launcher_scratch).context("--launcher-scratch")?,
         container_disk_overlay: parse_bytes(&args.container_disk_overlay)
             .context("--container-disk-overlay")?,
+        default_kernel_image: Some(args.default_kernel_image.clone()).filter(|s| !s.is_empty()),
+        default_kernel_args: args.default_kernel_args.clone(),
         ..Config::default()
     };
     let identity = args

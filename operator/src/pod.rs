@@ -13,10 +13,12 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 use microvirt_crds::quantity::{self, format_bytes, QuantityError};
-use microvirt_crds::vmi::{PullPolicy, VirtualMachineInstance, ANNOTATION_VMI_UID, LABEL_VMI_NAME};
+use microvirt_crds::vmi::{
+    KernelBootContainer, PullPolicy, VirtualMachineInstance, ANNOTATION_VMI_UID, LABEL_VMI_NAME,
+};
 use serde::Serialize;
 
-use crate::config::{Config, KvmMode, KVM_RESOURCE};
+use crate::config::{Config, KvmMode, DEFAULT_KERNEL_PATH, KVM_RESOURCE};
 
 /// Annotation carrying the VMI document the launcher reads (through the downward API).
 pub const ANNOTATION_VMI_SPEC: &str = "microvirt.io/vmi-spec";
@@ -58,6 +60,12 @@ pub enum PodError {
         volume: String,
         source: QuantityError,
     },
+    /// The VMI names no kernel image and the operator has no default one.
+    #[error(
+        "no guest kernel: the VMI names no firmware.kernelBoot.container and the operator runs \
+         without --default-kernel-image"
+    )]
+    NoKernel,
 }
 
 /// The document handed to the launcher at `/var/run/microvirt/vmi/vmi.json`.
@@ -159,6 +167,42 @@ pub fn empty_disk_dir(volume: &str) -> String {
 /// Mount path of the kernel boot image.
 pub const KERNEL_BOOT_DIR: &str = "/var/run/microvirt/kernel-boot";
 
+/// The spec the launcher gets: the VMI's, with the operator's default kernel image (and, when
+/// the VMI has none, kernel arguments) filled in when it names no kernelBoot container. A pod
+/// never boots the launcher's built-in demo guest: that takes an image that carries it.
+pub fn launcher_spec(
+    vmi: &VirtualMachineInstance,
+    cfg: &Config,
+) -> Result<microvirt_crds::VirtualMachineInstanceSpec, PodError> {
+    let mut spec = vmi.spec.clone();
+    let has_kernel = spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
+        .is_some_and(|k| k.container.is_some());
+    if has_kernel {
+        return Ok(spec);
+    }
+    let image = cfg.default_kernel_image.clone().ok_or(PodError::NoKernel)?;
+    let kb = spec
+        .domain
+        .firmware
+        .get_or_insert_with(Default::default)
+        .kernel_boot
+        .get_or_insert_with(Default::default);
+    kb.container = Some(KernelBootContainer {
+        image,
+        kernel_path: Some(DEFAULT_KERNEL_PATH.to_string()),
+        initrd_path: None,
+        image_pull_policy: None,
+    });
+    if kb.kernel_args.is_none() {
+        kb.kernel_args = Some(cfg.default_kernel_args.clone());
+    }
+    Ok(spec)
+}
+
 /// The launcher pod for a VMI. `block` names the persistentVolumeClaim volumes whose claims
 /// have `volumeMode: Block`: they reach the launcher as devices (`volumeDevices`).
 pub fn desired_pod(
@@ -187,6 +231,7 @@ pub fn desired_pod(
 
     let guest_memory = guest_memory_bytes(vmi, cfg)?;
     let vcpus = vmi.spec.vcpus().max(1);
+    let spec = launcher_spec(vmi, cfg)?;
     let doc = LauncherDocument {
         api_version: "microvirt.io/v1alpha1",
         kind: "VirtualMachineInstance",
@@ -195,7 +240,7 @@ pub fn desired_pod(
             namespace,
             uid,
         },
-        spec: &vmi.spec,
+        spec: &spec,
         guest_memory_bytes: guest_memory,
         vcpus,
     };
@@ -379,8 +424,7 @@ pub fn desired_pod(
         }
         // cloudInitNoCloud: the data is in the VMI document; the launcher builds the seed disk.
     }
-    if let Some(kc) = vmi
-        .spec
+    if let Some(kc) = spec
         .domain
         .firmware
         .as_ref()
@@ -841,10 +885,76 @@ mod tests {
         let mut created = desired.clone();
         let vols = created.spec.as_mut().unwrap().volumes.as_mut().unwrap();
         vols.retain(|v| v.image.is_none());
+        // The containerDisk and the (default) kernel image are both image volumes.
         assert_eq!(
             missing_volumes(&desired, &created),
-            vec!["vol-0".to_string()]
+            vec!["vol-0".to_string(), "kernel-boot".to_string()]
         );
+    }
+
+    #[test]
+    fn kernel_less_vmis_get_the_default_kernel_image() {
+        let kernel_image = |pod: &Pod| -> Option<String> {
+            pod.spec.as_ref()?.volumes.as_ref()?.iter().find_map(|v| {
+                (v.name == "kernel-boot").then(|| v.image.as_ref()?.reference.clone())?
+            })
+        };
+        let doc = |pod: &Pod| -> serde_json::Value {
+            serde_json::from_str(&pod.metadata.annotations.as_ref().unwrap()[ANNOTATION_VMI_SPEC])
+                .unwrap()
+        };
+        // No kernelBoot at all: default image, path and arguments.
+        let v = vmi(spec(Some("64Mi"), None));
+        let pod = desired_pod(&v, &Config::default(), &BlockVolumes::new()).unwrap();
+        assert_eq!(
+            kernel_image(&pod).as_deref(),
+            Some(crate::config::DEFAULT_KERNEL_IMAGE)
+        );
+        let kb = &doc(&pod)["spec"]["domain"]["firmware"]["kernelBoot"];
+        assert_eq!(kb["container"]["kernelPath"], DEFAULT_KERNEL_PATH);
+        assert_eq!(kb["kernelArgs"], crate::config::DEFAULT_KERNEL_ARGS);
+        // The VMI object itself is not changed.
+        assert!(v.spec.domain.firmware.is_none());
+
+        // kernelArgs without a container: the VMI's arguments stay.
+        let mut sp = spec(Some("64Mi"), None);
+        sp.domain.firmware = Some(microvirt_crds::vmi::Firmware {
+            kernel_boot: Some(microvirt_crds::vmi::KernelBoot {
+                kernel_args: Some("quiet".into()),
+                container: None,
+            }),
+        });
+        let pod = desired_pod(&vmi(sp.clone()), &Config::default(), &BlockVolumes::new()).unwrap();
+        assert_eq!(
+            doc(&pod)["spec"]["domain"]["firmware"]["kernelBoot"]["kernelArgs"],
+            "quiet"
+        );
+
+        // A VMI naming its kernel image keeps it.
+        sp.domain
+            .firmware
+            .as_mut()
+            .unwrap()
+            .kernel_boot
+            .as_mut()
+            .unwrap()
+            .container = Some(KernelBootContainer {
+            image: "my/kernel:1".into(),
+            kernel_path: Some("/k".into()),
+            ..Default::default()
+        });
+        let pod = desired_pod(&vmi(sp), &Config::default(), &BlockVolumes::new()).unwrap();
+        assert_eq!(kernel_image(&pod).as_deref(), Some("my/kernel:1"));
+
+        // No default configured: the VMI cannot run (never the demo guest).
+        let cfg = Config {
+            default_kernel_image: None,
+            ..Config::default()
+        };
+        assert!(matches!(
+            desired_pod(&vmi(spec(Some("64Mi"), None)), &cfg, &BlockVolumes::new()),
+            Err(PodError::NoKernel)
+        ));
     }
 
     #[test]

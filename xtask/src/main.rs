@@ -10,6 +10,7 @@ mod cluster;
 mod demo;
 mod fuzz;
 mod images;
+mod oci_images;
 mod setup;
 mod test;
 mod testhost;
@@ -32,7 +33,9 @@ fn usage() -> &'static str {
      \x20 images          build (or find cached) the guest kernel + rootfs, print their paths\n\
      \x20 testhost [SCENARIO...|--list]  run end-to-end scenarios in the QEMU-TCG test host\n\
      \x20 bench-testhost [RUNS] [--initrd] [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE]  microvm vs QEMU -M microvm boot time and RSS, Linux restores, in the test host\n\
-     \x20 cluster up|down|status  a persistent private etcd + kube-apiserver on 127.0.0.1\n\
+     \x20 cluster up [--control-plane-only]|down|status  a persistent single-node cluster with\n\
+     \x20                 microvirt installed (or only etcd + kube-apiserver)\n\
+     \x20 oci-images [--no-linux]  build microvirt's container images (OCI archives), print them\n\
      \x20 testguest       build the no_std test guest, print its image paths (pvh, linux64, bzimage)\n"
 }
 
@@ -51,6 +54,7 @@ fn main() -> Result<()> {
         "fuzz" => fuzz::main(rest),
         "cluster" => cluster::main(rest),
         "images" => images::main(rest),
+        "oci-images" => oci_images::main(rest),
         "testhost" => testhost::main(rest),
         "bench-testhost" => testhost::bench_main(rest),
         "testguest" => {

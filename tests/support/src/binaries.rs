@@ -377,7 +377,7 @@ fn cache_key(recipe_version: &str, go_version: &str, recipes: &[GoBinary]) -> St
 
 /// The cache root: `$MICROVIRT_CACHE_DIR`, else `$XDG_CACHE_HOME/microvirt`, else
 /// `$HOME/.cache/microvirt`.
-pub(crate) fn cache_root() -> Result<PathBuf, BinariesError> {
+pub fn cache_root() -> Result<PathBuf, BinariesError> {
     let env = |k: &str| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())

@@ -58,7 +58,7 @@ mod process;
 mod real;
 
 pub use binaries::{
-    ensure_binaries, ensure_node_binaries, Binaries, BinariesError, NodeBinaries,
+    cache_root, ensure_binaries, ensure_node_binaries, Binaries, BinariesError, NodeBinaries,
     CONTAINERD_VERSION, ETCD_VERSION, KUBERNETES_VERSION,
 };
 pub use certs::CertError;
