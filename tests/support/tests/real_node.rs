@@ -211,13 +211,12 @@ fn a_real_node_runs_pods_and_leaves_nothing_behind() -> Result {
 
     // A missing image with pullPolicy Never: a clear reason, nothing hangs.
     kubectl(&rc, &["-n", "t", "apply", "-f", "-"], Some(MISSING))?;
-    let reason = wait_for("ErrImageNeverPull", Duration::from_secs(60), || {
+    let message = wait_for("ErrImageNeverPull", Duration::from_secs(60), || {
         let p = pod(&rc, "t", "missing")?;
-        p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"]
-            .as_str()
-            .map(str::to_string)
+        let w = &p["status"]["containerStatuses"][0]["state"]["waiting"];
+        (w["reason"] == "ErrImageNeverPull").then(|| w["message"].to_string())
     })?;
-    assert_eq!(reason, "ErrImageNeverPull");
+    assert!(message.contains("does-not-exist"), "{message}");
 
     // Pod deletion frees the pod's address on the node.
     kubectl(

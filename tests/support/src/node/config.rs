@@ -110,8 +110,9 @@ pub fn containerd_toml(paths: &NodePaths, sandbox_image: &str, runc: &Path) -> S
 }
 
 /// The CNI network list: a Linux bridge with host-local IPAM, the bridge being the pods'
-/// gateway; no IP masquerade (the subnet is only reachable from this machine), hairpin on so a
-/// pod reaches itself through its own IP.
+/// default gateway (the node's namespace has no default route, so nothing leaves the machine:
+/// pods reach the node, the host's veth end and, through DNAT, the apiserver); no IP
+/// masquerade; hairpin on so a pod reaches itself through its own IP.
 pub fn cni_conflist(paths: &NodePaths, net: &NodeNetwork) -> String {
     format!(
         r#"{{
@@ -127,6 +128,7 @@ pub fn cni_conflist(paths: &NodePaths, net: &NodeNetwork) -> String {
       "ipam": {{
         "type": "host-local",
         "ranges": [[{{"subnet": "{cidr}"}}]],
+        "routes": [{{"dst": "0.0.0.0/0"}}],
         "dataDir": "{data}"
       }}
     }}
@@ -196,11 +198,11 @@ pub fn nft_rules(net: &NodeNetwork, apiserver_port: u16) -> String {
     format!(
         "table ip microvirt-node {{\n\
          \x20 chain prerouting {{\n\
-         \x20   type nat hook prerouting priority dstnat; policy accept;\n\
+         \x20   type nat hook prerouting priority -100; policy accept;\n\
          \x20   ip daddr {svc} tcp dport 443 dnat to {host}:{port}\n\
          \x20 }}\n\
          \x20 chain output {{\n\
-         \x20   type nat hook output priority dstnat; policy accept;\n\
+         \x20   type nat hook output priority -100; policy accept;\n\
          \x20   ip daddr {svc} tcp dport 443 dnat to {host}:{port}\n\
          \x20 }}\n\
          }}\n",
@@ -249,6 +251,7 @@ mod tests {
         assert!(k.contains("containerRuntimeEndpoint: unix:///run/x/containerd.sock\n"));
         let c: serde_json::Value = serde_json::from_str(&cni_conflist(&paths(), &net)).unwrap();
         assert_eq!(c["plugins"][0]["ipMasq"], false);
+        assert_eq!(c["plugins"][0]["ipam"]["routes"][0]["dst"], "0.0.0.0/0");
         assert_eq!(
             c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
             "10.244.0.0/24"
