@@ -154,6 +154,19 @@ fn set_condition(
     reason: &str,
     now: &Time,
 ) {
+    set_condition_msg(conditions, old, type_, status, reason, None, now);
+}
+
+/// [`set_condition`] with a message.
+fn set_condition_msg(
+    conditions: &mut Vec<VmiCondition>,
+    old: &[VmiCondition],
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: Option<String>,
+    now: &Time,
+) {
     let status_s = if status { "True" } else { "False" };
     let prev = old.iter().find(|c| c.type_ == type_);
     let last_transition_time = match prev {
@@ -164,9 +177,48 @@ fn set_condition(
         type_: type_.into(),
         status: status_s.into(),
         reason: Some(reason.into()),
-        message: None,
+        message,
         last_transition_time,
     });
+}
+
+/// Why a launcher pod that is not running yet is stuck, as the kubelet and scheduler report
+/// it: the pod's `PodScheduled=False` (e.g. `Unschedulable`, "0/1 nodes are available: 1
+/// Insufficient memory"), or the compute container waiting with a reason other than the
+/// normal `ContainerCreating`/`PodInitializing` (`ErrImagePull`, `ImagePullBackOff`,
+/// `ErrImageNeverPull`, `CreateContainerError`, …). KubeVirt shows the same on the VMI.
+pub fn pod_not_running_reason(pod: &Pod) -> Option<(&'static str, String, String)> {
+    let st = pod.status.as_ref()?;
+    if let Some(c) = st
+        .conditions
+        .as_ref()
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
+        .filter(|c| c.status == "False")
+    {
+        return Some((
+            "PodScheduled",
+            c.reason.clone().unwrap_or_else(|| "Unschedulable".into()),
+            c.message.clone().unwrap_or_default(),
+        ));
+    }
+    let waiting = st
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == COMPUTE_CONTAINER)?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()?;
+    let reason = waiting.reason.clone()?;
+    if matches!(reason.as_str(), "ContainerCreating" | "PodInitializing") {
+        return None;
+    }
+    Some((
+        "Ready",
+        reason,
+        waiting.message.clone().unwrap_or_default(),
+    ))
 }
 
 /// The status a VMI should have, given its launcher pod (`None` when there is none) and `now`.
@@ -308,18 +360,43 @@ pub fn desired_status(
         });
     }
     let mut conditions = Vec::new();
-    set_condition(
-        &mut conditions,
-        &old.conditions,
-        "Ready",
-        ready,
-        if ready {
-            "GuestBooted"
-        } else {
-            "GuestNotReady"
-        },
-        now,
-    );
+    let stuck = pod
+        .filter(|_| matches!(phase, VmiPhase::Scheduling | VmiPhase::Scheduled))
+        .and_then(pod_not_running_reason);
+    match &stuck {
+        Some(("Ready", why, msg)) => set_condition_msg(
+            &mut conditions,
+            &old.conditions,
+            "Ready",
+            false,
+            why,
+            Some(msg.clone()).filter(|m| !m.is_empty()),
+            now,
+        ),
+        _ => set_condition(
+            &mut conditions,
+            &old.conditions,
+            "Ready",
+            ready,
+            if ready {
+                "GuestBooted"
+            } else {
+                "GuestNotReady"
+            },
+            now,
+        ),
+    }
+    if let Some(("PodScheduled", why, msg)) = &stuck {
+        set_condition_msg(
+            &mut conditions,
+            &old.conditions,
+            "PodScheduled",
+            false,
+            why,
+            Some(msg.clone()).filter(|m| !m.is_empty()),
+            now,
+        );
+    }
     if phase.is_final() {
         // The launcher is gone: nothing is paused any more.
         set_condition(
@@ -548,6 +625,67 @@ mod tests {
         assert_eq!(st.phase, Some(VmiPhase::Failed));
         assert_eq!(st.reason.as_deref(), Some(REASON_RESUME_FAILED));
         assert!(st.message.unwrap().contains("no launcher"));
+    }
+
+    #[test]
+    fn why_a_pod_is_not_running_shows_on_the_vmi() {
+        use k8s_openapi::api::core::v1::ContainerStateWaiting;
+        let v = vmi();
+        let now = t(100);
+        let cond = |st: &VirtualMachineInstanceStatus, ty: &str| {
+            st.conditions
+                .iter()
+                .find(|c| c.type_ == ty)
+                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+        };
+        // Unschedulable: the scheduler's message.
+        let mut p = pod(None, None, "Pending", false);
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "False".into(),
+            reason: Some("Unschedulable".into()),
+            message: Some("0/1 nodes are available: 1 Insufficient memory.".into()),
+            ..Default::default()
+        }]);
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Scheduling));
+        assert_eq!(
+            cond(&st, "PodScheduled"),
+            Some((
+                "False".into(),
+                Some("Unschedulable".into()),
+                Some("0/1 nodes are available: 1 Insufficient memory.".into())
+            ))
+        );
+        // An image that cannot be pulled: the kubelet's reason and message on Ready.
+        let waiting = |reason: &str| {
+            Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(reason.into()),
+                    message: Some(format!("{reason}: details")),
+                }),
+                ..Default::default()
+            })
+        };
+        let p = pod(Some("n1"), waiting("ImagePullBackOff"), "Pending", false);
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Scheduled));
+        assert_eq!(
+            cond(&st, "Ready"),
+            Some((
+                "False".into(),
+                Some("ImagePullBackOff".into()),
+                Some("ImagePullBackOff: details".into())
+            ))
+        );
+        assert_eq!(cond(&st, "PodScheduled"), None);
+        // Normal start-up is not an error.
+        let p = pod(Some("n1"), waiting("ContainerCreating"), "Pending", false);
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(
+            cond(&st, "Ready").unwrap().1.as_deref(),
+            Some("GuestNotReady")
+        );
     }
 
     #[test]

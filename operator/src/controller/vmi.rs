@@ -198,6 +198,14 @@ async fn apply(
             .await
         {
             Ok(p) => p,
+            // A namespace created a moment ago has no `default` ServiceAccount yet (the
+            // controller-manager makes it): the ServiceAccount admission plugin refuses the
+            // pod with 403 until then. Transient: retry.
+            Err(kube::Error::Api(s))
+                if s.code == 403 && s.message.contains("error looking up service account") =>
+            {
+                return Ok(Action::requeue(Duration::from_millis(500)));
+            }
             // The API server refuses the pod (e.g. image volumes disabled, quota, policy):
             // that will not fix itself, so the VMI fails with the server's message.
             Err(kube::Error::Api(s)) if s.code == 422 || s.code == 403 => {

@@ -249,6 +249,10 @@ impl Node {
                 report.problems.join("; ")
             );
         }
+        // Before anything is created: which of the fixed paths are ours to remove later.
+        fs::create_dir_all(paths.base())
+            .map_err(io_err(format!("creating {}", paths.base().display())))?;
+        teardown::record_fixed_paths(&paths).map_err(io_err("recording fixed paths"))?;
         let logs = paths.logs();
         let _ = fs::remove_dir_all(&logs);
         for d in [
@@ -264,7 +268,6 @@ impl Node {
         ] {
             fs::create_dir_all(&d).map_err(io_err(format!("creating {}", d.display())))?;
         }
-        teardown::record_fixed_paths(&paths).map_err(io_err("recording fixed paths"))?;
         teardown::record_sysctls(&paths).map_err(io_err("recording kernel settings"))?;
 
         // The holder keeps the namespace alive and, for a persistent node, the lock held.

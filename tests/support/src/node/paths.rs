@@ -7,6 +7,9 @@ pub const DEFAULT_BASE: &str = "/var/lib/microvirt-node";
 /// Default runtime (tmpfs) directory of the node.
 pub const DEFAULT_RUN: &str = "/run/microvirt-node";
 
+/// The kubelet's root directory.
+pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
+
 /// Paths fixed by the kubelet and containerd regardless of their configured directories. Each
 /// is removed at teardown if the node created it (recorded in [`NodePaths::created_record`]).
 pub const FIXED_PATHS: &[&str] = &[
@@ -100,9 +103,11 @@ impl NodePaths {
         self.base.join("cni/ipam")
     }
 
-    /// The kubelet's root directory (pod volumes, its serving certificate).
+    /// The kubelet's root directory (pod volumes, its serving certificate): the standard
+    /// `/var/lib/kubelet`, since node agents (virt-handler) find launcher pods' volumes there
+    /// and the device-plugin directory inside it is fixed anyway.
     pub fn kubelet_root(&self) -> PathBuf {
-        self.base.join("kubelet")
+        PathBuf::from(KUBELET_ROOT)
     }
 
     /// The kubelet's configuration file.
@@ -149,7 +154,7 @@ impl NodePaths {
     /// filesystems and pod network namespaces under containerd's state, pod volumes under the
     /// kubelet's root).
     pub fn mount_roots(&self) -> Vec<PathBuf> {
-        vec![self.base.clone(), self.run.clone()]
+        vec![self.base.clone(), self.run.clone(), self.kubelet_root()]
     }
 }
 
