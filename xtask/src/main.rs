@@ -6,6 +6,7 @@ use anyhow::{bail, Result};
 
 mod bench;
 mod bench_snapshot;
+mod bench_node;
 mod cluster;
 mod demo;
 mod fuzz;
@@ -35,6 +36,7 @@ fn usage() -> &'static str {
      \x20 bench-testhost [RUNS] [--initrd] [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE]  microvm vs QEMU -M microvm boot time and RSS, Linux restores, in the test host\n\
      \x20 cluster up [--control-plane-only]|down|status  a persistent single-node cluster with\n\
      \x20                 microvirt installed (or only etcd + kube-apiserver)\n\
+     \x20 bench-node [COUNT]  real-node benchmark: VMI create -> Running/Ready latency, memory per VMI\n\
      \x20 oci-images [--no-linux]  build microvirt's container images (OCI archives), print them\n\
      \x20 testguest       build the no_std test guest, print its image paths (pvh, linux64, bzimage)\n"
 }
@@ -55,6 +57,7 @@ fn main() -> Result<()> {
         "cluster" => cluster::main(rest),
         "images" => images::main(rest),
         "oci-images" => oci_images::main(rest),
+        "bench-node" => bench_node::main(rest),
         "testhost" => testhost::main(rest),
         "bench-testhost" => testhost::bench_main(rest),
         "testguest" => {

@@ -6,9 +6,12 @@
 //!    `microvirt-crds` without its `kube` feature, as the launcher uses it);
 //! 3. release build of `microvm` (the end-to-end tests run it inside the test host);
 //! 4. `cargo test --workspace`: unit tests, KVM integration tests with the test guest,
-//!    controller tests against a real kube-apiserver + etcd, and the QEMU-TCG test-host
-//!    end-to-end scenarios with real Linux guests. Slow artifacts (guest kernel, rootfs,
-//!    kube-apiserver, etcd) are built once and cached under ~/.cache/microvirt by content hash;
+//!    controller tests against a real kube-apiserver + etcd, the QEMU-TCG test-host
+//!    end-to-end scenarios with real Linux guests, and the whole-system tests on a real
+//!    single-node cluster (`tests/e2e`). Slow artifacts (guest kernel, rootfs, the Kubernetes
+//!    components, containerd, container images) are built once and cached under
+//!    ~/.cache/microvirt by content hash. The Go builds start in the background right away, so
+//!    they overlap with the Rust compilation; the tests that need them wait for them;
 //! 5. fuzzing: every coverage-guided fuzz target in `fuzz/` for [`fuzz::TEST_SECS`] seconds
 //!    from the committed corpus (`cargo xtask fuzz`); a crash fails the run and names the
 //!    reproducer.
@@ -43,6 +46,12 @@ const PACKAGES: &[&str] = &[
     "gcc",
     // Go toolchain fallback for kube-apiserver/etcd builds is the machine's /usr/local/go
     "ca-certificates",
+    // the real node (tests/support real_node, tests/e2e): runtime, CNI plugins, nft in the
+    // node's namespace; objcopy strips the dev binaries that go into the test images
+    "runc",
+    "containernetworking-plugins",
+    "nftables",
+    "binutils",
 ];
 
 fn phase<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -81,6 +90,14 @@ pub fn main(args: &[String]) -> Result<()> {
     let root = crate::workspace_root();
     let total = Instant::now();
     phase("set-up: Debian packages", || ensure_packages(PACKAGES))?;
+    // The Go builds (minutes cold, cached by input hash) overlap with everything below.
+    let go_builds = std::thread::spawn(|| {
+        let t = Instant::now();
+        let r = microvirt_testsupport::ensure_binaries()
+            .map(|_| ())
+            .and_then(|()| microvirt_testsupport::ensure_node_binaries().map(|_| ()));
+        (r, t.elapsed())
+    });
     if !skip_lint {
         phase("cargo fmt --check", || {
             cargo(&["fmt", "--all", "--", "--check"])
@@ -122,7 +139,16 @@ pub fn main(args: &[String]) -> Result<()> {
         test_args.push("--");
         test_args.extend(extra);
     }
-    phase("cargo test --workspace", || cargo(&test_args))?;
+    let tests = phase("cargo test --workspace", || cargo(&test_args));
+    match go_builds.join() {
+        Ok((Ok(()), took)) => println!(
+            "(background) etcd, Kubernetes components and containerd ready after {:.1}s",
+            took.as_secs_f64()
+        ),
+        Ok((Err(e), _)) => println!("(background) Go builds failed: {e}"),
+        Err(_) => println!("(background) Go build thread panicked"),
+    }
+    tests?;
     if !skip_fuzz {
         phase("fuzzing (every target, from the committed corpus)", || {
             let summary = fuzz::run(&fuzz::Options::all(fuzz::TEST_SECS))?;

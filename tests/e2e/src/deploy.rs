@@ -43,6 +43,9 @@ pub fn install(rc: &RealCluster, images: &[BuiltImage]) -> Result<()> {
         "--all",
         "--timeout=120s",
     ])?;
+    // The namespaces first: `apply -f deploy/` goes through the files in name order.
+    let ns = deploy_dir().join("namespace.yaml").display().to_string();
+    k.run(&["apply", "-f", &ns])?;
     let deploy = deploy_dir().display().to_string();
     k.run(&["apply", "-f", &deploy])?;
     wait_operator(&k, Duration::from_secs(180)).map(|_| ())

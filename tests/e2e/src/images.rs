@@ -39,25 +39,45 @@ pub fn full_name(short: &str) -> String {
     }
 }
 
+/// Which cargo profile the binaries in the images come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// `--release` (LTO): what people deploy and the benchmark measures.
+    Release,
+    /// The dev profile `cargo test` builds anyway, debug info stripped: the whole-system tests
+    /// use it so CI compiles nothing twice.
+    Dev,
+}
+
 /// Which images to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageSet {
     /// The Linux guest images (kernel build, minutes cold; cached by `cargo xtask images`).
     pub linux_guest: bool,
-    /// The virt-handler image (needs the `microvirt-handler` crate).
+    /// The virt-handler image.
     pub handler: bool,
+    /// Where the binaries come from.
+    pub profile: Profile,
 }
 
 impl ImageSet {
-    /// Everything (`cargo xtask oci-images`, `cargo xtask cluster up`).
+    /// Everything, release binaries (`cargo xtask oci-images`, `cargo xtask cluster up`).
     pub const ALL: ImageSet = ImageSet {
         linux_guest: true,
         handler: true,
+        profile: Profile::Release,
     };
-    /// What the whole-system tests boot: binaries and the demo guest.
+    /// What the whole-system tests boot: binaries (dev profile) and the demo guest.
     pub const TESTS: ImageSet = ImageSet {
         linux_guest: false,
         handler: true,
+        profile: Profile::Dev,
+    };
+    /// The benchmark: release binaries and the demo guest.
+    pub const BENCH: ImageSet = ImageSet {
+        linux_guest: false,
+        handler: true,
+        profile: Profile::Release,
     };
 }
 
@@ -81,12 +101,14 @@ fn target_dir() -> PathBuf {
     }
 }
 
-/// `cargo build --release` of the binaries that go into images; returns their directory.
-pub fn build_release_binaries(set: ImageSet) -> Result<PathBuf> {
+/// `cargo build [--release]` of the binaries that go into images; returns their directory.
+pub fn build_binaries(set: ImageSet) -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut args = vec![
-        "build",
-        "--release",
+    let mut args = vec!["build"];
+    if set.profile == Profile::Release {
+        args.push("--release");
+    }
+    args.extend([
         "-p",
         "microvirt-launcher",
         "--bin",
@@ -95,7 +117,7 @@ pub fn build_release_binaries(set: ImageSet) -> Result<PathBuf> {
         "microvirt-operator",
         "--bin",
         "virt-operator",
-    ];
+    ]);
     if set.handler {
         args.extend(["-p", "microvirt-handler", "--bin", "virt-handler"]);
     }
@@ -106,11 +128,36 @@ pub fn build_release_binaries(set: ImageSet) -> Result<PathBuf> {
         .env("CARGO_TARGET_DIR", &target)
         .args(&args)
         .status()
-        .context("running cargo build --release")?;
+        .context("running cargo build")?;
     if !st.success() {
         bail!("cargo {} failed ({st})", args.join(" "));
     }
-    Ok(target.join("release"))
+    Ok(target.join(match set.profile {
+        Profile::Release => "release",
+        Profile::Dev => "debug",
+    }))
+}
+
+/// A copy of a dev-profile binary without debug info (a tenth of the size), next to it.
+fn stripped(bin: &Path) -> Result<PathBuf> {
+    let dir = bin
+        .parent()
+        .context("binary without a directory")?
+        .join("oci-stripped");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let out = dir.join(bin.file_name().context("binary without a name")?);
+    let tmp = out.with_extension("tmp");
+    let st = Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(bin)
+        .arg(&tmp)
+        .status()
+        .context("running objcopy (binutils)")?;
+    if !st.success() {
+        bail!("objcopy --strip-debug {} failed ({st})", bin.display());
+    }
+    std::fs::rename(&tmp, &out).with_context(|| format!("moving {}", out.display()))?;
+    Ok(out)
 }
 
 fn binary_image(name: &str, bin: &Path, dest: &str) -> Result<Image> {
@@ -142,23 +189,30 @@ fn binary_image(name: &str, bin: &Path, dest: &str) -> Result<Image> {
 /// Builds (or finds cached) the images of `set`; archives go to `<cache root>/oci/`.
 pub fn build(set: ImageSet) -> Result<Vec<BuiltImage>> {
     let cache = microvirt_testsupport::cache_root()?.join("oci");
-    let bins = build_release_binaries(set)?;
+    let bins = build_binaries(set)?;
+    let bin = |name: &str| -> Result<PathBuf> {
+        let p = bins.join(name);
+        match set.profile {
+            Profile::Release => Ok(p),
+            Profile::Dev => stripped(&p),
+        }
+    };
     let mut images = vec![
         binary_image(
             LAUNCHER,
-            &bins.join("virt-launcher"),
+            &bin("virt-launcher")?,
             "usr/bin/virt-launcher",
         )?,
         binary_image(
             OPERATOR,
-            &bins.join("virt-operator"),
+            &bin("virt-operator")?,
             "usr/bin/virt-operator",
         )?,
     ];
     if set.handler {
         images.push(binary_image(
             HANDLER,
-            &bins.join("virt-handler"),
+            &bin("virt-handler")?,
             "usr/bin/virt-handler",
         )?);
     }

@@ -5,6 +5,7 @@
 //! `cargo xtask cluster up` and `cargo xtask oci-images` use this crate too, so people get
 //! exactly the cluster the tests run on.
 
+pub mod bench;
 pub mod deploy;
 pub mod images;
 pub mod kube;

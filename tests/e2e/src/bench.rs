@@ -1,0 +1,560 @@
+//! The real-node benchmark (`cargo xtask bench-node`): VMI start-up latency and memory per VMI
+//! on a single-node cluster from real parts, demo guest from the `microvirt/demo-kernel:dev`
+//! kernelBoot image.
+//!
+//! Shapes (KubeVirt's perf-scale CI): N VMIs created 100 ms apart, and a VMIRS scaled 0 → N.
+//! The guest boots, writes the boot timer and halts its vCPU (`halt-forever`): an idle VMI
+//! that uses no CPU, as a real idle guest would.
+//! Intervals, from the create (or the scale) as the client saw it, to the first watch event
+//! showing: the launcher pod Running, the VMI Running, the VMI Ready (guest booted). Watches
+//! are `kubectl get -w -o json` streams timestamped on arrival, so the numbers include the
+//! watch delivery (a few ms) like any client's view. Memory: RSS and PSS of each launcher and
+//! of its runtime helpers (containerd shim, sandbox `pause`), and the part of the launcher's
+//! RSS that is guest RAM the guest touched.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::io::BufReader;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use microvirt_testsupport::RealCluster;
+use serde_json::Value;
+
+use crate::images::{DEMO_KERNEL, KERNEL_PATH};
+use crate::kube::{condition_true, wait_for, Kubectl, TestNamespace};
+
+/// Benchmark parameters.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// VMIs per shape (KubeVirt's CI uses 100; 50 here).
+    pub count: usize,
+    /// Gap between creates in the first shape.
+    pub interval: Duration,
+    /// Guest memory of each VMI (MiB).
+    pub guest_mib: u32,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        Self {
+            count: 50,
+            interval: Duration::from_millis(100),
+            guest_mib: 32,
+        }
+    }
+}
+
+/// Times (since the benchmark's epoch) at which each VMI (by name) was first seen in a state.
+#[derive(Default, Debug)]
+struct Seen {
+    pod_running: BTreeMap<String, Duration>,
+    vmi_running: BTreeMap<String, Duration>,
+    vmi_ready: BTreeMap<String, Duration>,
+}
+
+/// A `kubectl get KIND -w -o json` stream feeding [`Seen`].
+struct Watch {
+    child: Child,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+fn compute_running(pod: &Value) -> bool {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["name"] == "compute" && c["state"]["running"].is_object())
+}
+
+impl Watch {
+    fn start(
+        k: &Kubectl,
+        ns: &str,
+        kind: &'static str,
+        epoch: Instant,
+        seen: Arc<Mutex<Seen>>,
+    ) -> Result<Self> {
+        let mut child = k
+            .command()
+            .args(["-n", ns, "get", kind, "-w", "-o", "json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("kubectl get -w")?;
+        let out = child.stdout.take().context("kubectl stdout")?;
+        let thread = thread::spawn(move || {
+            let stream = serde_json::Deserializer::from_reader(BufReader::new(out));
+            for v in stream.into_iter::<Value>() {
+                let Ok(v) = v else { break };
+                let t = epoch.elapsed();
+                let Some(name) = v["metadata"]["name"].as_str() else {
+                    continue;
+                };
+                let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+                if kind == "pod" {
+                    if let Some(vmi) = name.strip_prefix("virt-launcher-") {
+                        if compute_running(&v) {
+                            s.pod_running.entry(vmi.to_string()).or_insert(t);
+                        }
+                    }
+                } else {
+                    if v["status"]["phase"] == "Running" {
+                        s.vmi_running.entry(name.to_string()).or_insert(t);
+                    }
+                    if condition_true(&v, "Ready") {
+                        s.vmi_ready.entry(name.to_string()).or_insert(t);
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            child,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        // Our own child: stop it by pid.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn vmi_json(name: &str, labels: &str, o: &BenchOptions) -> String {
+    format!(
+        r#"{{"apiVersion":"microvirt.io/v1alpha1","kind":"VirtualMachineInstance",
+"metadata":{{"name":"{name}"{labels}}},"spec":{}}}"#,
+        spec_json(o)
+    )
+}
+
+fn spec_json(o: &BenchOptions) -> String {
+    format!(
+        r#"{{"terminationGracePeriodSeconds":2,"domain":{{"memory":{{"guest":"{}Mi"}},
+"resources":{{"requests":{{"cpu":"10m"}}}},
+"firmware":{{"kernelBoot":{{"kernelArgs":"testguest.scenario=halt-forever",
+"container":{{"image":"{DEMO_KERNEL}","kernelPath":"{KERNEL_PATH}"}}}}}},
+"devices":{{"interfaces":[{{"name":"default","masquerade":{{}}}}]}}}},
+"networks":[{{"name":"default","pod":{{}}}}]}}"#,
+        o.guest_mib
+    )
+}
+
+/// P50, P95 and max of `v` (nearest-rank).
+fn percentiles(mut v: Vec<Duration>) -> Option<(Duration, Duration, Duration)> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort();
+    let rank = |p: f64| {
+        let i = ((p / 100.0) * v.len() as f64).ceil() as usize;
+        v[i.clamp(1, v.len()) - 1]
+    };
+    Some((rank(50.0), rank(95.0), *v.last().unwrap()))
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Latency of one shape: per VMI, its start time and what the watches saw.
+struct Shape {
+    title: String,
+    starts: BTreeMap<String, Duration>,
+    seen: Seen,
+    wall: Duration,
+}
+
+impl Shape {
+    fn table(&self, out: &mut String) {
+        let _ = writeln!(out, "\n{} (wall {:.1} s)", self.title, self.wall.as_secs_f64());
+        let _ = writeln!(
+            out,
+            "  {:<34} {:>9} {:>9} {:>9} {:>5}",
+            "interval", "P50", "P95", "max", "n"
+        );
+        let rows = [
+            ("create -> launcher pod Running", &self.seen.pod_running),
+            ("create -> VMI Running", &self.seen.vmi_running),
+            ("create -> VMI Ready (guest booted)", &self.seen.vmi_ready),
+        ];
+        for (label, map) in rows {
+            let d: Vec<Duration> = self
+                .starts
+                .iter()
+                .filter_map(|(n, s)| map.get(n).map(|t| t.saturating_sub(*s)))
+                .collect();
+            let n = d.len();
+            match percentiles(d) {
+                Some((p50, p95, max)) => {
+                    let _ = writeln!(
+                        out,
+                        "  {label:<34} {:>9} {:>9} {:>9} {n:>5}",
+                        ms(p50),
+                        ms(p95),
+                        ms(max)
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, "  {label:<34} (none seen)");
+                }
+            }
+        }
+        // Running -> Ready: the readiness share.
+        let d: Vec<Duration> = self
+            .seen
+            .vmi_ready
+            .iter()
+            .filter_map(|(n, r)| {
+                self.seen
+                    .pod_running
+                    .get(n)
+                    .map(|p| r.saturating_sub(*p))
+            })
+            .collect();
+        if let Some((p50, p95, max)) = percentiles(d) {
+            let _ = writeln!(
+                out,
+                "  {:<34} {:>9} {:>9} {:>9}",
+                "pod Running -> VMI Ready",
+                ms(p50),
+                ms(p95),
+                ms(max)
+            );
+        }
+    }
+}
+
+/// Resident and proportional set size of a process, in KiB.
+fn rss_pss(pid: u32) -> Option<(u64, u64)> {
+    let t = fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let field = |k: &str| {
+        t.lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    Some((field("Rss:")?, field("Pss:")?))
+}
+
+/// RSS (KiB) of the process's anonymous mappings of exactly `size_kib`: the guest's RAM.
+fn guest_rss(pid: u32, size_kib: u64) -> u64 {
+    let Ok(t) = fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return 0;
+    };
+    let mut total = 0;
+    let mut in_guest = false;
+    for l in t.lines() {
+        if let Some(v) = l.strip_prefix("Size:") {
+            let size: u64 = v
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            in_guest = size == size_kib;
+        } else if in_guest {
+            if let Some(v) = l.strip_prefix("Rss:") {
+                total += v
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+fn exe_name(pid: u32) -> String {
+    fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default()
+}
+
+fn pids() -> Vec<u32> {
+    fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Parent pid from /proc/PID/stat.
+fn ppid(pid: u32) -> Option<u32> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Memory of the running launchers and their runtime helpers.
+fn memory_report(guest_mib: u32, out: &mut String) -> Result<()> {
+    let all = pids();
+    let launchers: Vec<u32> = all
+        .iter()
+        .copied()
+        .filter(|p| exe_name(*p) == "virt-launcher")
+        .collect();
+    ensure!(!launchers.is_empty(), "no virt-launcher processes found");
+    // A launcher's shim is its parent; the shim's other child is the sandbox's pause.
+    let mut shims = Vec::new();
+    let mut pauses = Vec::new();
+    for l in &launchers {
+        if let Some(s) = ppid(*l).filter(|s| exe_name(*s) == "containerd-shim-runc-v2") {
+            shims.push(s);
+            pauses.extend(
+                all.iter()
+                    .copied()
+                    .filter(|p| ppid(*p) == Some(s) && exe_name(*p) == "pause"),
+            );
+        }
+    }
+    let sum = |ps: &[u32]| {
+        ps.iter()
+            .filter_map(|p| rss_pss(*p))
+            .fold((0u64, 0u64), |(a, b), (r, p)| (a + r, b + p))
+    };
+    let n = launchers.len() as u64;
+    let (l_rss, l_pss) = sum(&launchers);
+    let guest: u64 = launchers
+        .iter()
+        .map(|p| guest_rss(*p, u64::from(guest_mib) * 1024))
+        .sum();
+    let (s_rss, s_pss) = sum(&shims);
+    let (p_rss, p_pss) = sum(&pauses);
+    let mib = |k: u64| k as f64 / 1024.0 / n as f64;
+    let _ = writeln!(
+        out,
+        "\nmemory per running VMI ({n} launchers, {} shims, {} pause; MiB, mean per VMI)",
+        shims.len(),
+        pauses.len()
+    );
+    let _ = writeln!(out, "  {:<44} {:>8} {:>8}", "", "RSS", "PSS");
+    let _ = writeln!(
+        out,
+        "  {:<44} {:>8.1} {:>8.1}",
+        "virt-launcher (all)",
+        mib(l_rss),
+        mib(l_pss)
+    );
+    let _ = writeln!(
+        out,
+        "  {:<44} {:>8.1}",
+        "  of which guest RAM the guest touched",
+        mib(guest)
+    );
+    let _ = writeln!(
+        out,
+        "  {:<44} {:>8.1} {:>8.1}",
+        "  virt-launcher beyond guest RAM (ours)",
+        mib(l_rss.saturating_sub(guest)),
+        mib(l_pss.saturating_sub(guest))
+    );
+    let _ = writeln!(
+        out,
+        "  {:<44} {:>8.1} {:>8.1}",
+        "containerd-shim-runc-v2 (runtime's)",
+        mib(s_rss),
+        mib(s_pss)
+    );
+    let _ = writeln!(
+        out,
+        "  {:<44} {:>8.1} {:>8.1}",
+        "pause / sandbox (runtime's)",
+        mib(p_rss),
+        mib(p_pss)
+    );
+    let _ = writeln!(
+        out,
+        "  {:<44} {:>8.1} {:>8.1}",
+        "total beyond guest RAM",
+        mib((l_rss + s_rss + p_rss).saturating_sub(guest)),
+        mib((l_pss + s_pss + p_pss).saturating_sub(guest))
+    );
+    Ok(())
+}
+
+fn wait_all_ready(seen: &Arc<Mutex<Seen>>, names: &[String], timeout: Duration) -> Result<()> {
+    wait_for("every VMI Ready", timeout, |last| {
+        let s = seen.lock().unwrap_or_else(|e| e.into_inner());
+        let ready = names.iter().filter(|n| s.vmi_ready.contains_key(*n)).count();
+        *last = format!("{ready}/{} Ready", names.len());
+        Ok((ready == names.len()).then_some(()))
+    })
+}
+
+fn post_vmi(rc: &RealCluster, ns: &str, body: &str) -> Result<()> {
+    let r = rc.control_plane().request(
+        "POST",
+        &format!("/apis/microvirt.io/v1alpha1/namespaces/{ns}/virtualmachineinstances"),
+        Some(body),
+    )?;
+    ensure!(r.status == 201, "creating a VMI: HTTP {} {}", r.status, r.body);
+    Ok(())
+}
+
+/// Runs both shapes on `rc` (microvirt installed) and returns the report.
+pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
+    let k = Kubectl::new(rc.kubeconfig_path());
+    let mut report = String::new();
+    let _ = writeln!(
+        report,
+        "microvirt real-node benchmark: {} VMIs per shape, demo guest ({} MiB, 1 vCPU, \
+         masquerade NIC), {} ({} cores)",
+        o.count,
+        o.guest_mib,
+        rc.node_name(),
+        thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+    );
+
+    // Warm-up: the first pod on a node pays for unpacking images.
+    {
+        let ns = TestNamespace::create(&k, "bench-warmup")?;
+        post_vmi(rc, ns.name(), &vmi_json("warmup", "", o))?;
+        wait_for("the warm-up VMI Ready", Duration::from_secs(180), |_| {
+            Ok(k.get(ns.name(), "vmi", "warmup")?
+                .filter(|v| condition_true(v, "Ready")))
+        })?;
+    }
+
+    // Shape 1: VMIs created `interval` apart.
+    let ns1 = TestNamespace::create(&k, "bench-create")?;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let epoch = Instant::now();
+    let _w1 = Watch::start(&k, ns1.name(), "vmi", epoch, seen.clone())?;
+    let _w2 = Watch::start(&k, ns1.name(), "pod", epoch, seen.clone())?;
+    thread::sleep(Duration::from_secs(1));
+    let mut starts = BTreeMap::new();
+    let names: Vec<String> = (0..o.count).map(|i| format!("vmi-{i:03}")).collect();
+    let t0 = Instant::now();
+    for (i, n) in names.iter().enumerate() {
+        let due = t0 + o.interval * i as u32;
+        if let Some(d) = due.checked_duration_since(Instant::now()) {
+            thread::sleep(d);
+        }
+        starts.insert(n.clone(), epoch.elapsed());
+        post_vmi(rc, ns1.name(), &vmi_json(n, "", o))?;
+    }
+    wait_all_ready(&seen, &names, Duration::from_secs(600))?;
+    let wall = t0.elapsed();
+    thread::sleep(Duration::from_secs(3));
+    let mut memory = String::new();
+    memory_report(o.guest_mib, &mut memory)?;
+    drop((_w1, _w2));
+    let shape1 = Shape {
+        title: format!(
+            "{} VMIs created {} ms apart",
+            o.count,
+            o.interval.as_millis()
+        ),
+        starts,
+        seen: std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner())),
+        wall,
+    };
+    // Free the node before the next shape.
+    k.run(&["-n", ns1.name(), "delete", "vmi", "--all", "--wait=true", "--timeout=300s"])?;
+    drop(ns1);
+
+    // Shape 2: a VMIRS scaled 0 -> count.
+    let ns2 = TestNamespace::create(&k, "bench-scale")?;
+    let rs = format!(
+        r#"{{"apiVersion":"microvirt.io/v1alpha1","kind":"VirtualMachineInstanceReplicaSet",
+"metadata":{{"name":"pool"}},"spec":{{"replicas":0,"selector":{{"matchLabels":{{"app":"pool"}}}},
+"template":{{"metadata":{{"labels":{{"app":"pool"}}}},"spec":{}}}}}}}"#,
+        spec_json(o)
+    );
+    let r = rc.control_plane().request(
+        "POST",
+        &format!(
+            "/apis/microvirt.io/v1alpha1/namespaces/{}/virtualmachineinstancereplicasets",
+            ns2.name()
+        ),
+        Some(&rs),
+    )?;
+    ensure!(r.status == 201, "creating the VMIRS: HTTP {} {}", r.status, r.body);
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let epoch = Instant::now();
+    let _w1 = Watch::start(&k, ns2.name(), "vmi", epoch, seen.clone())?;
+    let _w2 = Watch::start(&k, ns2.name(), "pod", epoch, seen.clone())?;
+    thread::sleep(Duration::from_secs(1));
+    let t0 = Instant::now();
+    let scaled_at = epoch.elapsed();
+    k.run(&[
+        "-n",
+        ns2.name(),
+        "scale",
+        "vmirs/pool",
+        &format!("--replicas={}", o.count),
+    ])?;
+    let names = wait_for("the VMIRS's VMIs", Duration::from_secs(120), |last| {
+        let v = k.list(ns2.name(), "vmi", Some("app=pool"))?;
+        *last = format!("{} VMIs", v.len());
+        Ok((v.len() == o.count).then(|| {
+            v.iter()
+                .filter_map(|v| v["metadata"]["name"].as_str().map(str::to_string))
+                .collect::<Vec<_>>()
+        }))
+    })?;
+    wait_all_ready(&seen, &names, Duration::from_secs(600))?;
+    let wall = t0.elapsed();
+    drop((_w1, _w2));
+    let shape2 = Shape {
+        title: format!("VMIRS scaled 0 -> {} (intervals from the scale)", o.count),
+        starts: names.iter().map(|n| (n.clone(), scaled_at)).collect(),
+        seen: std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner())),
+        wall,
+    };
+    k.run(&["-n", ns2.name(), "scale", "vmirs/pool", "--replicas=0"])?;
+    drop(ns2);
+
+    let mut tables = String::new();
+    shape1.table(&mut tables);
+    shape2.table(&mut tables);
+    Ok(format!("{report}{tables}{memory}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        let (p50, p95, max) = percentiles(v).unwrap();
+        assert_eq!(
+            (p50, p95, max),
+            (
+                Duration::from_millis(50),
+                Duration::from_millis(95),
+                Duration::from_millis(100)
+            )
+        );
+        assert_eq!(percentiles(vec![]), None);
+        let one = percentiles(vec![Duration::from_millis(7)]).unwrap();
+        assert_eq!(one.0, Duration::from_millis(7));
+    }
+
+    #[test]
+    fn vmi_json_is_valid() {
+        let v: Value = serde_json::from_str(&vmi_json("a", "", &BenchOptions::default())).unwrap();
+        assert_eq!(v["spec"]["domain"]["memory"]["guest"], "32Mi");
+        assert_eq!(
+            v["spec"]["domain"]["firmware"]["kernelBoot"]["container"]["image"],
+            DEMO_KERNEL
+        );
+    }
+}
