@@ -75,6 +75,12 @@ pub enum NetError {
     AlreadySetUp(String),
     #[error("bridge binding needs a default route through {0}")]
     NoDefaultRoute(String),
+    #[error(
+        "IPv4 forwarding is off in this network namespace and /proc/sys is read-only: the node \
+         needs net.ipv4.ip_forward=1 (new namespaces inherit it) or a CNI plugin that sets it \
+         in the pod"
+    )]
+    ForwardingOff,
     #[error("{path}: {source}")]
     Sysctl {
         path: &'static str,
@@ -592,9 +598,14 @@ fn setup_masquerade(s: &mut NetSetup, iface: &InterfaceSpec, mtu: u32) -> Result
         source,
     })?;
     if old.trim() != "1" {
-        std::fs::write(IP_FORWARD, "1").map_err(|source| NetError::Sysctl {
-            path: IP_FORWARD,
-            source,
+        std::fs::write(IP_FORWARD, "1").map_err(|source| match source.raw_os_error() {
+            // An unprivileged container's /proc/sys is read-only: the namespace must come with
+            // forwarding on (it inherits the node's net.ipv4.ip_forward).
+            Some(libc::EROFS) => NetError::ForwardingOff,
+            _ => NetError::Sysctl {
+                path: IP_FORWARD,
+                source,
+            },
         })?;
         s.undo.push(Undo::RestoreIpForward(old.trim().to_string()));
     }

@@ -214,11 +214,7 @@ pub fn pod_not_running_reason(pod: &Pod) -> Option<(&'static str, String, String
     if matches!(reason.as_str(), "ContainerCreating" | "PodInitializing") {
         return None;
     }
-    Some((
-        "Ready",
-        reason,
-        waiting.message.clone().unwrap_or_default(),
-    ))
+    Some(("Ready", reason, waiting.message.clone().unwrap_or_default()))
 }
 
 /// The status a VMI should have, given its launcher pod (`None` when there is none) and `now`.

@@ -178,7 +178,12 @@ struct Shape {
 
 impl Shape {
     fn table(&self, out: &mut String) {
-        let _ = writeln!(out, "\n{} (wall {:.1} s)", self.title, self.wall.as_secs_f64());
+        let _ = writeln!(
+            out,
+            "\n{} (wall {:.1} s)",
+            self.title,
+            self.wall.as_secs_f64()
+        );
         let _ = writeln!(
             out,
             "  {:<34} {:>9} {:>9} {:>9} {:>5}",
@@ -216,12 +221,7 @@ impl Shape {
             .seen
             .vmi_ready
             .iter()
-            .filter_map(|(n, r)| {
-                self.seen
-                    .pod_running
-                    .get(n)
-                    .map(|p| r.saturating_sub(*p))
-            })
+            .filter_map(|(n, r)| self.seen.pod_running.get(n).map(|p| r.saturating_sub(*p)))
             .collect();
         if let Some((p50, p95, max)) = percentiles(d) {
             let _ = writeln!(
@@ -257,12 +257,7 @@ fn guest_rss(pid: u32, size_kib: u64) -> u64 {
     let mut in_guest = false;
     for l in t.lines() {
         if let Some(v) = l.strip_prefix("Size:") {
-            let size: u64 = v
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse()
-                .unwrap_or(0);
+            let size: u64 = v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
             in_guest = size == size_kib;
         } else if in_guest {
             if let Some(v) = l.strip_prefix("Rss:") {
@@ -298,7 +293,12 @@ fn pids() -> Vec<u32> {
 /// Parent pid from /proc/PID/stat.
 fn ppid(pid: u32) -> Option<u32> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    s.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// Memory of the running launchers and their runtime helpers.
@@ -391,7 +391,10 @@ fn memory_report(guest_mib: u32, out: &mut String) -> Result<()> {
 fn wait_all_ready(seen: &Arc<Mutex<Seen>>, names: &[String], timeout: Duration) -> Result<()> {
     wait_for("every VMI Ready", timeout, |last| {
         let s = seen.lock().unwrap_or_else(|e| e.into_inner());
-        let ready = names.iter().filter(|n| s.vmi_ready.contains_key(*n)).count();
+        let ready = names
+            .iter()
+            .filter(|n| s.vmi_ready.contains_key(*n))
+            .count();
         *last = format!("{ready}/{} Ready", names.len());
         Ok((ready == names.len()).then_some(()))
     })
@@ -403,7 +406,12 @@ fn post_vmi(rc: &RealCluster, ns: &str, body: &str) -> Result<()> {
         &format!("/apis/microvirt.io/v1alpha1/namespaces/{ns}/virtualmachineinstances"),
         Some(body),
     )?;
-    ensure!(r.status == 201, "creating a VMI: HTTP {} {}", r.status, r.body);
+    ensure!(
+        r.status == 201,
+        "creating a VMI: HTTP {} {}",
+        r.status,
+        r.body
+    );
     Ok(())
 }
 
@@ -418,7 +426,9 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
         o.count,
         o.guest_mib,
         rc.node_name(),
-        thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
+        thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
     );
 
     // Warm-up: the first pod on a node pays for unpacking images.
@@ -466,7 +476,15 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
         wall,
     };
     // Free the node before the next shape.
-    k.run(&["-n", ns1.name(), "delete", "vmi", "--all", "--wait=true", "--timeout=300s"])?;
+    k.run(&[
+        "-n",
+        ns1.name(),
+        "delete",
+        "vmi",
+        "--all",
+        "--wait=true",
+        "--timeout=300s",
+    ])?;
     drop(ns1);
 
     // Shape 2: a VMIRS scaled 0 -> count.
@@ -485,7 +503,12 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
         ),
         Some(&rs),
     )?;
-    ensure!(r.status == 201, "creating the VMIRS: HTTP {} {}", r.status, r.body);
+    ensure!(
+        r.status == 201,
+        "creating the VMIRS: HTTP {} {}",
+        r.status,
+        r.body
+    );
     let seen = Arc::new(Mutex::new(Seen::default()));
     let epoch = Instant::now();
     let _w1 = Watch::start(&k, ns2.name(), "vmi", epoch, seen.clone())?;

@@ -198,16 +198,8 @@ pub fn build(set: ImageSet) -> Result<Vec<BuiltImage>> {
         }
     };
     let mut images = vec![
-        binary_image(
-            LAUNCHER,
-            &bin("virt-launcher")?,
-            "usr/bin/virt-launcher",
-        )?,
-        binary_image(
-            OPERATOR,
-            &bin("virt-operator")?,
-            "usr/bin/virt-operator",
-        )?,
+        binary_image(LAUNCHER, &bin("virt-launcher")?, "usr/bin/virt-launcher")?,
+        binary_image(OPERATOR, &bin("virt-operator")?, "usr/bin/virt-operator")?,
     ];
     if set.handler {
         images.push(binary_image(

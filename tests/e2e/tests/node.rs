@@ -13,6 +13,7 @@
 //! the control plane's logs, the node's logs stay in /var/lib/microvirt-node/logs.
 
 use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
@@ -52,6 +53,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         ("operator_leader_failover", operator_failover),
         ("device_plugin_and_kubelet_restarts", restarts),
         ("bad_input_fails_clearly", bad_input),
+        ("deploy_examples_run", deploy_examples),
     ]
 }
 
@@ -81,7 +83,10 @@ fn main() -> ExitCode {
         .map(|(name, f)| {
             let env = env.clone();
             Trial::test(name, move || {
-                let env = env.as_ref().as_ref().map_err(|e| Failed::from(e.as_str()))?;
+                let env = env
+                    .as_ref()
+                    .as_ref()
+                    .map_err(|e| Failed::from(e.as_str()))?;
                 let t = Instant::now();
                 let r = f(env);
                 eprintln!("[e2e] {name}: {:.1} s", t.elapsed().as_secs_f64());
@@ -228,14 +233,24 @@ fn summary(vs: &[Value]) -> String {
                 "{}:{}{}",
                 v["metadata"]["name"].as_str().unwrap_or("?"),
                 phase(v),
-                if condition_true(v, "Ready") { "+Ready" } else { "" }
+                if condition_true(v, "Ready") {
+                    "+Ready"
+                } else {
+                    ""
+                }
             )
         })
         .collect::<Vec<_>>()
         .join(" ")
 }
 
-fn wait_vmi(env: &Env, ns: &str, name: &str, what: &str, f: impl Fn(&Value) -> bool) -> Result<Value> {
+fn wait_vmi(
+    env: &Env,
+    ns: &str,
+    name: &str,
+    what: &str,
+    f: impl Fn(&Value) -> bool,
+) -> Result<Value> {
     wait_for(&format!("VMI {name} {what}"), READY, |last| {
         let v = env.k.get(ns, "vmi", name)?;
         *last = v
@@ -247,7 +262,9 @@ fn wait_vmi(env: &Env, ns: &str, name: &str, what: &str, f: impl Fn(&Value) -> b
 }
 
 fn wait_ready(env: &Env, ns: &str, name: &str) -> Result<Value> {
-    wait_vmi(env, ns, name, "Running and Ready", |v| running_ready(env, v))
+    wait_vmi(env, ns, name, "Running and Ready", |v| {
+        running_ready(env, v)
+    })
 }
 
 /// Waits until the VMIs of `selector` are exactly `n`, all Running and Ready, and exactly `n`
@@ -257,8 +274,10 @@ fn wait_replicas(env: &Env, ns: &str, selector: &str, n: usize) -> Result<Vec<Va
         let vs = vmis(env, ns, Some(selector))?;
         let pods = launcher_pods(env, ns)?;
         *last = format!("{} launcher pods; {}", pods.len(), summary(&vs));
-        Ok((vs.len() == n && pods.len() == n && vs.iter().all(|v| running_ready(env, v)))
-            .then_some(vs))
+        Ok(
+            (vs.len() == n && pods.len() == n && vs.iter().all(|v| running_ready(env, v)))
+                .then_some(vs),
+        )
     })
 }
 
@@ -285,11 +304,16 @@ fn vmirs_scale(env: &Env) -> Result<()> {
             .k
             .get(ns, "pod", &format!("virt-launcher-{name}"))?
             .context("launcher pod")?;
-        ensure!(pod["status"]["podIP"] == ip, "pod IP differs from the VMI's");
+        ensure!(
+            pod["status"]["podIP"] == ip,
+            "pod IP differs from the VMI's"
+        );
     }
-    env.k.run(&["-n", ns, "scale", "vmirs/demo", "--replicas=10"])?;
+    env.k
+        .run(&["-n", ns, "scale", "vmirs/demo", "--replicas=10"])?;
     wait_replicas(env, ns, "app=demo", 10)?;
-    env.k.run(&["-n", ns, "scale", "vmirs/demo", "--replicas=2"])?;
+    env.k
+        .run(&["-n", ns, "scale", "vmirs/demo", "--replicas=2"])?;
     wait_replicas(env, ns, "app=demo", 2)?;
     let rs = env.k.get(ns, "vmirs", "demo")?.context("VMIRS")?;
     ensure!(
@@ -300,15 +324,19 @@ fn vmirs_scale(env: &Env) -> Result<()> {
     Ok(())
 }
 
-/// `kubectl virt ARGS` with the plugin on PATH.
+/// `kubectl virt ARGS` with the plugin on PATH (kubectl wants the plugin name first; the
+/// plugin passes `--kubeconfig` on).
 fn kubectl_virt(env: &Env, args: &[&str]) -> Command {
-    let mut c = env.k.command();
+    let mut c = Command::new("kubectl");
     let path = format!(
         "{}:{}",
         env.plugin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    c.env("PATH", path).arg("virt").args(args);
+    c.env("PATH", path)
+        .arg("virt")
+        .arg(format!("--kubeconfig={}", env.k.kubeconfig().display()))
+        .args(args);
     c
 }
 
@@ -319,10 +347,13 @@ fn console_pause_unpause(env: &Env) -> Result<()> {
     wait_ready(env, ns, "echo")?;
 
     // The console: the guest's serial output (replayed from boot) and our line echoed back.
+    // In a process group of its own: the plugin runs `kubectl exec` as its child, which holds
+    // the pipe too; the whole group is ended below.
     let mut child = kubectl_virt(env, &["-n", ns, "console", "echo"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
         .spawn()
         .context("kubectl virt console")?;
     let out = Arc::new(Mutex::new(Vec::new()));
@@ -339,20 +370,31 @@ fn console_pause_unpause(env: &Env) -> Result<()> {
     });
     let mut stdin = child.stdin.take().unwrap();
     let text = || String::from_utf8_lossy(&out.lock().unwrap()).into_owned();
-    let r = wait_for("the guest's console output", Duration::from_secs(30), |last| {
-        *last = text();
-        Ok(last.contains("echo: ready").then_some(()))
-    })
+    let r = wait_for(
+        "the guest's console output",
+        Duration::from_secs(30),
+        |last| {
+            *last = text();
+            Ok(last.contains("echo: ready").then_some(()))
+        },
+    )
     .and_then(|_| {
         stdin.write_all(b"hello-from-the-console\r")?;
         stdin.flush()?;
-        wait_for("our line echoed by the guest", Duration::from_secs(30), |last| {
-            *last = text();
-            Ok(last.contains("echo: hello-from-the-console").then_some(()))
-        })
+        wait_for(
+            "our line echoed by the guest",
+            Duration::from_secs(30),
+            |last| {
+                *last = text();
+                Ok(last.contains("echo: hello-from-the-console").then_some(()))
+            },
+        )
     });
-    // Our own child: end it by pid.
-    let _ = child.kill();
+    // Our own child's process group (its pid is the group id).
+    if let Ok(pgid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) with the negated id of the group we created for this child.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+    }
     let _ = child.wait();
     let _ = reader.join();
     r.with_context(|| format!("console output:\n{}", text()))?;
@@ -372,8 +414,29 @@ fn console_pause_unpause(env: &Env) -> Result<()> {
 fn launcher_pod_deleted(env: &Env) -> Result<()> {
     let ns = TestNamespace::create(&env.k, "e2e-poddel")?;
     let ns = ns.name();
+    // A VMI whose pod is deleted by hand fails, with a reason.
+    env.k.apply(ns, &vmi_yaml("alone", "halt-forever", 2))?;
+    wait_ready(env, ns, "alone")?;
+    env.k.run(&[
+        "-n",
+        ns,
+        "delete",
+        "pod",
+        "virt-launcher-alone",
+        "--wait=false",
+    ])?;
+    let failed = wait_vmi(env, ns, "alone", "Failed", |v| phase(v) == "Failed")?;
+    let reason = failed["status"]["reason"].as_str().unwrap_or("");
+    ensure!(
+        !reason.is_empty(),
+        "Failed without a reason: {}",
+        failed["status"]
+    );
+    ensure!(!condition_true(&failed, "Ready"), "a failed VMI is Ready");
+
+    // A VMIRS replaces such a VMI.
     env.k.apply(ns, &vmirs_yaml("keep", 1))?;
-    let vs = wait_replicas(env, ns, "app=keep", 1)?;
+    let vs = wait_replicas_of(env, ns, "app=keep", 1)?;
     let first = vs[0]["metadata"]["name"].as_str().unwrap().to_string();
     env.k.run(&[
         "-n",
@@ -383,30 +446,17 @@ fn launcher_pod_deleted(env: &Env) -> Result<()> {
         &format!("virt-launcher-{first}"),
         "--wait=false",
     ])?;
-    // The VMI fails with a reason; the VMIRS replaces it.
-    let failed = wait_for("the VMI to fail", READY, |last| {
-        let v = env.k.get(ns, "vmi", &first)?;
-        *last = format!("{:?}", v.as_ref().map(|v| &v["status"]));
-        Ok(v.filter(|v| phase(v) == "Failed"))
-    });
-    let failed = match failed {
-        Ok(v) => v,
-        // The VMIRS may already have removed the failed VMI: then it must be gone for good.
-        Err(e) => {
-            if env.k.get(ns, "vmi", &first)?.is_some() {
-                return Err(e);
-            }
-            Value::Null
-        }
-    };
-    if !failed.is_null() {
-        let reason = failed["status"]["reason"].as_str().unwrap_or("");
-        ensure!(!reason.is_empty(), "Failed without a reason: {}", failed["status"]);
-    }
-    let vs = wait_replicas(env, ns, "app=keep", 1)?;
-    ensure!(
-        vs[0]["metadata"]["name"] != first.as_str(),
-        "the VMIRS did not replace {first}"
+    let vs = wait_for("the VMIRS to replace its VMI", READY, |last| {
+        let vs = vmis(env, ns, Some("app=keep"))?;
+        *last = summary(&vs);
+        Ok((vs.len() == 1
+            && vs[0]["metadata"]["name"] != first.as_str()
+            && running_ready(env, &vs[0]))
+        .then_some(vs))
+    })?;
+    eprintln!(
+        "[e2e] {first} replaced by {}",
+        vs[0]["metadata"]["name"].as_str().unwrap_or("?")
     );
     Ok(())
 }
@@ -423,22 +473,30 @@ fn vm_lifecycle(env: &Env) -> Result<()> {
     );
     env.k.apply(ns, &vm)?;
     let mut uids = std::collections::BTreeSet::new();
-    wait_for("the VM's VMI to be started again after the guest reset", READY, |last| {
-        if let Some(v) = env.k.get(ns, "vmi", "looper")? {
-            if let Some(u) = v["metadata"]["uid"].as_str() {
-                uids.insert(u.to_string());
+    wait_for(
+        "the VM's VMI to be started again after the guest reset",
+        READY,
+        |last| {
+            if let Some(v) = env.k.get(ns, "vmi", "looper")? {
+                if let Some(u) = v["metadata"]["uid"].as_str() {
+                    uids.insert(u.to_string());
+                }
+                *last = format!("{} uid(s) seen, now {}", uids.len(), phase(&v));
             }
-            *last = format!("{} uid(s) seen, now {}", uids.len(), phase(&v));
-        }
-        Ok((uids.len() >= 2).then_some(()))
-    })?;
+            Ok((uids.len() >= 2).then_some(()))
+        },
+    )?;
     // Halted: the VMI and its pod go away and stay away.
     let out = kubectl_virt(env, &["-n", ns, "stop", "looper"]).output()?;
     ensure!(out.status.success(), "kubectl virt stop: {out:?}");
     wait_for("the halted VM to have no VMI and no pod", READY, |last| {
         let v = env.k.get(ns, "vmi", "looper")?;
         let pods = launcher_pods(env, ns)?;
-        *last = format!("VMI {:?}, {} pod(s)", v.map(|v| phase(&v).to_string()), pods.len());
+        *last = format!(
+            "VMI {:?}, {} pod(s)",
+            v.map(|v| phase(&v).to_string()),
+            pods.len()
+        );
         Ok((last.starts_with("VMI None") && pods.is_empty()).then_some(()))
     })?;
     thread::sleep(Duration::from_secs(3));
@@ -452,7 +510,8 @@ fn vm_lifecycle(env: &Env) -> Result<()> {
     env.k.apply(ns, &vmi_yaml("short", "ctrlaltdel", grace))?;
     wait_ready(env, ns, "short")?;
     let t = Instant::now();
-    env.k.run(&["-n", ns, "delete", "vmi", "short", "--wait=false"])?;
+    env.k
+        .run(&["-n", ns, "delete", "vmi", "short", "--wait=false"])?;
     wait_for("the pod and the VMI to be gone", READY, |last| {
         let p = env.k.get(ns, "pod", "virt-launcher-short")?;
         let v = env.k.get(ns, "vmi", "short")?;
@@ -464,7 +523,10 @@ fn vm_lifecycle(env: &Env) -> Result<()> {
         took <= Duration::from_secs(grace.into()),
         "the launcher pod took {took:?}, more than the {grace} s grace period"
     );
-    eprintln!("[e2e] VMI deletion -> pod gone in {:.1} s", took.as_secs_f64());
+    eprintln!(
+        "[e2e] VMI deletion -> pod gone in {:.1} s",
+        took.as_secs_f64()
+    );
     Ok(())
 }
 
@@ -479,18 +541,38 @@ fn operator_failover(env: &Env) -> Result<()> {
     let leader = deploy::wait_operator(&env.k, READY)?;
     let pods: Vec<String> = env
         .k
-        .list(NAMESPACE, "pod", Some("app.kubernetes.io/name=virt-operator"))?
+        .list(
+            NAMESPACE,
+            "pod",
+            Some("app.kubernetes.io/name=virt-operator"),
+        )?
         .iter()
         .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
         .collect();
-    ensure!(pods.contains(&leader), "lease holder {leader} is not an operator pod: {pods:?}");
+    ensure!(
+        pods.contains(&leader),
+        "lease holder {leader} is not an operator pod: {pods:?}"
+    );
     ensure!(pods.len() == 2, "expected 2 operator pods, found {pods:?}");
     env.k
         .run(&["-n", NAMESPACE, "delete", "pod", &leader, "--wait=false"])?;
+    // Another live operator pod takes the lease: the standby, or (if the standby is just
+    // restarting) the replacement the Deployment makes.
     let new = wait_for("another replica to take the lease", READY, |last| {
         let h = lease_holder(env)?;
-        *last = format!("{h:?}");
-        Ok(h.filter(|h| h != &leader && pods.contains(h)))
+        let live: Vec<String> = env
+            .k
+            .list(
+                NAMESPACE,
+                "pod",
+                Some("app.kubernetes.io/name=virt-operator"),
+            )?
+            .iter()
+            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        *last = format!("holder {h:?}, live operator pods {live:?}, deleted {leader}");
+        Ok(h.filter(|h| h != &leader && live.contains(h)))
     })?;
     eprintln!("[e2e] lease moved from {leader} to {new}");
     // The new leader reconciles: a VMIRS gets exactly its replicas, and no more later.
@@ -500,12 +582,20 @@ fn operator_failover(env: &Env) -> Result<()> {
     wait_replicas(env, ns, "app=after", 3)?;
     thread::sleep(Duration::from_secs(5));
     let pods = launcher_pods(env, ns)?;
-    ensure!(pods.len() == 3, "{} launcher pods after settling", pods.len());
+    ensure!(
+        pods.len() == 3,
+        "{} launcher pods after settling",
+        pods.len()
+    );
     // The Deployment brings the second replica back.
     wait_for("2 operator pods again", READY, |last| {
         let n = env
             .k
-            .list(NAMESPACE, "pod", Some("app.kubernetes.io/name=virt-operator"))?
+            .list(
+                NAMESPACE,
+                "pod",
+                Some("app.kubernetes.io/name=virt-operator"),
+            )?
             .iter()
             .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
             .count();
@@ -526,7 +616,11 @@ fn restarts(env: &Env) -> Result<()> {
     // registers again.
     let old: Vec<String> = env
         .k
-        .list(HANDLER_NS, "pod", Some("app.kubernetes.io/name=virt-handler"))?
+        .list(
+            HANDLER_NS,
+            "pod",
+            Some("app.kubernetes.io/name=virt-handler"),
+        )?
         .iter()
         .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
         .collect();
@@ -534,9 +628,11 @@ fn restarts(env: &Env) -> Result<()> {
     env.k
         .run(&["-n", HANDLER_NS, "delete", "pod", &old[0], "--wait=true"])?;
     wait_for("a new virt-handler pod Ready", READY, |last| {
-        let ps = env
-            .k
-            .list(HANDLER_NS, "pod", Some("app.kubernetes.io/name=virt-handler"))?;
+        let ps = env.k.list(
+            HANDLER_NS,
+            "pod",
+            Some("app.kubernetes.io/name=virt-handler"),
+        )?;
         *last = format!("{} pod(s)", ps.len());
         Ok(ps
             .iter()
@@ -544,13 +640,15 @@ fn restarts(env: &Env) -> Result<()> {
             .then_some(()))
     })?;
     wait_kvm_allocatable(&env.k, &node, READY)?;
-    env.k.apply(ns, &vmi_yaml("after-plugin", "halt-forever", 2))?;
+    env.k
+        .apply(ns, &vmi_yaml("after-plugin", "halt-forever", 2))?;
     wait_ready(env, ns, "after-plugin")?;
 
     // The kubelet restarts: it drops the plugin's socket, the plugin registers again.
     env.rc.restart_kubelet()?;
     wait_kvm_allocatable(&env.k, &node, READY)?;
-    env.k.apply(ns, &vmi_yaml("after-kubelet", "halt-forever", 2))?;
+    env.k
+        .apply(ns, &vmi_yaml("after-kubelet", "halt-forever", 2))?;
     wait_ready(env, ns, "after-kubelet")?;
     // The first VMI ran through both.
     let v = env.k.get(ns, "vmi", "before")?.context("VMI before")?;
@@ -565,7 +663,8 @@ fn bad_input(env: &Env) -> Result<()> {
     // A kernel image that does not exist anywhere.
     env.k.apply(
         ns,
-        &vmi_yaml("noimage", "halt-forever", 2).replace(DEMO_KERNEL, "microvirt/no-such-kernel:dev"),
+        &vmi_yaml("noimage", "halt-forever", 2)
+            .replace(DEMO_KERNEL, "microvirt/no-such-kernel:dev"),
     )?;
     // More memory than the node has.
     env.k.apply(
@@ -573,13 +672,18 @@ fn bad_input(env: &Env) -> Result<()> {
         &vmi_yaml("huge", "halt-forever", 2).replace("guest: 32Mi", "guest: 4Ti"),
     )?;
     // A containerDisk image without the named file.
-    let nofile = vmi_yaml("nofile", "halt-forever", 2).replace(
-        "networks: [{name: default, pod: {}}]\n",
-        &format!(
-            "networks: [{{name: default, pod: {{}}}}]\n  volumes:\n  - name: root\n    \
-             containerDisk: {{image: {DEMO_KERNEL}, path: /disk/missing.img}}\n"
-        ),
-    );
+    let nofile = vmi_yaml("nofile", "halt-forever", 2)
+        .replace(
+            "    devices:\n",
+            "    devices:\n      disks: [{name: root, disk: {bus: virtio}}]\n",
+        )
+        .replace(
+            "networks: [{name: default, pod: {}}]\n",
+            &format!(
+                "networks: [{{name: default, pod: {{}}}}]\n  volumes:\n  - name: root\n    \
+                 containerDisk: {{image: {DEMO_KERNEL}, path: /disk/missing.img}}\n"
+            ),
+        );
     env.k.apply(ns, &nofile)?;
 
     wait_ready(env, ns, "good")?;
@@ -609,12 +713,16 @@ fn bad_input(env: &Env) -> Result<()> {
         ("nofile", "missing.img"),
     ] {
         let d = env.k.run(&["-n", ns, "describe", "vmi", name])?;
-        ensure!(d.contains(needle), "kubectl describe vmi {name} lacks {needle:?}:\n{d}");
+        ensure!(
+            d.contains(needle),
+            "kubectl describe vmi {name} lacks {needle:?}:\n{d}"
+        );
     }
     // The good one was not disturbed, and nothing hangs on deletion.
     let good = env.k.get(ns, "vmi", "good")?.context("VMI good")?;
     ensure!(running_ready(env, &good), "{}", good["status"]);
-    env.k.run(&["-n", ns, "delete", "vmi", "--all", "--wait=false"])?;
+    env.k
+        .run(&["-n", ns, "delete", "vmi", "--all", "--wait=false"])?;
     wait_for("every VMI and pod gone", READY, |last| {
         let vs = vmis(env, ns, None)?;
         let ps = launcher_pods(env, ns)?;
@@ -624,3 +732,25 @@ fn bad_input(env: &Env) -> Result<()> {
     Ok(())
 }
 
+/// What deploy/README.md walks a user through: the examples run as they are.
+fn deploy_examples(env: &Env) -> Result<()> {
+    let ns = TestNamespace::create(&env.k, "e2e-examples")?;
+    let ns = ns.name();
+    let ex = deploy::deploy_dir().join("examples");
+    for f in ["vmirs.yaml", "vm.yaml"] {
+        let path = ex.join(f).display().to_string();
+        env.k.run(&["-n", ns, "apply", "-f", &path])?;
+    }
+    wait_replicas_of(env, ns, "app=pool", 3)?;
+    wait_ready(env, ns, "testvm")?;
+    Ok(())
+}
+
+/// Like [`wait_replicas`], counting only the launcher pods of `selector`'s VMIs.
+fn wait_replicas_of(env: &Env, ns: &str, selector: &str, n: usize) -> Result<Vec<Value>> {
+    wait_for(&format!("{n} Ready VMIs ({selector})"), READY * 2, |last| {
+        let vs = vmis(env, ns, Some(selector))?;
+        *last = summary(&vs);
+        Ok((vs.len() == n && vs.iter().all(|v| running_ready(env, v))).then_some(vs))
+    })
+}

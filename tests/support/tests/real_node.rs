@@ -206,6 +206,21 @@ fn a_real_node_runs_pods_and_leaves_nothing_behind() -> Result {
         None,
     )?;
     assert_eq!(cat, "hello from an image volume\n");
+    // Pods' namespaces route (the CNI tuning plugin turns forwarding on in them).
+    let fwd = kubectl(
+        &rc,
+        &[
+            "-n",
+            "t",
+            "exec",
+            "web",
+            "--",
+            "cat",
+            "/proc/sys/net/ipv4/ip_forward",
+        ],
+        None,
+    )?;
+    assert_eq!(fwd.trim(), "1");
     let logs = kubectl(&rc, &["-n", "t", "logs", "web"], None)?;
     assert!(logs.contains("started"), "{logs}");
 

@@ -24,6 +24,9 @@ pub struct NodeNetwork {
     /// The `kubernetes` Service's cluster IP (first address of the service range the apiserver
     /// is given); DNAT-ed to the apiserver inside the node's namespace.
     pub service_ip: Ipv4Addr,
+    /// The cluster DNS address pods are given (no DNS server runs: lookups fail fast, and the
+    /// kubelet does not warn about a missing cluster DNS on every pod).
+    pub dns_ip: Ipv4Addr,
 }
 
 impl Default for NodeNetwork {
@@ -35,6 +38,7 @@ impl Default for NodeNetwork {
             pod_subnet: Ipv4Addr::new(10, 244, 0, 0),
             pod_prefix: 24,
             service_ip: Ipv4Addr::new(10, 96, 0, 1),
+            dns_ip: Ipv4Addr::new(10, 96, 0, 10),
         }
     }
 }
@@ -131,6 +135,10 @@ pub fn cni_conflist(paths: &NodePaths, net: &NodeNetwork) -> String {
         "routes": [{{"dst": "0.0.0.0/0"}}],
         "dataDir": "{data}"
       }}
+    }},
+    {{
+      "type": "tuning",
+      "sysctl": {{"net.ipv4.ip_forward": "1"}}
     }}
   ]
 }}
@@ -171,6 +179,8 @@ pub fn kubelet_yaml(paths: &NodePaths, net: &NodeNetwork, cgroup_root: &str) -> 
          featureGates:\n  ImageVolume: true\n\
          podLogsDir: {logs}\n\
          resolvConf: {resolv}\n\
+         clusterDomain: cluster.local\n\
+         clusterDNS: [{dns}]\n\
          hairpinMode: hairpin-veth\n\
          serializeImagePulls: false\n\
          imageGCHighThresholdPercent: 100\n\
@@ -188,6 +198,7 @@ pub fn kubelet_yaml(paths: &NodePaths, net: &NodeNetwork, cgroup_root: &str) -> 
         sock = paths.containerd_socket().display(),
         logs = paths.pod_logs().display(),
         resolv = paths.resolv_conf().display(),
+        dns = net.dns_ip,
     )
 }
 
@@ -252,6 +263,7 @@ mod tests {
         let c: serde_json::Value = serde_json::from_str(&cni_conflist(&paths(), &net)).unwrap();
         assert_eq!(c["plugins"][0]["ipMasq"], false);
         assert_eq!(c["plugins"][0]["ipam"]["routes"][0]["dst"], "0.0.0.0/0");
+        assert_eq!(c["plugins"][1]["sysctl"]["net.ipv4.ip_forward"], "1");
         assert_eq!(
             c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
             "10.244.0.0/24"
