@@ -54,6 +54,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         ("device_plugin_and_kubelet_restarts", restarts),
         ("bad_input_fails_clearly", bad_input),
         ("deploy_examples_run", deploy_examples),
+        ("guest_reachable_through_the_pod_ip", guest_network),
     ]
 }
 
@@ -753,4 +754,60 @@ fn wait_replicas_of(env: &Env, ns: &str, selector: &str, n: usize) -> Result<Vec
         *last = summary(&vs);
         Ok((vs.len() == n && vs.iter().all(|v| running_ready(env, v))).then_some(vs))
     })
+}
+
+/// The guest's masquerade interface answers through the pod IP: ICMP echo and UDP echo from the
+/// node (its network namespace) and from this machine (the route into it).
+fn guest_network(env: &Env) -> Result<()> {
+    let ns = TestNamespace::create(&env.k, "e2e-net")?;
+    let ns = ns.name();
+    env.k.apply(ns, &vmi_yaml("netserve", "net-serve", 5))?;
+    let v = wait_ready(env, ns, "netserve")?;
+    let ip: std::net::Ipv4Addr = v["status"]["interfaces"][0]["ipAddress"]
+        .as_str()
+        .context("VMI IP")?
+        .parse()?;
+    // The guest got its address from the launcher's DHCP server (the console is the log).
+    wait_for("the guest's DHCP lease", READY, |last| {
+        *last = env
+            .k
+            .run(&["-n", ns, "logs", "virt-launcher-netserve"])
+            .unwrap_or_default();
+        Ok(last
+            .contains("net-serve: ip=10.0.2.2/24 router=10.0.2.1")
+            .then_some(()))
+    })?;
+    let ping = env
+        .rc
+        .node()
+        .netns()
+        .command("/bin/busybox")
+        .args(["ping", "-c", "3", "-W", "5", &ip.to_string()])
+        .output()?;
+    let text = String::from_utf8_lossy(&ping.stdout);
+    ensure!(
+        ping.status.success() && text.contains("3 packets received"),
+        "ping {ip} from the node: {text}{}",
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    let echo = move || -> Result<()> {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        for size in [1usize, 100, 1400] {
+            let msg: Vec<u8> = (0..size).map(|i| (i * 7 + size) as u8).collect();
+            s.send_to(&msg, (ip, 7))?;
+            let mut buf = [0u8; 2048];
+            let (n, from) = s.recv_from(&mut buf).context("no UDP echo")?;
+            ensure!(buf[..n] == msg[..], "UDP echo of {size} bytes differs");
+            ensure!(from == (ip, 7).into(), "reply from {from}, not the pod IP");
+        }
+        Ok(())
+    };
+    env.rc
+        .node()
+        .netns()
+        .run(echo)?
+        .context("UDP echo from the node")?;
+    echo().context("UDP echo from this machine")?;
+    Ok(())
 }

@@ -144,6 +144,34 @@ impl Netns {
         }
     }
 
+    /// Runs `f` on a thread that has joined the namespace (sockets it opens live there), and
+    /// returns its result.
+    pub fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, NetnsError> {
+        let file = self
+            .file
+            .try_clone()
+            .map_err(io_err("duplicating the namespace handle"))?;
+        std::thread::spawn(move || {
+            // SAFETY: setns(2) on a namespace fd we own; CLONE_NEWNET only changes this
+            // thread's network namespace, and the thread ends after `f`.
+            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(io_err("joining the node's network namespace")(
+                    io::Error::last_os_error(),
+                ));
+            }
+            Ok(f())
+        })
+        .join()
+        .map_err(|_| NetnsError::Command {
+            cmd: "a closure in the node's network namespace".into(),
+            status: "panicked".into(),
+            stderr: String::new(),
+        })?
+    }
+
     /// A command that runs inside the namespace.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new(program);
