@@ -1,5 +1,6 @@
 //! On an API server without the ImageVolume feature gate, image volumes are silently dropped
-//! from pods: the operator notices, removes the disk-less pod and fails the VMI with the reason.
+//! from pods: the operator notices, removes the disk-less (or kernel-less) pod and fails the
+//! VMI with the reason.
 
 mod common;
 
@@ -39,16 +40,23 @@ async fn vmi_with_container_disk_fails_clearly_without_image_volumes() -> Result
             .then_some(()))
     })
     .await?;
-    // A VMI without image volumes still works there.
+    // A VMI with no image volume of its own gets the operator's default kernel image, also an
+    // image volume: without the gate no VMI can run in a pod (and none silently boots the
+    // launcher's built-in demo guest instead).
     let yaml = vmi_yaml("plain", "").replace(
         "    containerDisk:\n      image: quay.io/containerdisks/fedora:latest\n",
         "    emptyDisk: {capacity: 1Gi}\n",
     );
     let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&yaml))?;
     assert!(ok, "{err}");
-    wait_for("plain VMI Scheduling", WAIT, || async {
-        Ok((vmis.get("plain").await?.phase() == Some(VmiPhase::Scheduling)).then_some(()))
+    let v = wait_for("plain VMI Failed", WAIT, || async {
+        let v = vmis.get("plain").await?;
+        Ok((v.phase() == Some(VmiPhase::Failed)).then_some(v))
     })
     .await?;
+    let st = v.status.unwrap();
+    assert_eq!(st.reason.as_deref(), Some("LauncherPodVolumesDropped"));
+    let msg = st.message.unwrap_or_default();
+    assert!(msg.contains("kernel-boot"), "{msg}");
     Ok(())
 }
