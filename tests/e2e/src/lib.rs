@@ -31,15 +31,24 @@ pub fn start_cluster(
     persistent: bool,
     data_dir: Option<PathBuf>,
 ) -> Result<RealCluster> {
+    let step = |what: &str, t: std::time::Instant| {
+        eprintln!("[cluster] {what}: {:.1} s", t.elapsed().as_secs_f64());
+    };
+    let t = std::time::Instant::now();
     microvirt_testhost::cmd::ensure_packages(NODE_PACKAGES)
         .context("installing the node's packages")?;
     let built = images::build(images)?;
+    step("images", t);
+    let t = std::time::Instant::now();
     let rc = RealCluster::start(RealClusterOptions {
         data_dir,
         persistent,
         ..Default::default()
     })
     .context("starting the cluster")?;
+    step("cluster up, node Ready", t);
+    let t = std::time::Instant::now();
     deploy::install(&rc, &built).context("installing microvirt")?;
+    step("microvirt installed, operator leading", t);
     Ok(rc)
 }
