@@ -560,6 +560,7 @@ fn ensure_set(set: &BinarySet) -> Result<PathBuf, BinariesError> {
         go.display(),
         dir.display()
     );
+    let started = std::time::Instant::now();
     for r in &set.binaries {
         build_one(&go, &work, r)?;
     }
@@ -593,6 +594,11 @@ fn ensure_set(set: &BinarySet) -> Result<PathBuf, BinariesError> {
     );
     fs::write(&complete, info).map_err(io_err(format!("writing {}", complete.display())))?;
     let _ = fs::remove_dir_all(&work);
+    eprintln!(
+        "microvirt-testsupport: built {} in {:.1} s",
+        set.what,
+        started.elapsed().as_secs_f64()
+    );
     Ok(dir)
 }
 

@@ -1,4 +1,5 @@
-//! A real, private Kubernetes control plane (etcd + kube-apiserver) for microvirt's tests.
+//! A real, private Kubernetes control plane (etcd + kube-apiserver), and a whole single-node
+//! cluster, for microvirt's tests.
 //!
 //! Controllers are tested against the real thing, not a mock: [`Cluster::start`] builds (once,
 //! cached) and starts an `etcd` and a `kube-apiserver` listening on 127.0.0.1 only, on ports
@@ -46,6 +47,34 @@
 //! If a test process dies without dropping its cluster (a `static` cluster, `SIGKILL`), a small
 //! watchdog process stops etcd and kube-apiserver within about a second of the test process
 //! exiting and removes the data directory.
+//!
+//! # A whole single-node cluster
+//!
+//! [`RealCluster::start`] adds kube-scheduler, kube-controller-manager and a [`Node`]
+//! (containerd + runc + CNI bridge + kubelet, in a network namespace of its own behind a veth;
+//! binaries from [`ensure_node_binaries`], cached under `~/.cache/microvirt/{k8s-node,containerd}/`)
+//! and returns once the node is Ready and schedulable. One node per machine: every owner holds
+//! the machine's node lock (`/var/lib/microvirt-node.lock`), a second one waits for it. Images
+//! come from OCI archives ([`oci::Image`], [`Node::import_image`]); nothing is pulled.
+//!
+//! ```no_run
+//! use microvirt_testsupport::{RealCluster, RealClusterOptions};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let rc = RealCluster::start(RealClusterOptions::default())?;
+//! let st = rc.kubectl().args(["get", "nodes"]).status()?; // --kubeconfig is set
+//! assert!(st.success());
+//! rc.node().netns().command("ip").args(["addr"]).status()?; // a command "on the node"
+//! rc.restart_kubelet()?; // waits until the node is Ready again
+//! drop(rc); // tears the node down (nothing left behind), then the control plane
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Dropping it removes the node's processes, containers, mounts, cgroups, veth and route, and
+//! restores the kernel settings the kubelet changed ([`node::teardown`]). If the owner dies
+//! first, watchdogs do the same for the control plane and the node
+//! ([`node::teardown::spawn_watchdog`]). See `docs/cluster.md` for the layout.
 
 mod binaries;
 mod certs;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 
 use crate::binaries::ensure_node_binaries;
-use crate::cluster::{Cluster, ClusterError, ClusterOptions, WATCHDOG_SH};
+use crate::cluster::{Cluster, ClusterError, ClusterOptions};
 use crate::node::{kubeconfig_text, Node, NodeError, NodeOptions};
 use crate::process::{log_tail, stop_child};
 
@@ -182,22 +182,16 @@ impl RealCluster {
         ))
     }
 
-    /// Kills the node's processes by their pid files if the test process dies without dropping
-    /// the cluster; the next node start (or `cargo xtask cluster down`) clears what remains.
+    /// Tears the node down if the test process dies without dropping the cluster (SIGKILL, a
+    /// CI timeout): see [`crate::node::teardown::spawn_watchdog`]. The control plane has a
+    /// watchdog of its own.
     fn start_node_watchdog(&mut self) -> Result<(), RealClusterError> {
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(WATCHDOG_SH)
-            .arg("microvirt-node-watchdog")
-            .arg(std::process::id().to_string())
-            .arg(self.node.options().paths.base())
-            .arg("0")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .map_err(io_err("starting the node watchdog (sh)"))?;
+        let child = crate::node::teardown::spawn_watchdog(
+            &self.node.options().paths,
+            &self.node.options().cgroup_root,
+            std::process::id(),
+        )
+        .map_err(io_err("starting the node watchdog (sh)"))?;
         self.watchdog = Some(child);
         Ok(())
     }

@@ -11,19 +11,30 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use microvirt_testsupport::node::teardown::{self, HOST_VETH, KUBELET_SYSCTLS};
 use microvirt_testsupport::node::NodePaths;
-use microvirt_testsupport::oci::{Entry, Image};
+use microvirt_testsupport::oci::{BuiltImage, Entry, Image};
 use microvirt_testsupport::{RealCluster, RealClusterOptions};
 use serde_json::Value;
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// One node per machine, and the killed-owner test checks that nothing of a node is left, so
+/// this file's tests run one after the other (the machine's node lock alone would let the next
+/// test's node start the moment the killed owner's lock is released).
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 fn kubectl(rc: &RealCluster, args: &[&str], stdin: Option<&str>) -> Result<String> {
-    let mut c = rc.kubectl();
+    kubectl_at(rc.kubeconfig_path(), args, stdin)
+}
+
+fn kubectl_at(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    let mut c = Command::new("kubectl");
+    c.arg(format!("--kubeconfig={}", kubeconfig.display()));
     c.args(args);
     let out = if let Some(input) = stdin {
         c.stdin(std::process::Stdio::piped())
@@ -116,12 +127,8 @@ spec:
     imagePullPolicy: Never
 "#;
 
-#[test]
-fn a_real_node_runs_pods_and_leaves_nothing_behind() -> Result {
-    let before = sysctls();
-    let paths = NodePaths::default();
-    let rc = RealCluster::start(RealClusterOptions::default())?;
-    let node_ip = rc.node().options().network.node_ip;
+/// The test's images: busybox (sh, httpd, ...) and a data image for an image volume.
+fn test_images() -> Result<(BuiltImage, BuiltImage)> {
     let cache = microvirt_testsupport::cache_root()?.join("oci");
     let bb = Image {
         name: "docker.io/microvirt-test/busybox:1".into(),
@@ -145,6 +152,81 @@ fn a_real_node_runs_pods_and_leaves_nothing_behind() -> Result {
         ..Default::default()
     }
     .build(&cache)?;
+    Ok((bb, data))
+}
+
+/// Waits for the readiness of pod `name` in `ns`.
+fn wait_ready(kubeconfig: &Path, ns: &str, name: &str) -> Result<Value> {
+    wait_for(
+        &format!("pod {name} Ready"),
+        Duration::from_secs(120),
+        || {
+            let out = kubectl_at(
+                kubeconfig,
+                &["-n", ns, "get", "pod", name, "-o", "json"],
+                None,
+            )
+            .ok()?;
+            let p: Value = serde_json::from_str(&out).ok()?;
+            let ready = p["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            ready.then_some(p)
+        },
+    )
+}
+
+/// What a node left on the machine (empty: nothing).
+fn leftovers(paths: &NodePaths, sysctls_before: &[(String, String)]) -> Vec<String> {
+    let mut left = Vec::new();
+    let procs = teardown::node_processes(
+        paths,
+        &["kubelet", "containerd", "containerd-shim-runc-v2", "pause"],
+    );
+    if !procs.is_empty() {
+        left.push(format!("processes {procs:?}"));
+    }
+    let mounts: Vec<_> = teardown::mounts()
+        .into_iter()
+        .filter(|(p, _)| paths.mount_roots().iter().any(|r| p.starts_with(r)))
+        .collect();
+    if !mounts.is_empty() {
+        left.push(format!("mounts {mounts:?}"));
+    }
+    for m in teardown::cgroup_mounts() {
+        if m.join("microvirt-node").exists() {
+            left.push(format!("cgroup in {}", m.display()));
+        }
+    }
+    if Path::new("/sys/class/net").join(HOST_VETH).exists() {
+        left.push(format!("interface {HOST_VETH}"));
+    }
+    let routes = Command::new("/usr/sbin/ip")
+        .args(["route"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    if routes.contains("10.244.0.0") {
+        left.push("route to the pod subnet".into());
+    }
+    if sysctls() != sysctls_before {
+        left.push(format!("kernel settings {:?}", sysctls()));
+    }
+    if paths.run().exists() {
+        left.push(format!("{}", paths.run().display()));
+    }
+    left
+}
+
+#[test]
+fn a_real_node_runs_pods_and_leaves_nothing_behind() -> Result {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let before = sysctls();
+    let paths = NodePaths::default();
+    let (bb, data) = test_images()?;
+    let rc = RealCluster::start(RealClusterOptions::default())?;
+    let node_ip = rc.node().options().network.node_ip;
     for i in [&bb, &data] {
         rc.node().import_image(&i.archive)?;
     }
@@ -245,27 +327,70 @@ fn a_real_node_runs_pods_and_leaves_nothing_behind() -> Result {
     // The kubelet sets kernel settings; teardown puts them back.
     drop(rc);
     assert!(!Path::new(&format!("/proc/{kubelet_pid}")).exists());
-    assert!(teardown::node_processes(
-        &paths,
-        &["kubelet", "containerd", "containerd-shim-runc-v2", "pause"]
-    )
-    .is_empty());
-    let left: Vec<_> = teardown::mounts()
-        .into_iter()
-        .filter(|(p, _)| paths.mount_roots().iter().any(|r| p.starts_with(r)))
-        .collect();
-    assert!(left.is_empty(), "mounts left: {left:?}");
-    for m in teardown::cgroup_mounts() {
-        assert!(
-            !m.join("microvirt-node").exists(),
-            "cgroup left in {}",
-            m.display()
-        );
+    let left = leftovers(&paths, &before);
+    assert!(left.is_empty(), "left behind: {left:?}");
+    Ok(())
+}
+
+/// Kills the holder process if the test ends early.
+struct Holder(std::process::Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
-    assert!(!Path::new("/sys/class/net").join(HOST_VETH).exists());
-    let routes = Command::new("/usr/sbin/ip").args(["route"]).output()?;
-    assert!(!String::from_utf8_lossy(&routes.stdout).contains("10.244.0.0"));
-    assert_eq!(sysctls(), before);
-    assert!(!paths.run().exists());
+}
+
+/// An owner killed with SIGKILL (no destructor runs) while a pod runs: its watchdogs stop the
+/// control plane and tear the node down (processes, containers, mounts, cgroups, veth, route,
+/// kernel settings) without waiting for the next start.
+#[test]
+fn a_killed_owner_leaves_nothing_behind() -> Result {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let before = sysctls();
+    let paths = NodePaths::default();
+    let (bb, data) = test_images()?;
+    let mut holder = Holder(
+        Command::new(env!("CARGO_BIN_EXE_hold-cluster"))
+            .arg("--real")
+            .arg("--import")
+            .arg(&bb.archive)
+            .arg("--import")
+            .arg(&data.archive)
+            .stdout(Stdio::piped())
+            .spawn()?,
+    );
+    let mut line = String::new();
+    BufReader::new(holder.0.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+    let dir = Path::new(line.split_whitespace().next().ok_or("no data dir")?).to_path_buf();
+    let kc = dir.join("kubeconfig");
+    kubectl_at(&kc, &["create", "namespace", "k"], None)?;
+    wait_for(
+        "the default ServiceAccount",
+        Duration::from_secs(60),
+        || kubectl_at(&kc, &["-n", "k", "get", "sa", "default"], None).ok(),
+    )?;
+    kubectl_at(&kc, &["-n", "k", "apply", "-f", "-"], Some(POD))?;
+    wait_ready(&kc, "k", "web")?;
+    assert!(!teardown::node_processes(&paths, &["containerd-shim-runc-v2"]).is_empty());
+
+    holder.0.kill()?; // SIGKILL
+    holder.0.wait()?;
+    let t = Instant::now();
+    let mut left = leftovers(&paths, &before);
+    while (!left.is_empty() || dir.exists()) && t.elapsed() < Duration::from_secs(90) {
+        thread::sleep(Duration::from_millis(250));
+        left = leftovers(&paths, &before);
+    }
+    eprintln!(
+        "watchdogs cleaned up {:.1} s after the owner died",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(left.is_empty(), "left behind: {left:?}");
+    assert!(!dir.exists(), "{} left behind", dir.display());
     Ok(())
 }

@@ -471,6 +471,130 @@ pub fn teardown(paths: &NodePaths, cgroup_root: &str) -> TeardownReport {
     report
 }
 
+/// Shell text of the node's watchdog (see [`spawn_watchdog`]): [`teardown`]'s steps for an
+/// owner that died without dropping its node (SIGKILL, a CI timeout), from the same facts on
+/// the machine: executable name plus a command line naming the node's directories, the pod
+/// cgroups, mountinfo, the recorded kernel settings and fixed paths.
+const WATCHDOG_SH: &str = r#"trap '' INT TERM HUP
+while kill -0 "$MV_PARENT" 2>/dev/null; do sleep 1; done
+case "$MV_BASE:$MV_RUN" in /?*:/?*) ;; *) exit 1 ;; esac
+# A new owner holds the lock: its start clears what is left. Otherwise keep it out meanwhile.
+exec 9>>"$MV_LOCK" || exit 1
+flock -n 9 || exit 0
+pids_of() {
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    exe=$(readlink "$d/exe" 2>/dev/null) || continue
+    exe=${exe##*/}; exe=${exe% (deleted)}
+    for n in "$@"; do
+      [ "$exe" = "$n" ] && grep -qaF -e "$MV_BASE" -e "$MV_RUN" "$d/cmdline" 2>/dev/null && echo "$p"
+    done
+  done
+}
+stop() {
+  p=$(pids_of "$@"); [ -n "$p" ] || return 0
+  kill -TERM $p 2>/dev/null
+  i=0; while [ $i -lt 50 ] && [ -n "$(pids_of "$@")" ]; do sleep 0.1; i=$((i+1)); done
+  p=$(pids_of "$@"); [ -n "$p" ] && kill -KILL $p 2>/dev/null
+  i=0; while [ $i -lt 50 ] && [ -n "$(pids_of "$@")" ]; do sleep 0.1; i=$((i+1)); done
+}
+cgroup_dirs() {
+  grep -E ' - cgroup2? ' /proc/self/mountinfo | cut -d' ' -f5 | while read -r m; do
+    [ -d "$m$MV_CGROUP" ] && find "$m$MV_CGROUP" -depth -type d
+  done
+}
+kill_cgroups() {
+  i=0; while [ $i -lt 100 ]; do
+    p=$(cgroup_dirs | while read -r d; do cat "$d/cgroup.procs" 2>/dev/null; done)
+    [ -n "$p" ] || return 0
+    kill -KILL $p 2>/dev/null; sleep 0.1; i=$((i+1))
+  done
+}
+remove_cgroups() {
+  i=0; while [ $i -lt 50 ]; do
+    left=; for d in $(cgroup_dirs); do rmdir "$d" 2>/dev/null || left=1; done
+    [ -n "$left" ] || return 0
+    sleep 0.2; i=$((i+1))
+  done
+}
+stop kubelet
+kill_cgroups
+stop containerd containerd-shim-runc-v2
+stop pause
+for round in 1 2 3 4 5; do
+  ms=$(cut -d' ' -f5 /proc/self/mountinfo | tac | while read -r m; do
+    for r in $MV_MOUNT_ROOTS; do case "$m" in "$r"|"$r"/*) echo "$m" ;; esac; done
+  done)
+  [ -n "$ms" ] || break
+  for m in $ms; do umount -l "$m" 2>/dev/null; done
+done
+kill_cgroups
+remove_cgroups
+[ -e "/sys/class/net/$MV_VETH" ] && "$MV_IP" link del "$MV_VETH" 2>/dev/null
+rec="$MV_BASE/sysctl.saved"
+if [ -f "$rec" ]; then
+  ok=1
+  while read -r k v; do echo "$v" > "/proc/sys/$k" 2>/dev/null || ok=; done < "$rec"
+  [ -n "$ok" ] && rm -f "$rec"
+fi
+rec="$MV_BASE/created-paths"
+if [ -f "$rec" ]; then
+  while read -r p; do for f in $MV_FIXED; do [ "$p" = "$f" ] && rm -rf "$p"; done; done < "$rec"
+  rm -f "$rec"
+fi
+for e in "$MV_BASE"/*; do
+  case "$e" in "$MV_BASE/logs"|"$rec"|"$MV_BASE/sysctl.saved") ;; *) rm -rf "$e" ;; esac
+done
+rm -rf "$MV_RUN"
+exit 0
+"#;
+
+/// Starts a watchdog (a `sh` in a process group of its own) that waits for process `parent`
+/// to end and then tears the node down as [`teardown`] does, unless another owner has taken
+/// the node's lock by then (that owner's start clears what is left). The owner kills the
+/// watchdog before its own teardown. Needs `flock` (util-linux), `find`, `tac`, `umount`.
+pub fn spawn_watchdog(
+    paths: &NodePaths,
+    cgroup_root: &str,
+    parent: u32,
+) -> io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let join = |v: Vec<String>| v.join(" ");
+    Command::new("sh")
+        .arg("-c")
+        .arg(WATCHDOG_SH)
+        .arg("microvirt-node-watchdog")
+        .env("MV_PARENT", parent.to_string())
+        .env("MV_LOCK", paths.lock_file())
+        .env("MV_BASE", paths.base())
+        .env("MV_RUN", paths.run())
+        .env(
+            "MV_CGROUP",
+            format!("/{}", cgroup_root.trim_start_matches('/')),
+        )
+        .env("MV_VETH", HOST_VETH)
+        .env("MV_IP", super::netns::IP)
+        .env(
+            "MV_MOUNT_ROOTS",
+            join(
+                paths
+                    .mount_roots()
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect(),
+            ),
+        )
+        .env(
+            "MV_FIXED",
+            join(FIXED_PATHS.iter().map(|p| p.to_string()).collect()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
