@@ -5,8 +5,8 @@
 use anyhow::{bail, Result};
 
 mod bench;
-mod bench_snapshot;
 mod bench_node;
+mod bench_snapshot;
 mod cluster;
 mod demo;
 mod fuzz;
