@@ -280,6 +280,13 @@ async fn launch_with(
     let pod_uid = pod.uid().unwrap();
     let runtime = tmp.join(format!("rt-{name}"));
     std::fs::create_dir_all(runtime.join("vmi")).unwrap();
+    // The kernelBoot image's mount with the demo guest at boot/vmlinux (as in
+    // microvirt/demo-kernel:dev): a pod never boots the launcher's built-in demo guest.
+    let kernel_dir = runtime.join("kernel-boot/boot");
+    std::fs::create_dir_all(&kernel_dir).unwrap();
+    let guest =
+        tokio::task::block_in_place(testguest_build::build).expect("building the test guest");
+    std::fs::copy(&guest.pvh, kernel_dir.join("vmlinux")).unwrap();
     let empty_dirs = tmp
         .join("kubelet/pods")
         .join(&pod_uid)
@@ -292,7 +299,10 @@ async fn launch_with(
         "metadata": {"name": name, "namespace": NS, "uid": vmi_uid},
         "spec": {
             "terminationGracePeriodSeconds": 2,
-            "domain": {"firmware": {"kernelBoot": {"kernelArgs": "testguest.scenario=halt-forever"}}}
+            "domain": {"firmware": {"kernelBoot": {
+                "kernelArgs": "testguest.scenario=halt-forever",
+                "container": {"image": "microvirt/demo-kernel:dev", "kernelPath": "/boot/vmlinux"}
+            }}}
         },
         "guestMemoryBytes": 33554432u64,
         "vcpus": 1

@@ -61,11 +61,21 @@ fn watch_streams_state_changes_until_the_launcher_exits() {
     let dir = PodDir(std::env::temp_dir().join(format!("mv-watch-{}", std::process::id())));
     let root = dir.0.join("root");
     std::fs::create_dir_all(root.join("vmi")).unwrap();
+    // The kernelBoot image's mount with the demo guest (a pod never boots the built-in one).
+    std::fs::create_dir_all(root.join("kernel-boot/boot")).unwrap();
+    std::fs::write(
+        root.join("kernel-boot/boot/vmlinux"),
+        launcher::demo::DEMO_GUEST,
+    )
+    .unwrap();
     let doc = serde_json::json!({
         "apiVersion": "microvirt.io/v1alpha1",
         "kind": "VirtualMachineInstance",
         "metadata": {"name": "w", "namespace": "default", "uid": "u-1"},
-        "spec": {"domain": {"firmware": {"kernelBoot": {"kernelArgs": "testguest.scenario=halt-forever"}}}},
+        "spec": {"domain": {"firmware": {"kernelBoot": {
+            "kernelArgs": "testguest.scenario=halt-forever",
+            "container": {"image": "microvirt/demo-kernel:dev", "kernelPath": "/boot/vmlinux"}
+        }}}},
         "guestMemoryBytes": 33554432u64,
         "vcpus": 1
     });
