@@ -21,6 +21,8 @@ pub const FIXED_PATHS: &[&str] = &[
     "/run/containerd",
     // libcni's result cache.
     "/var/lib/cni",
+    // virt-handler's snapshot hostPath (deploy/handler.yaml, DirectoryOrCreate).
+    "/var/lib/microvirt",
 ];
 
 /// The node's directories and files.
