@@ -214,10 +214,14 @@ pub struct KernelBootContainer {
     /// Path of the kernel inside the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
+    #[x_kube(validation = Rule::new(INSIDE_IMAGE_RULE)
+        .message("kernelPath must stay inside the image: no '..' component"))]
     pub kernel_path: Option<String>,
     /// Path of the initrd inside the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
+    #[x_kube(validation = Rule::new(INSIDE_IMAGE_RULE)
+        .message("initrdPath must stay inside the image: no '..' component"))]
     pub initrd_path: Option<String>,
     /// Image pull policy (Always, IfNotPresent, Never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -258,12 +262,21 @@ pub struct Devices {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct Rng {}
 
+/// CEL: the string is a DNS label (RFC 1123, as Kubernetes names; length checked separately).
+pub const DNS_LABEL_RULE: &str = "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')";
+/// CEL: the string is a relative path inside an image (no `..` component).
+pub const INSIDE_IMAGE_RULE: &str = "!self.matches('(^|/)[.][.](/|$)')";
+
 /// A disk of the guest.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Disk {
-    /// Name; must match a volume's name.
+    /// Name; must match a volume's name. A DNS label: it becomes a file name in the launcher
+    /// pod.
     #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new(DNS_LABEL_RULE).message(
+        "a disk name must be a DNS label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters): it becomes a file name in the launcher pod"
+    ))]
     pub name: String,
     /// Attach as a disk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -366,8 +379,12 @@ pub enum Protocol {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Volume {
-    /// Name that a disk refers to.
+    /// Name that a disk refers to. A DNS label: it becomes a directory name in the launcher
+    /// pod.
     #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new(DNS_LABEL_RULE).message(
+        "a volume name must be a DNS label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters): it becomes a directory name in the launcher pod"
+    ))]
     pub name: String,
     /// A disk image inside a container image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -384,7 +401,7 @@ pub struct Volume {
 }
 
 /// Disk image inside a container image.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerDiskSource {
     /// Image reference.
@@ -393,6 +410,8 @@ pub struct ContainerDiskSource {
     /// Path of the disk image inside the container image (default: the first file in `/disk`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
+    #[x_kube(validation = Rule::new(INSIDE_IMAGE_RULE)
+        .message("containerDisk.path must stay inside the image: no '..' component"))]
     pub path: Option<String>,
     /// Image pull policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -411,13 +430,19 @@ pub struct PersistentVolumeClaimSource {
     pub read_only: Option<bool>,
 }
 
-/// cloud-init NoCloud data.
+/// cloud-init NoCloud data (KubeVirt's `cloudInitNoCloud`): user data inline, in base64 or in a
+/// Secret (`secretRef`, key `userdata` or `userData`); network data inline, in base64 or in a
+/// Secret (`networkDataSecretRef`, key `networkdata` or `networkData`). The launcher pod never gets the
+/// data through its annotations: the operator puts inline data into a Secret of its own that
+/// the pod mounts, like the referenced ones.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[x_kube(
-    validation = Rule::new("has(self.userData) || has(self.userDataBase64) || has(self.networkData)")
-        .message("cloudInitNoCloud needs userData, userDataBase64 or networkData"),
-    validation = Rule::new("!(has(self.userData) && has(self.userDataBase64))")
-        .message("cloudInitNoCloud takes userData or userDataBase64, not both")
+    validation = Rule::new("has(self.userData) || has(self.userDataBase64) || has(self.secretRef) || has(self.networkData) || has(self.networkDataBase64) || has(self.networkDataSecretRef)")
+        .message("cloudInitNoCloud needs userData, userDataBase64, secretRef, networkData, networkDataBase64 or networkDataSecretRef"),
+    validation = Rule::new("(has(self.userData) ? 1 : 0) + (has(self.userDataBase64) ? 1 : 0) + (has(self.secretRef) ? 1 : 0) <= 1")
+        .message("cloudInitNoCloud takes one of userData, userDataBase64 and secretRef"),
+    validation = Rule::new("(has(self.networkData) ? 1 : 0) + (has(self.networkDataBase64) ? 1 : 0) + (has(self.networkDataSecretRef) ? 1 : 0) <= 1")
+        .message("cloudInitNoCloud takes one of networkData, networkDataBase64 and networkDataSecretRef")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CloudInitNoCloudSource {
@@ -429,10 +454,32 @@ pub struct CloudInitNoCloudSource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32768))]
     pub user_data_base64: Option<String>,
+    /// A Secret in the VMI's namespace holding the user-data (key `userdata` or `userData`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretRef>,
     /// network-config as text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16384))]
     pub network_data: Option<String>,
+    /// network-config, base64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32768))]
+    pub network_data_base64: Option<String>,
+    /// A Secret in the VMI's namespace holding the network-config (key `networkdata` or
+    /// `networkData`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_data_secret_ref: Option<SecretRef>,
+}
+
+/// A Secret in the same namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretRef {
+    /// The Secret's name.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')")
+        .message("a Secret name must be a DNS subdomain (lowercase letters, digits, '-' and '.')"))]
+    pub name: String,
 }
 
 /// Blank disk.

@@ -35,8 +35,10 @@ pub enum CloudInitError {
     TooManyFiles,
     #[error("cloud-init file name {0:?} is not 1-255 ASCII characters")]
     BadName(String),
-    #[error("cloudInitNoCloud.userDataBase64 is not valid base64: {0}")]
-    Base64(String),
+    #[error("cloudInitNoCloud.{field} is not valid base64: {detail}")]
+    Base64 { field: &'static str, detail: String },
+    #[error("cloudInitNoCloud.networkDataBase64 is not UTF-8 text")]
+    NetworkDataText,
     #[error("writing the cloud-init image {path}: {source}")]
     Write {
         path: String,
@@ -60,12 +62,26 @@ impl NoCloudSeed {
         instance_id: &str,
         hostname: &str,
     ) -> Result<Self, CloudInitError> {
+        let decode = |field: &'static str, b: &str| {
+            base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .map_err(|e| CloudInitError::Base64 {
+                    field,
+                    detail: e.to_string(),
+                })
+        };
         let user_data = match (&src.user_data, &src.user_data_base64) {
             (Some(t), _) => t.clone().into_bytes(),
-            (None, Some(b)) => base64::engine::general_purpose::STANDARD
-                .decode(b.trim())
-                .map_err(|e| CloudInitError::Base64(e.to_string()))?,
+            (None, Some(b)) => decode("userDataBase64", b)?,
             (None, None) => Vec::new(),
+        };
+        let network_config = match (&src.network_data, &src.network_data_base64) {
+            (Some(t), _) => Some(t.clone()),
+            (None, Some(b)) => Some(
+                String::from_utf8(decode("networkDataBase64", b)?)
+                    .map_err(|_| CloudInitError::NetworkDataText)?,
+            ),
+            (None, None) => None,
         };
         let meta_data = format!(
             "instance-id: {}\nlocal-hostname: {}\n",
@@ -75,7 +91,7 @@ impl NoCloudSeed {
         Ok(Self {
             user_data,
             meta_data,
-            network_config: src.network_data.clone(),
+            network_config,
         })
     }
 
@@ -95,6 +111,16 @@ impl NoCloudSeed {
         let img = build_vfat(&self.files())?;
         std::fs::write(path, img).map_err(|source| CloudInitError::Write {
             path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// Writes the image into an open (empty) file.
+    pub fn write_to(&self, f: &mut std::fs::File) -> Result<(), CloudInitError> {
+        use std::io::Write;
+        let img = build_vfat(&self.files())?;
+        f.write_all(&img).map_err(|source| CloudInitError::Write {
+            path: "the cloud-init image".into(),
             source,
         })
     }
@@ -383,6 +409,7 @@ mod tests {
             user_data: Some("#cloud-config\nhostname: demo\n".into()),
             user_data_base64: None,
             network_data: Some("version: 2\n".into()),
+            ..Default::default()
         };
         let seed = NoCloudSeed::from_volume(&src, "uid-1", "demo").unwrap();
         let img = build_vfat(&seed.files()).unwrap();
@@ -422,6 +449,7 @@ mod tests {
             user_data: None,
             user_data_base64: Some("aGVsbG8=".into()),
             network_data: None,
+            ..Default::default()
         };
         let seed = NoCloudSeed::from_volume(&src, "a b", "h").unwrap();
         assert_eq!(seed.user_data, b"hello");
@@ -432,6 +460,26 @@ mod tests {
             ..Default::default()
         };
         assert!(NoCloudSeed::from_volume(&bad, "i", "h").is_err());
+        // networkDataBase64 (KubeVirt's field) becomes network-config; it must be text.
+        let net = CloudInitNoCloud {
+            network_data_base64: Some("dmVyc2lvbjogMgo=".into()),
+            ..Default::default()
+        };
+        let seed = NoCloudSeed::from_volume(&net, "i", "h").unwrap();
+        assert_eq!(seed.network_config.as_deref(), Some("version: 2\n"));
+        assert_eq!(seed.files().len(), 3);
+        let not_text = CloudInitNoCloud {
+            network_data_base64: Some("/w==".into()),
+            ..Default::default()
+        };
+        let e = NoCloudSeed::from_volume(&not_text, "i", "h").unwrap_err();
+        assert!(e.to_string().contains("not UTF-8"), "{e}");
+        let not_b64 = CloudInitNoCloud {
+            network_data_base64: Some("%%".into()),
+            ..Default::default()
+        };
+        let e = NoCloudSeed::from_volume(&not_b64, "i", "h").unwrap_err();
+        assert!(e.to_string().contains("networkDataBase64"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!
 //! | cmd | effect | answer fields |
 //! |---|---|---|
-//! | `status` | none | `name`, `state` (starting, running, paused, shutting-down, stopped), `booted`, `bootTimeMs`, `vcpus`, `memMiB`, `disks`, `network`, `vmmSeccomp` (seccomp mode of the VMM thread: 2 = filter), `capEff` (the VMM thread's effective capabilities, hex) |
+//! | `status` | none | `name`, `state` (starting, running, paused, shutting-down, stopped), `booted`, `bootTimeMs`, `vcpus`, `memMiB`, `disks`, `network`, `vmmSeccomp` (seccomp mode of the VMM thread: 2 = filter), `capEff` (the VMM thread's effective capabilities, hex), `threads` (every thread: `tid`, `name`, `seccomp`, `noNewPrivs`, `capEff`), `consoleDroppedBytes` (guest console output dropped because its reader fell behind) |
 //! | `pause` | pause the vCPUs | `state` |
 //! | `unpause` (or `resume`) | resume the vCPUs | `state` |
 //! | `shutdown` | graceful: Ctrl-Alt-Del, hard stop after the grace period | `state` |
@@ -79,7 +79,10 @@ pub fn serve(path: &Path, ctx: Context) -> std::io::Result<ControlServer> {
         Err(e) => return Err(e),
     }
     let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    // Owner and group: in the pod the launcher runs as 107:107 (docs/launcher-pod.md); the
+    // node agent and `kubectl exec` clients are root without capabilities, so they reach the
+    // socket through group 107 (the agent's supplementalGroups, the pod's fsGroup).
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
@@ -103,18 +106,48 @@ pub fn serve(path: &Path, ctx: Context) -> std::io::Result<ControlServer> {
     })
 }
 
+/// A field of a `/proc/.../status` text.
+fn status_field(text: &str, name: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(|v| v.trim().to_string())
+}
+
 /// `Seccomp:` and `CapEff:` of a thread of this process.
 fn thread_security(tid: i32) -> (Option<u64>, Option<String>) {
     let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_string())
-    };
     (
-        field("Seccomp:").and_then(|v| v.parse().ok()),
-        field("CapEff:"),
+        status_field(&text, "Seccomp").and_then(|v| v.parse().ok()),
+        status_field(&text, "CapEff"),
     )
+}
+
+/// Every thread of this process with its seccomp mode, `no_new_privs` and effective
+/// capabilities (from `/proc/self/task/*/status`).
+pub fn threads_security() -> Vec<Value> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    let mut out: Vec<(i64, Value)> = dir
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let tid: i64 = e.file_name().to_str()?.parse().ok()?;
+            let text = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let num = |f| status_field(&text, f).and_then(|v| v.parse::<u64>().ok());
+            Some((
+                tid,
+                json!({
+                    "tid": tid,
+                    "name": status_field(&text, "Name"),
+                    "seccomp": num("Seccomp"),
+                    "noNewPrivs": num("NoNewPrivs"),
+                    "capEff": status_field(&text, "CapEff"),
+                }),
+            ))
+        })
+        .collect();
+    out.sort_by_key(|(tid, _)| *tid);
+    out.into_iter().map(|(_, v)| v).collect()
 }
 
 fn status_json(ctx: &Context) -> Value {
@@ -135,6 +168,8 @@ fn status_json(ctx: &Context) -> Value {
         "network": s.network,
         "vmmSeccomp": seccomp,
         "capEff": cap,
+        "threads": threads_security(),
+        "consoleDroppedBytes": s.console.as_ref().map(|q| q.dropped()),
     })
 }
 

@@ -11,13 +11,22 @@
 //!
 //! containerDisks are used through a per-VMI copy-on-write overlay in the runtime directory (the
 //! image is never written, so any number of VMIs share it), unless the disk is read-only.
+//!
+//! Volume and disk names become path components, so they must be DNS labels (checked when the
+//! VMI is read, see `vmi.rs`). In pod mode, and for the files the launcher creates in the
+//! runtime directory in both modes, files are opened with [`paths::open_beneath`] (no symbolic
+//! link followed below the mount or runtime directory) and the VMM gets `/proc/self/fd/N` of the
+//! launcher's descriptor, so it opens exactly the file that was checked. Run mode's own local
+//! paths (images, PVC paths on the user's machine) are the user's and are used as given.
 
+use std::fs::File;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Component, Path, PathBuf};
 
 use vmm::devices::virtio::BlockConfig;
 
 use crate::cloudinit::{CloudInitError, NoCloudSeed};
+use crate::paths::{self, open_beneath, OpenMode};
 use crate::vmi::{VmiDocument, VmiError, Volume};
 
 #[derive(Debug, thiserror::Error)]
@@ -71,11 +80,17 @@ pub enum DiskKind {
     CloudInitNoCloud,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct PreparedDisk {
     pub name: String,
     pub kind: DiskKind,
+    /// What the VMM opens (paths may be `/proc/self/fd/N` of `held`).
     pub config: BlockConfig,
+    /// The same with the files' real paths, for status and logs.
+    pub shown: BlockConfig,
+    /// Descriptors behind `/proc/self/fd/N` paths in `config`; keep them open until the VMM
+    /// has opened the disks.
+    pub held: Vec<File>,
 }
 
 fn io_err(volume: &str, path: &Path) -> impl FnOnce(std::io::Error) -> DiskError {
@@ -96,6 +111,11 @@ fn invalid(volume: &str, detail: impl Into<String>) -> DiskError {
 
 /// A path inside a mounted image: leading `/` dropped, `..` refused.
 pub fn inside(root: &Path, rel: &str, volume: &str) -> Result<PathBuf, DiskError> {
+    Ok(root.join(relative_inside(rel, volume)?))
+}
+
+/// `rel` as a relative path that stays inside its root: leading `/` dropped, `..` refused.
+pub fn relative_inside(rel: &str, volume: &str) -> Result<PathBuf, DiskError> {
     let rel = Path::new(rel.trim_start_matches('/'));
     if rel.as_os_str().is_empty()
         || rel
@@ -110,7 +130,7 @@ pub fn inside(root: &Path, rel: &str, volume: &str) -> Result<PathBuf, DiskError
             ),
         ));
     }
-    Ok(root.join(rel))
+    Ok(rel.to_path_buf())
 }
 
 /// A local path: absolute as is, relative to `base`.
@@ -123,8 +143,127 @@ pub fn local(base: &Path, p: &str) -> PathBuf {
     }
 }
 
-/// A PVC location: a directory means its `disk.img`; a file or block device is the disk.
-fn pvc_disk(volume: &str, path: &Path) -> Result<PathBuf, DiskError> {
+/// A disk file: the path the VMM opens, the path shown, and the descriptor behind it.
+struct DiskFile {
+    vmm_path: PathBuf,
+    shown: PathBuf,
+    held: Option<File>,
+}
+
+impl DiskFile {
+    /// A local file used by path (run mode).
+    fn local(p: PathBuf) -> Self {
+        Self {
+            vmm_path: p.clone(),
+            shown: p,
+            held: None,
+        }
+    }
+
+    /// `root/rel` opened without following links; the VMM reopens the descriptor.
+    fn beneath(volume: &str, root: &Path, rel: &Path, mode: OpenMode) -> Result<Self, DiskError> {
+        let shown = root.join(rel);
+        let f = open_beneath(root, rel, mode).map_err(io_err(volume, &shown))?;
+        Ok(Self {
+            vmm_path: paths::proc_path(&f),
+            shown,
+            held: Some(f),
+        })
+    }
+
+    fn file(&self) -> Option<&File> {
+        self.held.as_ref()
+    }
+}
+
+/// Whether a descriptor is a regular file or a block device.
+fn is_disk(f: &File) -> std::io::Result<bool> {
+    let t = f.metadata()?.file_type();
+    Ok(t.is_file() || t.is_block_device())
+}
+
+/// A PVC location in pod mode: `pvcs/<vol>` is a directory with `disk.img`, or the block
+/// device itself.
+fn pvc_disk_pod(
+    volume: &str,
+    root: &Path,
+    pvc_devices: &Path,
+    read_only: bool,
+) -> Result<DiskFile, DiskError> {
+    let mode = if read_only {
+        OpenMode::ReadOnly
+    } else {
+        OpenMode::ReadWrite
+    };
+    let mount = Path::new("pvcs").join(volume);
+    let meta = match std::fs::symlink_metadata(root.join(&mount)) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return pvc_block_device(
+                volume,
+                &pvc_devices.join(volume),
+                read_only,
+                &root.join(&mount),
+            )
+        }
+        Err(e) => return Err(io_err(volume, &root.join(&mount))(e)),
+    };
+    let rel = if meta.is_dir() {
+        mount.join("disk.img")
+    } else {
+        mount
+    };
+    let d = DiskFile::beneath(volume, root, &rel, mode)?;
+    match d.file().map(is_disk) {
+        Some(Ok(true)) => Ok(d),
+        _ => Err(invalid(
+            volume,
+            format!("{} is not a file or block device", d.shown.display()),
+        )),
+    }
+}
+
+/// A `volumeMode: Block` claim: the device node `dev` (not a link), opened here; the VMM
+/// reopens the descriptor.
+fn pvc_block_device(
+    volume: &str,
+    dev: &Path,
+    read_only: bool,
+    mount: &Path,
+) -> Result<DiskFile, DiskError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let missing = || {
+        invalid(
+            volume,
+            format!(
+                "neither {} (volumeMode: Filesystem) nor the block device {} (volumeMode: Block) is there",
+                mount.display(),
+                dev.display()
+            ),
+        )
+    };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dev)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => missing(),
+            _ => io_err(volume, dev)(e),
+        })?;
+    if !f.metadata().is_ok_and(|m| m.file_type().is_block_device()) {
+        return Err(missing());
+    }
+    Ok(DiskFile {
+        vmm_path: paths::proc_path(&f),
+        shown: dev.to_path_buf(),
+        held: Some(f),
+    })
+}
+
+/// A PVC location in run mode: a directory means its `disk.img`; a file or block device is
+/// the disk.
+fn pvc_disk_local(volume: &str, path: &Path) -> Result<DiskFile, DiskError> {
     let meta = std::fs::metadata(path).map_err(io_err(volume, path))?;
     if meta.is_dir() {
         let img = path.join("disk.img");
@@ -134,9 +273,9 @@ fn pvc_disk(volume: &str, path: &Path) -> Result<PathBuf, DiskError> {
                 format!("{} has no disk.img", path.display()),
             ));
         }
-        Ok(img)
+        Ok(DiskFile::local(img))
     } else if meta.is_file() || meta.file_type().is_block_device() {
-        Ok(path.to_path_buf())
+        Ok(DiskFile::local(path.to_path_buf()))
     } else {
         Err(invalid(
             volume,
@@ -148,12 +287,14 @@ fn pvc_disk(volume: &str, path: &Path) -> Result<PathBuf, DiskError> {
     }
 }
 
-/// The first regular file (by name) in `dir`.
-fn first_file(volume: &str, dir: &Path) -> Result<PathBuf, DiskError> {
-    let mut names: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(io_err(volume, dir))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
+/// The first regular file (by name, links not followed) in `root/rel`.
+fn first_file(volume: &str, root: &Path, rel: &Path) -> Result<PathBuf, DiskError> {
+    let dir = root.join(rel);
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(io_err(volume, &dir))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .map(|e| rel.join(e.file_name()))
         .collect();
     names.sort();
     names
@@ -162,22 +303,54 @@ fn first_file(volume: &str, dir: &Path) -> Result<PathBuf, DiskError> {
         .ok_or_else(|| invalid(volume, format!("no disk image in {}", dir.display())))
 }
 
-/// Creates (or truncates) a sparse file of `capacity` bytes, rounded up to whole sectors.
-pub fn create_sparse(volume: &str, path: &Path, capacity: u64) -> Result<(), DiskError> {
+/// Creates (or truncates) the sparse file `dir/name` of `capacity` bytes, rounded up to whole
+/// sectors, without following links below `dir`.
+pub fn create_sparse(
+    volume: &str,
+    dir: &Path,
+    name: &Path,
+    capacity: u64,
+) -> Result<File, DiskError> {
     let cap = capacity.div_ceil(512) * 512;
     if cap == 0 {
         return Err(invalid(volume, "emptyDisk capacity must be more than 0"));
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io_err(volume, dir))?;
+    let path = dir.join(name);
+    let f = open_beneath(dir, name, OpenMode::Create).map_err(io_err(volume, &path))?;
+    f.set_len(cap).map_err(io_err(volume, &path))?;
+    Ok(f)
+}
+
+/// Below the pod root: where the operator mounts cloud-init Secrets.
+const CLOUD_INIT_DIR: &str = "cloud-init";
+/// Largest cloud-init file read from a Secret (a Secret holds at most 1 MiB).
+const SECRET_FILE_MAX: u64 = 1 << 20;
+
+/// The first of `names` in the Secret mount `dir`; `None` when the directory or the files do
+/// not exist. (Secret volumes are links into a timestamped directory that the kubelet writes;
+/// they are followed.)
+fn secret_file(volume: &str, dir: &Path, names: &[&str]) -> Result<Option<Vec<u8>>, DiskError> {
+    use std::io::Read;
+    for n in names {
+        let p = dir.join(n);
+        let f = match File::open(&p) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(volume, &p)(e)),
+        };
+        let mut data = Vec::new();
+        f.take(SECRET_FILE_MAX + 1)
+            .read_to_end(&mut data)
+            .map_err(io_err(volume, &p))?;
+        if data.len() as u64 > SECRET_FILE_MAX {
+            return Err(invalid(
+                volume,
+                format!("{} is larger than {SECRET_FILE_MAX} bytes", p.display()),
+            ));
+        }
+        return Ok(Some(data));
     }
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(path)
-        .map_err(io_err(volume, path))?;
-    f.set_len(cap).map_err(io_err(volume, path))
+    Ok(None)
 }
 
 fn volume_disk(
@@ -185,19 +358,21 @@ fn volume_disk(
     vol: &Volume,
     layout: &Layout,
     scratch: &Path,
-) -> Result<(DiskKind, BlockConfig, bool), DiskError> {
+    devices: &mut BlockDevices,
+) -> Result<(DiskKind, DiskFile, bool, bool), DiskError> {
     let name = vol.name.as_str();
     if let Some(cd) = &vol.container_disk {
-        let path = match layout {
+        let d = match layout {
             Layout::Pod { root, .. } => {
-                let mount = root.join("container-disks").join(name);
-                match cd.path.as_deref() {
-                    Some(p) => inside(&mount, p, name)?,
-                    None => first_file(name, &mount.join("disk"))?,
-                }
+                let mount = Path::new("container-disks").join(name);
+                let rel = match cd.path.as_deref() {
+                    Some(p) => mount.join(relative_inside(p, name)?),
+                    None => first_file(name, root, &mount.join("disk"))?,
+                };
+                DiskFile::beneath(name, root, &rel, OpenMode::ReadOnly)?
             }
             Layout::Local { base_dir, .. } => match cd.path.as_deref() {
-                Some(p) => local(base_dir, p),
+                Some(p) => DiskFile::local(local(base_dir, p)),
                 None => {
                     return Err(invalid(
                         name,
@@ -206,76 +381,156 @@ fn volume_disk(
                 }
             },
         };
-        if !path.is_file() {
+        let regular = match d.file() {
+            Some(f) => f.metadata().is_ok_and(|m| m.is_file()),
+            None => d.vmm_path.is_file(),
+        };
+        if !regular {
             return Err(invalid(
                 name,
-                format!("containerDisk image {} is not a file", path.display()),
+                format!("containerDisk image {} is not a file", d.shown.display()),
             ));
         }
-        return Ok((DiskKind::ContainerDisk, BlockConfig::new(path), true));
+        return Ok((DiskKind::ContainerDisk, d, true, false));
     }
     if let Some(pvc) = &vol.persistent_volume_claim {
-        let loc = match layout {
-            Layout::Pod { root, pvc_devices } => {
-                let mount = root.join("pvcs").join(name);
-                if mount.exists() {
-                    mount
-                } else {
-                    let dev = pvc_devices.join(name);
-                    if !std::fs::metadata(&dev).is_ok_and(|m| m.file_type().is_block_device()) {
-                        return Err(invalid(
-                            name,
-                            format!(
-                                "neither {} (volumeMode: Filesystem) nor the block device {} \
-                                 (volumeMode: Block) is there",
-                                mount.display(),
-                                dev.display()
-                            ),
-                        ));
-                    }
-                    dev
-                }
-            }
+        let read_only = pvc.read_only.unwrap_or(false);
+        let d = match layout {
+            Layout::Pod { root, pvc_devices } => match devices.0.remove(name) {
+                Some(d) => d,
+                None => pvc_disk_pod(name, root, pvc_devices, read_only)?,
+            },
             Layout::Local { base_dir, pvc_root } => {
-                if pvc.claim_name.contains('/') {
+                let loc = if pvc.claim_name.contains('/') {
                     local(base_dir, &pvc.claim_name)
                 } else {
                     pvc_root.join(&pvc.claim_name)
-                }
+                };
+                pvc_disk_local(name, &loc)?
             }
         };
-        let mut c = BlockConfig::new(pvc_disk(name, &loc)?);
-        c.read_only = pvc.read_only.unwrap_or(false);
-        return Ok((DiskKind::PersistentVolumeClaim, c, false));
+        return Ok((DiskKind::PersistentVolumeClaim, d, false, read_only));
     }
     if let Some(ed) = &vol.empty_disk {
         let cap = ed.capacity.bytes("emptyDisk.capacity")?;
-        let path = match layout {
-            Layout::Pod { root, .. } => root.join("empty-disks").join(name).join("disk.img"),
-            Layout::Local { .. } => scratch.join(format!("{name}.empty.img")),
+        let (dir, rel) = match layout {
+            Layout::Pod { root, .. } => (
+                root.clone(),
+                Path::new("empty-disks").join(name).join("disk.img"),
+            ),
+            Layout::Local { .. } => (
+                scratch.to_path_buf(),
+                PathBuf::from(format!("{name}.empty.img")),
+            ),
         };
-        create_sparse(name, &path, cap)?;
-        return Ok((DiskKind::EmptyDisk, BlockConfig::new(path), false));
+        let f = create_sparse(name, &dir, &rel, cap)?;
+        let d = DiskFile {
+            vmm_path: paths::proc_path(&f),
+            shown: dir.join(rel),
+            held: Some(f),
+        };
+        return Ok((DiskKind::EmptyDisk, d, false, false));
     }
     if let Some(ci) = &vol.cloud_init_no_cloud {
         let id = doc.metadata.uid.as_deref().unwrap_or_else(|| doc.name());
-        let seed = NoCloudSeed::from_volume(ci, id, doc.name()).map_err(|source| {
-            DiskError::CloudInit {
-                volume: name.into(),
-                source,
+        let ci_err = |source| DiskError::CloudInit {
+            volume: name.into(),
+            source,
+        };
+        let mut seed = NoCloudSeed::from_volume(ci, id, doc.name()).map_err(ci_err)?;
+        match layout {
+            Layout::Pod { root, .. } => {
+                // The operator mounts the data from Secrets (ours for inline data, or the
+                // user's secretRef); the VMI document does not carry it.
+                let dir = root.join(CLOUD_INIT_DIR).join(name);
+                let user = secret_file(name, &dir.join("userdata"), &["userdata", "userData"])?;
+                match (user, &ci.secret_ref) {
+                    (Some(u), _) => seed.user_data = u,
+                    (None, Some(r)) => {
+                        return Err(invalid(
+                            name,
+                            format!(
+                                "secretRef {:?}: no user data mounted at {}",
+                                r.name,
+                                dir.join("userdata").display()
+                            ),
+                        ))
+                    }
+                    (None, None) => {}
+                }
+                let net = secret_file(
+                    name,
+                    &dir.join("networkdata"),
+                    &["networkdata", "networkData"],
+                )?;
+                match (net, &ci.network_data_secret_ref) {
+                    (Some(n), _) => {
+                        seed.network_config = Some(
+                            String::from_utf8(n)
+                                .map_err(|_| invalid(name, "the network data is not UTF-8 text"))?,
+                        )
+                    }
+                    (None, Some(r)) => {
+                        return Err(invalid(
+                            name,
+                            format!(
+                                "networkDataSecretRef {:?}: no network data mounted at {}",
+                                r.name,
+                                dir.join("networkdata").display()
+                            ),
+                        ))
+                    }
+                    (None, None) => {}
+                }
             }
-        })?;
-        let path = scratch.join(format!("{name}.cidata.img"));
-        seed.write_image(&path)
-            .map_err(|source| DiskError::CloudInit {
-                volume: name.into(),
-                source,
-            })?;
-        let mut c = BlockConfig::new(path);
-        c.read_only = true;
-        return Ok((DiskKind::CloudInitNoCloud, c, false));
+            Layout::Local { .. } => {
+                if ci.secret_ref.is_some() || ci.network_data_secret_ref.is_some() {
+                    return Err(invalid(
+                        name,
+                        "secretRef and networkDataSecretRef need the launcher pod (run mode reads no Secrets); use userData or networkData",
+                    ));
+                }
+            }
+        }
+        let rel = PathBuf::from(format!("{name}.cidata.img"));
+        let shown = scratch.join(&rel);
+        let mut f = open_beneath(scratch, &rel, OpenMode::Create).map_err(io_err(name, &shown))?;
+        seed.write_to(&mut f).map_err(ci_err)?;
+        let d = DiskFile {
+            vmm_path: paths::proc_path(&f),
+            shown,
+            held: Some(f),
+        };
+        return Ok((DiskKind::CloudInitNoCloud, d, false, true));
     }
     Err(DiskError::NoSource(name.into()))
+}
+
+/// `volumeMode: Block` claims' devices opened ahead of [`prepare_with`]: in the pod the
+/// launcher opens them while it is still root (the container runtime makes the nodes root's),
+/// before it becomes its own user.
+#[derive(Default)]
+pub struct BlockDevices(std::collections::BTreeMap<String, DiskFile>);
+
+/// Opens the device of every persistentVolumeClaim volume that is a Block claim in the pod
+/// (its device node is there and no file system mount is); nothing in run mode.
+pub fn open_block_devices(doc: &VmiDocument, layout: &Layout) -> Result<BlockDevices, DiskError> {
+    let mut out = BlockDevices::default();
+    let Layout::Pod { root, pvc_devices } = layout else {
+        return Ok(out);
+    };
+    for vol in &doc.spec.volumes {
+        let Some(pvc) = &vol.persistent_volume_claim else {
+            continue;
+        };
+        let mount = root.join("pvcs").join(&vol.name);
+        let dev = pvc_devices.join(&vol.name);
+        if std::fs::symlink_metadata(&mount).is_err() && std::fs::symlink_metadata(&dev).is_ok() {
+            let d = pvc_block_device(&vol.name, &dev, pvc.read_only.unwrap_or(false), &mount)?;
+            out.0.insert(vol.name.clone(), d);
+        }
+    }
+    Ok(out)
 }
 
 /// Prepares every disk of the VMI, in spec order. `scratch` (the runtime directory) receives
@@ -284,6 +539,16 @@ pub fn prepare(
     doc: &VmiDocument,
     layout: &Layout,
     scratch: &Path,
+) -> Result<Vec<PreparedDisk>, DiskError> {
+    prepare_with(doc, layout, scratch, BlockDevices::default())
+}
+
+/// [`prepare`], with Block claims' devices opened already ([`open_block_devices`]).
+pub fn prepare_with(
+    doc: &VmiDocument,
+    layout: &Layout,
+    scratch: &Path,
+    mut devices: BlockDevices,
 ) -> Result<Vec<PreparedDisk>, DiskError> {
     let mut out = Vec::new();
     for disk in &doc.spec.domain.devices.disks {
@@ -301,21 +566,26 @@ pub fn prepare(
                 ));
             }
         }
-        let (kind, mut config, overlay) = volume_disk(doc, vol, layout, scratch)?;
-        let readonly = disk.disk.as_ref().and_then(|d| d.readonly).unwrap_or(false);
+        let (kind, file, overlay, ro) = volume_disk(doc, vol, layout, scratch, &mut devices)?;
+        let mut config = BlockConfig::new(&file.vmm_path);
+        let mut shown = BlockConfig::new(&file.shown);
+        let mut held: Vec<File> = file.held.into_iter().collect();
+        let readonly = ro || disk.disk.as_ref().and_then(|d| d.readonly).unwrap_or(false);
         if readonly {
             config.read_only = true;
         } else if overlay {
             // Stateless: a fresh overlay per VMI run, so earlier writes never reappear.
-            let ov = scratch.join(format!("{}.overlay", disk.name));
-            match std::fs::remove_file(&ov) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err(&disk.name, &ov)(e)),
-            }
-            config.overlay = Some(ov);
+            let rel = PathBuf::from(format!("{}.overlay", disk.name));
+            let ov = scratch.join(&rel);
+            let f =
+                open_beneath(scratch, &rel, OpenMode::Create).map_err(io_err(&disk.name, &ov))?;
+            config.overlay = Some(paths::proc_path(&f));
+            shown.overlay = Some(ov);
+            held.push(f);
         }
         config.id = disk.serial.clone();
+        shown.read_only = config.read_only;
+        shown.id = config.id.clone();
         config
             .validate()
             .map_err(|e| invalid(&disk.name, e.to_string()))?;
@@ -323,6 +593,8 @@ pub fn prepare(
             name: disk.name.clone(),
             kind,
             config,
+            shown,
+            held,
         });
     }
     for v in &doc.spec.volumes {
@@ -383,10 +655,16 @@ spec:
         let names: Vec<_> = disks.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["root", "ci", "data", "scratch"]);
         assert_eq!(disks[0].kind, DiskKind::ContainerDisk);
-        assert_eq!(disks[0].config.overlay, Some(scratch.join("root.overlay")));
-        assert!(
-            !scratch.join("root.overlay").exists(),
-            "stale overlay removed"
+        assert_eq!(disks[0].shown.overlay, Some(scratch.join("root.overlay")));
+        // The VMM gets the launcher's descriptor of the (fresh, empty) overlay.
+        let ov = disks[0].config.overlay.clone().unwrap();
+        assert!(ov.starts_with("/proc/self/fd/"), "{ov:?}");
+        assert_eq!(
+            std::fs::metadata(scratch.join("root.overlay"))
+                .unwrap()
+                .len(),
+            0,
+            "stale overlay truncated"
         );
         assert_eq!(disks[0].config.id.as_deref(), Some("r1"));
         assert!(disks[1].config.read_only);
@@ -394,6 +672,77 @@ spec:
         assert!(disks[2].config.read_only);
         let meta = std::fs::metadata(&disks[3].config.path).unwrap();
         assert_eq!(meta.len(), 3072);
+        assert_eq!(disks[3].shown.path, scratch.join("scratch.empty.img"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Pod mode: a symbolic link where a volume's file should be is refused, whatever it
+    /// points to, and what it points to is left alone.
+    #[test]
+    fn pod_mode_does_not_follow_links_in_volumes() {
+        let dir = std::env::temp_dir().join(format!("launcher-disklinks-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let root = dir.join("root");
+        for d in [
+            "pvcs/data",
+            "container-disks/img/disk",
+            "empty-disks/scratch",
+            "run",
+        ] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let victim = dir.join("victim.img");
+        std::fs::write(&victim, vec![7u8; 4096]).unwrap();
+        let layout = Layout::Pod {
+            root: root.clone(),
+            pvc_devices: dir.join("dev"),
+        };
+        let scratch = root.join("run");
+        let cases = [
+            (
+                "pvcs/data/disk.img",
+                "{name: v, persistentVolumeClaim: {claimName: c}}",
+                "data",
+            ),
+            (
+                "container-disks/img/disk/a.img",
+                "{name: v, containerDisk: {image: i, path: disk/a.img}}",
+                "img",
+            ),
+            (
+                "empty-disks/scratch/disk.img",
+                "{name: v, emptyDisk: {capacity: 1Mi}}",
+                "scratch",
+            ),
+        ];
+        for (link, vol, name) in cases {
+            std::os::unix::fs::symlink(&victim, root.join(link)).unwrap();
+            let vol = vol.replace("name: v", &format!("name: {name}"));
+            let d = doc(&format!(
+                "spec: {{domain: {{devices: {{disks: [{{name: {name}}}]}}}}, volumes: [{vol}]}}"
+            ));
+            let e = prepare(&d, &layout, &scratch).unwrap_err().to_string();
+            assert!(e.contains("symbolic link"), "{link}: {e}");
+            assert_eq!(std::fs::read(&victim).unwrap(), vec![7u8; 4096], "{link}");
+        }
+        // A linked containerDisk is not picked as "the first file in disk/" either.
+        let d = doc("spec: {domain: {devices: {disks: [{name: img}]}}, volumes: [{name: img, containerDisk: {image: i}}]}");
+        let e = prepare(&d, &layout, &scratch).unwrap_err().to_string();
+        assert!(e.contains("no disk image"), "{e}");
+        // An overlay or cloud-init image planted as a link in the runtime directory.
+        std::fs::write(
+            root.join("container-disks/img/disk/real.img"),
+            vec![0u8; 4096],
+        )
+        .unwrap();
+        std::os::unix::fs::symlink(&victim, scratch.join("img.overlay")).unwrap();
+        let e = prepare(&d, &layout, &scratch).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        std::os::unix::fs::symlink(&victim, scratch.join("seed.cidata.img")).unwrap();
+        let d = doc("spec: {domain: {devices: {disks: [{name: seed}]}}, volumes: [{name: seed, cloudInitNoCloud: {userData: x}}]}");
+        let e = prepare(&d, &layout, &scratch).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), vec![7u8; 4096]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -433,13 +782,17 @@ spec:
         };
         let d = doc("spec: {domain: {devices: {disks: [{name: data}]}}, volumes: [{name: data, persistentVolumeClaim: {claimName: c}}]}");
         let disks = prepare(&d, &layout, &dir.join("run")).unwrap();
-        assert_eq!(disks[0].config.path, devs.join("data"));
+        assert_eq!(disks[0].shown.path, devs.join("data"));
         assert_eq!(disks[0].kind, DiskKind::PersistentVolumeClaim);
+        // Opened here (no link followed), handed to the VMM as a descriptor.
+        let held = std::fs::metadata(&disks[0].config.path).unwrap();
+        assert!(held.file_type().is_block_device());
+        assert_eq!(held.rdev(), rdev);
         // A file system claim (its mount) wins when both are there.
         std::fs::create_dir_all(root.join("pvcs/data")).unwrap();
         std::fs::write(root.join("pvcs/data/disk.img"), vec![0u8; 4096]).unwrap();
         let disks = prepare(&d, &layout, &dir.join("run")).unwrap();
-        assert_eq!(disks[0].config.path, root.join("pvcs/data/disk.img"));
+        assert_eq!(disks[0].shown.path, root.join("pvcs/data/disk.img"));
         // Something that is not a block device in the device directory is refused.
         std::fs::remove_dir_all(root.join("pvcs")).unwrap();
         std::fs::remove_file(devs.join("data")).unwrap();

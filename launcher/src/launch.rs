@@ -1,6 +1,7 @@
 //! From a VMI document to a [`LaunchConfig`]: kernel (or the built-in demo guest), memory,
 //! vCPUs, command line, disks, console, and the paths of the run.
 
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use crate::demo::DemoKernel;
 use crate::disks::{self, DiskError, Layout};
 use crate::runner::{LaunchConfig, Status};
 use crate::vmi::{VmiDocument, VmiError};
+use crate::{caps, paths};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
@@ -26,6 +28,8 @@ pub enum LaunchError {
     Demo(std::io::Error),
     #[error("pod network: {0}")]
     Network(String),
+    #[error("{0}")]
+    User(String),
     #[error("runtime directory {path}: {source}")]
     RuntimeDir {
         path: String,
@@ -36,7 +40,8 @@ pub enum LaunchError {
 /// Where the guest console goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Console {
-    /// The launcher's stdin/stdout.
+    /// The launcher's stdin/stdout (through the console hub, which keeps the launcher's own
+    /// lines from splitting guest lines; also reachable through the control socket).
     Stdio,
     /// `<runtime dir>/console.sock`, reachable through the control socket's `console`.
     Socket,
@@ -76,6 +81,9 @@ pub struct Options {
     /// Where a `snapshot` request without a `dir` writes (pod mode: `$MICROVIRT_ROOT/snapshot`,
     /// the mount of a VM pool's snapshot directory).
     pub snapshot_dir: Option<PathBuf>,
+    /// Pod mode: become this uid:gid once the privileged setup (pod network, opening
+    /// /dev/kvm and the TAP) is done, before any volume is opened.
+    pub run_as: Option<(u32, u32)>,
 }
 
 /// `run --restore DIR [--paused]`.
@@ -90,8 +98,11 @@ pub struct Restore {
 pub struct Prepared {
     pub config: LaunchConfig,
     pub demo: Option<DemoKernel>,
-    /// The pod network; dropping it stops the DHCP server (and, in run mode, removes it).
+    /// The pod network (its DHCP server bound, not started); dropping it stops the DHCP
+    /// server (and, unless `keep_network`, removes the network).
     pub network: Option<netsetup::NetSetup>,
+    /// Files the VMM opens through `/proc/self/fd/N` (disks, kernel); keep until it has.
+    pub held: Vec<File>,
 }
 
 /// Sets up the pod network for the VMI's interface (at most one) and returns the VMM's NIC.
@@ -154,7 +165,9 @@ fn setup_network(
         hostname: Some(doc.name().to_string()),
         resolv_conf: PathBuf::from(env_or("MICROVIRT_RESOLV_CONF", "/etc/resolv.conf")),
     };
-    let mut setup = netsetup::setup_pod_network(binding, &spec)
+    // The DHCP server only binds its port here; the launcher starts it once it has dropped
+    // its capabilities and installed its seccomp filter (see `main.rs`).
+    let mut setup = netsetup::prepare_pod_network(binding, &spec)
         .map_err(|e| LaunchError::Network(e.to_string()))?;
     if opts.keep_network {
         setup.keep_on_drop();
@@ -175,20 +188,58 @@ fn setup_network(
     Ok((Some(setup), vec![nic], summary))
 }
 
-fn kernel_path(layout: &Layout, p: &str) -> Result<PathBuf, LaunchError> {
+/// The kernel or initrd: in pod mode opened inside the kernel-boot image without following
+/// links (the VMM reopens the descriptor, which is pushed to `held`); in run mode a local path.
+fn kernel_path(layout: &Layout, p: &str, held: &mut Vec<File>) -> Result<PathBuf, LaunchError> {
     match layout {
-        Layout::Pod { root, .. } => disks::inside(&root.join("kernel-boot"), p, "kernel-boot")
-            .map_err(|e| LaunchError::Kernel(e.to_string())),
+        Layout::Pod { root, .. } => {
+            let kerr = |e: String| LaunchError::Kernel(e);
+            let rel = disks::relative_inside(p, "kernel-boot").map_err(|e| kerr(e.to_string()))?;
+            let dir = root.join("kernel-boot");
+            let f = paths::open_beneath(&dir, &rel, paths::OpenMode::ReadOnly)
+                .map_err(|e| kerr(e.to_string()))?;
+            if !f.metadata().is_ok_and(|m| m.is_file()) {
+                return Err(kerr(format!("{} is not a file", dir.join(rel).display())));
+            }
+            let path = paths::proc_path(&f);
+            held.push(f);
+            Ok(path)
+        }
         Layout::Local { base_dir, .. } => Ok(disks::local(base_dir, p)),
     }
 }
 
 /// Prepares the disks and the VM configuration for `doc`.
 pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepared, LaunchError> {
+    // The privileged part: the pod network; with `run_as`, /dev/kvm, the TAP and Block
+    // claims' devices are opened now and the launcher gives up root before it touches any
+    // other volume.
+    let (net_setup, nics, network) = setup_network(doc, opts)?;
+    let mut kvm = None;
+    let mut taps = Vec::new();
+    let mut block_devices = disks::BlockDevices::default();
+    if let Some((uid, gid)) = opts.run_as {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+            .map_err(|e| LaunchError::User(format!("opening /dev/kvm: {e}")))?;
+        kvm = Some(f);
+        for nic in &nics {
+            let tap = vmm::devices::virtio::net::tap::Tap::open(&nic.tap)
+                .map_err(|e| LaunchError::Network(e.to_string()))?;
+            taps.push(tap);
+        }
+        block_devices = disks::open_block_devices(doc, &opts.layout)?;
+        caps::become_user(uid, gid)
+            .map_err(|e| LaunchError::User(format!("becoming {uid}:{gid}: {e}")))?;
+        log::info!("running as {uid}:{gid}");
+    }
     std::fs::create_dir_all(&opts.runtime_dir).map_err(|source| LaunchError::RuntimeDir {
         path: opts.runtime_dir.display().to_string(),
         source,
     })?;
+    let mut held = Vec::new();
     let mut demo = None;
     let kb = doc.kernel_boot();
     let mut vm =
@@ -210,9 +261,9 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
                     .kernel_path
                     .as_deref()
                     .ok_or_else(|| LaunchError::Kernel("kernelPath is required".into()))?;
-                let mut vm = VmConfig::new(kernel_path(&opts.layout, k)?);
+                let mut vm = VmConfig::new(kernel_path(&opts.layout, k, &mut held)?);
                 if let Some(i) = c.initrd_path.as_deref() {
-                    vm.initrd = Some(kernel_path(&opts.layout, i)?);
+                    vm.initrd = Some(kernel_path(&opts.layout, i, &mut held)?);
                 }
                 for p in std::iter::once(&vm.kernel).chain(vm.initrd.as_ref()) {
                     if !p.is_file() {
@@ -230,11 +281,10 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
     vm.vcpus = doc.vcpus();
     let console_socket = opts.runtime_dir.join("console.sock");
     vm.serial = match opts.console {
-        Console::Stdio => SerialConfig::Stdio,
-        Console::Socket => SerialConfig::Unix(console_socket.clone()),
+        Console::Stdio | Console::Socket => SerialConfig::Unix(console_socket.clone()),
         Console::None => SerialConfig::None,
     };
-    let prepared = disks::prepare(doc, &opts.layout, &opts.runtime_dir)?;
+    let mut prepared = disks::prepare_with(doc, &opts.layout, &opts.runtime_dir, block_devices)?;
     vm.disks = prepared.iter().map(|d| d.config.clone()).collect();
     vm.rng = doc
         .spec
@@ -243,8 +293,10 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
         .rng
         .as_ref()
         .map(|_| vmm::devices::virtio::RngConfig::default());
+    for d in &mut prepared {
+        held.append(&mut d.held);
+    }
 
-    let (net_setup, nics, network) = setup_network(doc, opts)?;
     vm.nets = nics;
     let grace = opts
         .grace
@@ -258,10 +310,11 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
         mem_mib: vm.mem_mib,
         disks: prepared
             .iter()
-            .map(|d| format!("{}:{:?}:{}", d.name, d.kind, d.config))
+            .map(|d| format!("{}:{:?}:{}", d.name, d.kind, d.shown))
             .collect(),
         network,
         vmm_tid: None,
+        console: None,
     };
     Ok(Prepared {
         config: LaunchConfig {
@@ -270,17 +323,21 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
             grace,
             booted_marker: opts.booted_marker.clone(),
             control_socket: opts.control_socket.clone(),
-            console_socket: (opts.console == Console::Socket).then_some(console_socket),
-            console_echo: opts.console_echo,
+            console_socket: (opts.console != Console::None).then_some(console_socket),
+            console_echo: opts.console_echo || opts.console == Console::Stdio,
+            console_stdin: opts.console == Console::Stdio,
             seccomp: opts.seccomp,
             announce_boot: opts.announce_boot,
             status,
             start,
             restore: opts.restore.clone(),
             snapshot_dir: opts.snapshot_dir.clone(),
+            kvm,
+            taps,
         },
         demo,
         network: net_setup,
+        held,
     })
 }
 

@@ -3,10 +3,11 @@
 //! VMM's action channel).
 //!
 //! - [`vmi`]: the VMI document (manifest or the operator's `vmi.json`).
-//! - [`launch`]: VMI → VM configuration; [`disks`]: volumes → virtio-blk disks;
+//! - [`launch`]: VMI → VM configuration; [`disks`]: volumes → virtio-blk disks; [`paths`]:
+//!   names that become paths, files opened without following links;
 //!   [`cloudinit`]: the NoCloud seed image (VFAT writer); [`demo`]: the embedded demo guest.
 //! - [`runner`]: boot, signals, grace period, outcome; [`control`]: the control socket.
-//! - [`seccomp`], [`caps`]: least privilege.
+//! - [`seccomp`], [`caps`], [`teardown`]: least privilege.
 
 pub mod caps;
 pub mod cloudinit;
@@ -15,6 +16,8 @@ pub mod control;
 pub mod demo;
 pub mod disks;
 pub mod launch;
+pub mod paths;
 pub mod runner;
 pub mod seccomp;
+pub mod teardown;
 pub mod vmi;

@@ -1,6 +1,8 @@
 //! `virt-launcher`: one VirtualMachineInstance per process, with the VMM embedded.
 
 use std::io::Write;
+
+use clap::{Parser, Subcommand, ValueEnum};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc::channel;
@@ -10,54 +12,156 @@ use launcher::disks::{Layout, PVC_DEVICE_DIR};
 use launcher::launch::{self, Console, Options};
 use launcher::runner::{self, exit_code, Outcome};
 use launcher::vmi::VmiDocument;
-use launcher::{caps, control};
+use launcher::{caps, console, control, paths, seccomp, teardown};
 use vmm::timing::Clock;
 
-const USAGE: &str = "\
-usage:
-  virt-launcher run VMI.yaml [--grace-period SECS] [--console stdio|socket|none]
-                [--control-socket PATH] [--runtime-dir DIR] [--pvc-root DIR]
-                [--termination-log PATH] [--pod-network] [--no-seccomp] [--keep-caps]
-                [--restore DIR [--paused]] [--log-level LEVEL]
-  virt-launcher pod
-  virt-launcher probe ready
-  virt-launcher status|pause|unpause|resume|shutdown|stop [--socket PATH]
-  virt-launcher snapshot DIR [--socket PATH]
-  virt-launcher console [--socket PATH]
+/// Runs one VirtualMachineInstance in this process with the embedded microvirt VMM.
+#[derive(Parser, Debug)]
+#[command(
+    name = "virt-launcher",
+    version,
+    after_help = "Exit status: 0 guest shut down (reset or power-off); 1 guest crashed or VMM \
+                  failure; 2 bad usage or invalid VMI; 3 setup failed (disks, kernel, KVM); 4 \
+                  guest ignored the shutdown request, stopped after the grace period; 5 stopped \
+                  on request."
+)]
+struct Cli {
+    /// Log level: off, error, warn, info, debug or trace.
+    #[arg(
+        long,
+        global = true,
+        env = "MICROVIRT_LOG_LEVEL",
+        default_value = "info",
+        value_name = "LEVEL"
+    )]
+    log_level: log::LevelFilter,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
 
-run: boots the VMI (YAML or JSON) on this machine. The console is the terminal; Ctrl-C or
-  SIGTERM asks the guest to shut down (Ctrl-Alt-Del) and stops it after the grace period
-  (terminationGracePeriodSeconds, default 30 s; --grace-period overrides); a second signal
-  stops it at once. A VMI without firmware.kernelBoot.container boots the built-in demo guest
-  (run only; pod never does); kernelArgs pick its scenario
-  (testguest.scenario=echo|ctrlaltdel|halt-forever|blk|...).
-  Local files: kernelPath/initrdPath and containerDisk.path are paths on this machine
-  (absolute, or relative to the VMI file's directory; images are not pulled); a
-  persistentVolumeClaim's claimName is a path when it contains '/', else a name under
-  --pvc-root (default: the VMI file's directory); a directory means its disk.img.
-  Interfaces are ignored (no NIC) unless --pod-network: then the VMI's interface is set up
-  as in a pod (masquerade/bridge on MICROVIRT_POD_INTERFACE, default eth0) in this network
-  namespace and removed at exit; use it inside a dedicated namespace only.
-pod: the launcher pod's entry point (docs/launcher-pod.md). Environment:
-  MICROVIRT_VMI_FILE (default /var/run/microvirt/vmi/vmi.json), MICROVIRT_ROOT (default
-  /var/run/microvirt: mounts, sockets, booted marker), MICROVIRT_TERMINATION_LOG (default
-  /dev/termination-log), MICROVIRT_POD_INTERFACE (default eth0), MICROVIRT_RESOLV_CONF
-  (default /etc/resolv.conf), MICROVIRT_RESTORE (a snapshot directory: restore it instead of
-  booting, as --restore does), MICROVIRT_RESTORE_PAUSED=1 (stay paused until `unpause`; the
-  readiness probe passes once restored: a VM pool's warm member).
-  --restore DIR starts the VMI from the snapshot in DIR instead of booting it: the VMI's
-  memory and CPUs must match the snapshot's, its disks and interface take the place of the
-  snapshot's (a containerDisk's overlay becomes a copy of the one saved in DIR); --paused
-  keeps it paused until `resume`.
-probe ready: exit 0 once the guest has booted ($MICROVIRT_ROOT/booted exists).
-snapshot DIR: pause the VM and write a snapshot into DIR (absent or empty); the VM stays
-  paused (`resume` continues it). Format: docs/snapshot.md.
-status|pause|unpause|shutdown|stop|console: talk to a launcher's control socket (default
-  $MICROVIRT_ROOT/control.sock). console: Ctrl-] detaches.
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Boot a VMI (YAML or JSON) on this machine, its console on this terminal.
+    ///
+    /// Ctrl-C or SIGTERM asks the guest to shut down (Ctrl-Alt-Del) and stops it after the
+    /// grace period (terminationGracePeriodSeconds, default 30 s); a second signal stops it at
+    /// once. A VMI without firmware.kernelBoot.container boots the built-in demo guest (run only; pod never does); its kernelArgs
+    /// pick a scenario (testguest.scenario=echo|ctrlaltdel|halt-forever|blk|...). Local files:
+    /// kernelPath/initrdPath and containerDisk.path are paths on this machine (absolute, or
+    /// relative to the VMI file's directory; images are not pulled); a persistentVolumeClaim's
+    /// claimName is a path when it contains '/', else a name under --pvc-root; a directory
+    /// means its disk.img. Interfaces are ignored (no NIC) unless --pod-network.
+    Run(RunArgs),
+    /// The launcher pod's entry point (docs/launcher-pod.md).
+    ///
+    /// Environment: MICROVIRT_VMI_FILE (default /var/run/microvirt/vmi/vmi.json), MICROVIRT_ROOT
+    /// (default /var/run/microvirt: mounts, sockets, booted marker), MICROVIRT_TERMINATION_LOG
+    /// (default /dev/termination-log), MICROVIRT_POD_INTERFACE (default eth0),
+    /// MICROVIRT_RESOLV_CONF (default /etc/resolv.conf), MICROVIRT_RESTORE (a snapshot
+    /// directory: restore it instead of booting, as run --restore does),
+    /// MICROVIRT_RESTORE_PAUSED=1 (stay paused until `unpause`; the readiness probe passes once
+    /// restored: a VM pool's warm member).
+    Pod,
+    /// Readiness probe: exit 0 once the guest has booted ($MICROVIRT_ROOT/booted exists).
+    Probe {
+        #[arg(value_enum)]
+        what: ProbeWhat,
+    },
+    /// Print the launcher's status (control socket).
+    Status(SocketArg),
+    /// Pause the vCPUs.
+    Pause(SocketArg),
+    /// Resume paused vCPUs.
+    #[command(alias = "resume")]
+    Unpause(SocketArg),
+    /// Ask the guest to shut down (hard stop after the grace period).
+    Shutdown(SocketArg),
+    /// Stop the VM now.
+    Stop(SocketArg),
+    /// Attach to the guest console (Ctrl-] detaches).
+    Console(SocketArg),
+    /// Pause the VM and write a snapshot into DIR (absent or empty); the VM stays paused
+    /// (`resume` continues it). Format: docs/snapshot.md.
+    Snapshot {
+        /// The snapshot directory.
+        dir: PathBuf,
+        #[command(flatten)]
+        socket: SocketArg,
+    },
+}
 
-exit status: 0 guest shut down (reset or power-off); 1 guest crashed or VMM failure; 2 bad
-usage or invalid VMI; 3 setup failed (disks, kernel, KVM); 4 guest ignored the shutdown
-request, stopped after the grace period; 5 stopped on request.";
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ProbeWhat {
+    /// The guest has booted.
+    Ready,
+}
+
+#[derive(clap::Args, Debug)]
+struct SocketArg {
+    /// The control socket [default: $MICROVIRT_ROOT/control.sock]
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ConsoleArg {
+    /// This terminal (stdin/stdout).
+    Stdio,
+    /// A socket: attach with `virt-launcher console` (needs --control-socket).
+    Socket,
+    /// No console.
+    None,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The VMI manifest (YAML or JSON).
+    vmi: PathBuf,
+    /// Seconds the guest gets to shut down (overrides terminationGracePeriodSeconds).
+    #[arg(long, value_name = "SECS", value_parser = parse_grace)]
+    grace_period: Option<Duration>,
+    /// Where the guest console goes.
+    #[arg(long, value_enum, default_value = "stdio")]
+    console: ConsoleArg,
+    /// Serve the control socket here.
+    #[arg(long, value_name = "PATH")]
+    control_socket: Option<PathBuf>,
+    /// Keep overlays, cloud-init images and emptyDisks here [default: a temporary directory
+    /// removed at exit]
+    #[arg(long, value_name = "DIR")]
+    runtime_dir: Option<PathBuf>,
+    /// Where persistentVolumeClaim names are looked up [default: the VMI file's directory]
+    #[arg(long, value_name = "DIR")]
+    pvc_root: Option<PathBuf>,
+    /// Write the termination message here, as in pod mode.
+    #[arg(long, value_name = "PATH")]
+    termination_log: Option<PathBuf>,
+    /// Set up the VMI's interface as in a pod (masquerade/bridge on MICROVIRT_POD_INTERFACE,
+    /// default eth0) in this network namespace, and remove it at exit. Only inside a
+    /// dedicated network namespace: on a host it would bridge or NAT the host's interface.
+    #[arg(long)]
+    pod_network: bool,
+    /// No seccomp filters (debugging only).
+    #[arg(long)]
+    no_seccomp: bool,
+    /// Keep the launcher's capabilities (debugging only).
+    #[arg(long)]
+    keep_caps: bool,
+    /// Start from the snapshot in DIR instead of booting.
+    #[arg(long, value_name = "DIR")]
+    restore: Option<PathBuf>,
+    /// With --restore: keep the VM paused until `resume`.
+    #[arg(long, requires = "restore")]
+    paused: bool,
+}
+
+fn parse_grace(v: &str) -> Result<Duration, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("{v:?} is not a number of seconds"))
+}
 
 const DEFAULT_ROOT: &str = "/var/run/microvirt";
 
@@ -72,13 +176,12 @@ impl log::Log for Logger {
         // when debugging.
         let noisy = r.target().starts_with("netlink_") && self.0 < log::LevelFilter::Debug;
         if self.enabled(r.metadata()) && !noisy {
-            let mut e = std::io::stderr().lock();
-            let _ = writeln!(
-                e,
+            // Never in the middle of a guest console line on the terminal.
+            console::emit_line(&format!(
                 "virt-launcher: {}: {}",
                 r.level().as_str().to_lowercase(),
                 r.args()
-            );
+            ));
         }
     }
     fn flush(&self) {}
@@ -88,136 +191,6 @@ fn root_dir() -> PathBuf {
     std::env::var_os("MICROVIRT_ROOT")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(DEFAULT_ROOT))
-}
-
-struct RunArgs {
-    vmi: PathBuf,
-    grace: Option<Duration>,
-    console: Console,
-    control_socket: Option<PathBuf>,
-    runtime_dir: Option<PathBuf>,
-    pvc_root: Option<PathBuf>,
-    termination_log: Option<PathBuf>,
-    seccomp: bool,
-    keep_caps: bool,
-    pod_network: bool,
-    restore: Option<PathBuf>,
-    paused: bool,
-}
-
-enum Cmd {
-    Run(RunArgs),
-    Pod,
-    ProbeReady,
-    Control { cmd: String, socket: PathBuf },
-    Snapshot { dir: PathBuf, socket: PathBuf },
-    Console { socket: PathBuf },
-    Help,
-}
-
-fn parse(args: &[String]) -> Result<(Cmd, log::LevelFilter), String> {
-    let mut level = std::env::var("MICROVIRT_LOG_LEVEL")
-        .ok()
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(log::LevelFilter::Info);
-    let mut positional = Vec::new();
-    let mut run = RunArgs {
-        vmi: PathBuf::new(),
-        grace: None,
-        console: Console::Stdio,
-        control_socket: None,
-        runtime_dir: None,
-        pvc_root: None,
-        termination_log: None,
-        seccomp: true,
-        keep_caps: false,
-        pod_network: false,
-        restore: None,
-        paused: false,
-    };
-    let mut socket = root_dir().join("control.sock");
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{a} needs a value"))
-        };
-        match a.as_str() {
-            "-h" | "--help" => return Ok((Cmd::Help, level)),
-            "--grace-period" => {
-                let v = value()?;
-                let secs: f64 = v
-                    .parse()
-                    .ok()
-                    .filter(|s: &f64| s.is_finite() && *s >= 0.0)
-                    .ok_or_else(|| format!("--grace-period: {v:?} is not a number of seconds"))?;
-                run.grace = Some(Duration::from_secs_f64(secs));
-            }
-            "--console" => {
-                run.console = match value()?.as_str() {
-                    "stdio" => Console::Stdio,
-                    "socket" => Console::Socket,
-                    "none" => Console::None,
-                    o => return Err(format!("--console: {o:?} is not stdio, socket or none")),
-                }
-            }
-            "--control-socket" => run.control_socket = Some(value()?.into()),
-            "--runtime-dir" => run.runtime_dir = Some(value()?.into()),
-            "--pvc-root" => run.pvc_root = Some(value()?.into()),
-            "--termination-log" => run.termination_log = Some(value()?.into()),
-            "--no-seccomp" => run.seccomp = false,
-            "--keep-caps" => run.keep_caps = true,
-            "--pod-network" => run.pod_network = true,
-            "--restore" => run.restore = Some(value()?.into()),
-            "--paused" => run.paused = true,
-            "--socket" => socket = value()?.into(),
-            "--log-level" => {
-                let v = value()?;
-                level = v.parse().map_err(|_| format!("--log-level: {v:?}"))?;
-            }
-            s if s.starts_with('-') => return Err(format!("unknown option {s:?}")),
-            s => positional.push(s.to_string()),
-        }
-    }
-    let mut pos = positional.into_iter();
-    let cmd = match pos.next().as_deref() {
-        Some("run") => {
-            run.vmi = pos.next().ok_or("run needs a VMI file")?.into();
-            if run.paused && run.restore.is_none() {
-                return Err("--paused only goes with --restore".into());
-            }
-            Cmd::Run(run)
-        }
-        Some("snapshot") => {
-            let dir: PathBuf = pos.next().ok_or("snapshot needs a directory")?.into();
-            let dir = std::path::absolute(&dir)
-                .map_err(|e| format!("snapshot directory {}: {e}", dir.display()))?;
-            Cmd::Snapshot {
-                dir,
-                socket: socket.clone(),
-            }
-        }
-        Some("pod") => Cmd::Pod,
-        Some("probe") => match pos.next().as_deref() {
-            Some("ready") => Cmd::ProbeReady,
-            _ => return Err("probe takes one argument: ready".into()),
-        },
-        Some(c @ ("status" | "pause" | "unpause" | "resume" | "shutdown" | "stop")) => {
-            Cmd::Control {
-                cmd: c.to_string(),
-                socket: socket.clone(),
-            }
-        }
-        Some("console") => Cmd::Console { socket },
-        Some("help") => Cmd::Help,
-        Some(other) => return Err(format!("unknown command {other:?}")),
-        None => return Err("no command given".into()),
-    };
-    if let Some(extra) = pos.next() {
-        return Err(format!("unexpected argument {extra:?}"));
-    }
-    Ok((cmd, level))
 }
 
 fn write_termination_log(path: Option<&Path>, outcome: &Outcome) {
@@ -232,25 +205,51 @@ fn write_termination_log(path: Option<&Path>, outcome: &Outcome) {
 }
 
 /// Boots `doc` and returns the outcome (setup errors included).
+///
+/// Order matters for least privilege: everything that needs privileges (disks, the pod
+/// network, binding the DHCP port, forking the run-mode teardown helper) happens while the
+/// launcher is a single thread; then it drops every capability and installs its seccomp
+/// filter on all threads; only then are threads started (DHCP server, signals, VMM, vCPUs,
+/// control, console), and each inherits both.
 fn launch(doc: &VmiDocument, opts: &Options, keep_caps: bool, start: Clock) -> Outcome {
     let (tx, rx) = channel();
     if let Err(e) = runner::block_signals() {
         return Outcome::setup_failed(format!("blocking signals: {e}"));
     }
-    let prepared = match launch::prepare(doc, opts, start) {
+    let mut prepared = match launch::prepare(doc, opts, start) {
         Ok(p) => p,
         Err(e) => return Outcome::setup_failed(e.to_string()),
     };
-    // The pod network was set up in prepare(), while the launcher still had CAP_NET_ADMIN.
-    // `run --pod-network` removes it again at exit, which needs CAP_NET_ADMIN then: keep the
-    // capabilities in that (local, debugging) case; pod mode leaves the network to the pod.
-    let teardown_pending = prepared.network.is_some() && !opts.keep_network;
-    if teardown_pending && !keep_caps {
-        log::info!("keeping capabilities: the pod network is removed at exit");
+    // `run --pod-network` removes the network at exit, which needs CAP_NET_ADMIN: a helper
+    // process keeps that capability for it. Pod mode leaves the network to the pod.
+    let mut teardown = None;
+    if let Some(net) = prepared.network.as_mut().filter(|_| !opts.keep_network) {
+        match teardown::spawn(net) {
+            Ok(t) => teardown = Some(t),
+            Err(e) => return Outcome::setup_failed(format!("pod network teardown helper: {e}")),
+        }
     }
-    if !keep_caps && !teardown_pending {
+    if !keep_caps {
         if let Err(e) = caps::drop_all() {
             return Outcome::setup_failed(format!("dropping capabilities: {e}"));
+        }
+    }
+    if opts.seccomp {
+        if let Err(e) = seccomp::apply_launcher_filter(seccomp::Mismatch::KillProcess) {
+            return Outcome::setup_failed(format!("seccomp: {e}"));
+        }
+    }
+    if let Some(net) = prepared.network.as_mut() {
+        let filter = opts.seccomp;
+        let started = net.start_dhcp(move || {
+            if filter {
+                seccomp::apply_thread_filter(seccomp::Role::Dhcp, seccomp::Mismatch::KillProcess)
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        });
+        if let Err(e) = started {
+            return Outcome::setup_failed(format!("pod network: {e}"));
         }
     }
     if let Err(e) = runner::forward_signals(tx.clone()) {
@@ -270,7 +269,13 @@ fn launch(doc: &VmiDocument, opts: &Options, keep_caps: bool, start: Clock) -> O
     );
     let outcome = runner::run(prepared.config, tx, rx);
     drop(prepared.demo);
+    drop(prepared.held);
     drop(prepared.network);
+    if let Some(t) = teardown {
+        if let Err(e) = t.finish() {
+            log::warn!("pod network teardown: {e}");
+        }
+    }
     outcome
 }
 
@@ -285,14 +290,24 @@ fn cmd_run(a: RunArgs, start: Clock) -> ExitCode {
     let base_dir = launch::base_dir_of(&a.vmi);
     let (runtime_dir, ours) = match a.runtime_dir {
         Some(d) => (d, false),
-        None => (
-            std::env::temp_dir().join(format!(
-                "virt-launcher-{}-{}",
-                doc.name(),
-                std::process::id()
-            )),
-            true,
-        ),
+        // A new private directory: nothing planted in /tmp can be in the way.
+        None => match paths::private_dir(
+            &std::env::temp_dir(),
+            &format!("virt-launcher-{}", doc.name()),
+        ) {
+            Ok(d) => (d, true),
+            Err(e) => {
+                return finish(
+                    Outcome::setup_failed(format!("runtime directory: {e}")),
+                    a.termination_log.as_deref(),
+                )
+            }
+        },
+    };
+    let console = match a.console {
+        ConsoleArg::Stdio => Console::Stdio,
+        ConsoleArg::Socket => Console::Socket,
+        ConsoleArg::None => Console::None,
     };
     let opts = Options {
         layout: Layout::Local {
@@ -300,13 +315,13 @@ fn cmd_run(a: RunArgs, start: Clock) -> ExitCode {
             base_dir,
         },
         runtime_dir: runtime_dir.clone(),
-        console: a.console,
+        console,
         console_echo: false,
         control_socket: a.control_socket,
         booted_marker: None,
-        grace: a.grace,
+        grace: a.grace_period,
         grace_reserve: Duration::ZERO,
-        seccomp: a.seccomp,
+        seccomp: !a.no_seccomp,
         announce_boot: true,
         pod_network: a.pod_network,
         keep_network: false,
@@ -316,9 +331,10 @@ fn cmd_run(a: RunArgs, start: Clock) -> ExitCode {
             paused: a.paused,
         }),
         demo_guest: true,
+        run_as: None,
     };
     // Keys go to the guest as typed (the guest echoes); Ctrl-C still means shut down.
-    let raw = (a.console == Console::Stdio)
+    let raw = (console == Console::Stdio)
         .then(|| control::RawTerminal::enter_keep_signals(libc::STDIN_FILENO))
         .flatten();
     let outcome = launch(&doc, &opts, a.keep_caps, start);
@@ -335,9 +351,34 @@ fn finish(outcome: Outcome, termination_log: Option<&Path>) -> ExitCode {
     if outcome.exit_code == exit_code::CLEAN {
         log::info!("{}", outcome.message);
     } else {
-        eprintln!("virt-launcher: {}", outcome.message);
+        console::emit_line(&format!("virt-launcher: {}", outcome.message));
     }
     ExitCode::from(outcome.exit_code)
+}
+
+/// `MICROVIRT_LAUNCHER_USER=UID:GID` (pod mode): the user to become after the privileged
+/// setup. Nothing to do when the launcher already runs as that user.
+fn launcher_user() -> Result<Option<(u32, u32)>, String> {
+    let Ok(v) = std::env::var("MICROVIRT_LAUNCHER_USER") else {
+        return Ok(None);
+    };
+    let parsed = v
+        .split_once(':')
+        .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
+    let Some((uid, gid)) = parsed.filter(|(u, _)| *u != 0) else {
+        return Err(format!(
+            "MICROVIRT_LAUNCHER_USER={v:?} is not UID:GID with a UID other than 0"
+        ));
+    };
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    match euid {
+        0 => Ok(Some((uid, gid))),
+        u if u == uid && egid == gid => Ok(None),
+        u => Err(format!(
+            "MICROVIRT_LAUNCHER_USER={v}: the launcher runs as uid {u}, and only root can become another user"
+        )),
+    }
 }
 
 fn cmd_pod(start: Clock) -> ExitCode {
@@ -368,6 +409,19 @@ fn cmd_pod(start: Clock) -> ExitCode {
             dir: PathBuf::from(dir),
             paused: std::env::var("MICROVIRT_RESTORE_PAUSED").is_ok_and(|v| v == "1"),
         });
+    let run_as = match launcher_user() {
+        Ok(u) => u,
+        Err(e) => {
+            let o = Outcome {
+                exit_code: exit_code::USAGE,
+                message: e,
+                reason: "InvalidVMI",
+                boot_time_ms: None,
+                shutdown_requested: None,
+            };
+            return finish(o, Some(&term_log));
+        }
+    };
     let opts = Options {
         layout: Layout::Pod {
             root: root.clone(),
@@ -389,6 +443,7 @@ fn cmd_pod(start: Clock) -> ExitCode {
         restore,
         snapshot_dir: Some(root.join("snapshot")),
         demo_guest: false,
+        run_as,
     };
     let outcome = launch(&doc, &opts, false, start);
     finish(outcome, Some(&term_log))
@@ -396,46 +451,56 @@ fn cmd_pod(start: Clock) -> ExitCode {
 
 fn main() -> ExitCode {
     let start = Clock::now();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (cmd, level) = match parse(&args) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("virt-launcher: error: {e}\n{USAGE}");
-            return ExitCode::from(exit_code::USAGE);
-        }
-    };
-    log::set_max_level(level);
-    let _ = log::set_boxed_logger(Box::new(Logger(level)));
-    match cmd {
-        Cmd::Help => {
-            println!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        Cmd::Run(a) => cmd_run(a, start),
-        Cmd::Pod => cmd_pod(start),
-        Cmd::ProbeReady => {
-            if root_dir().join("booted").exists() {
+    let cli = Cli::parse();
+    log::set_max_level(cli.log_level);
+    let _ = log::set_boxed_logger(Box::new(Logger(cli.log_level)));
+    let socket = |a: SocketArg| a.socket.unwrap_or_else(|| root_dir().join("control.sock"));
+    let (cmd, socket) = match cli.cmd {
+        Cmd::Run(a) => return cmd_run(a, start),
+        Cmd::Pod => return cmd_pod(start),
+        Cmd::Probe {
+            what: ProbeWhat::Ready,
+        } => {
+            return if root_dir().join("booted").exists() {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)
             }
         }
-        Cmd::Snapshot { dir, socket } => answer(
-            &socket,
-            control::request_value(
+        Cmd::Snapshot { dir, socket: a } => {
+            let socket = socket(a);
+            let dir = match std::path::absolute(&dir) {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("virt-launcher: snapshot directory {}: {e}", dir.display());
+                    return ExitCode::from(2);
+                }
+            };
+            return answer(
                 &socket,
-                &serde_json::json!({"cmd": "snapshot", "dir": dir.display().to_string()}),
-            ),
-        ),
-        Cmd::Control { cmd, socket } => answer(&socket, control::request(&socket, &cmd)),
-        Cmd::Console { socket } => match control::attach_console(&socket) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("virt-launcher: console: {e}");
-                ExitCode::from(1)
-            }
-        },
-    }
+                control::request_value(
+                    &socket,
+                    &serde_json::json!({"cmd": "snapshot", "dir": dir.display().to_string()}),
+                ),
+            );
+        }
+        Cmd::Console(a) => {
+            let socket = socket(a);
+            return match control::attach_console(&socket) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("virt-launcher: console: {e}");
+                    ExitCode::from(1)
+                }
+            };
+        }
+        Cmd::Status(a) => ("status", socket(a)),
+        Cmd::Pause(a) => ("pause", socket(a)),
+        Cmd::Unpause(a) => ("unpause", socket(a)),
+        Cmd::Shutdown(a) => ("shutdown", socket(a)),
+        Cmd::Stop(a) => ("stop", socket(a)),
+    };
+    answer(&socket, control::request(&socket, cmd))
 }
 
 /// Prints a control answer; exit 0 when it says `ok`.
@@ -453,5 +518,60 @@ fn answer(socket: &Path, r: std::io::Result<serde_json::Value>) -> ExitCode {
             eprintln!("virt-launcher: {}: {e}", socket.display());
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_arguments() {
+        let c = Cli::try_parse_from([
+            "virt-launcher",
+            "run",
+            "vmi.yaml",
+            "--grace-period",
+            "1.5",
+            "--console",
+            "socket",
+            "--pod-network",
+            "--log-level",
+            "debug",
+        ])
+        .unwrap();
+        assert_eq!(c.log_level, log::LevelFilter::Debug);
+        let Cmd::Run(a) = c.cmd else { panic!() };
+        assert_eq!(a.grace_period, Some(Duration::from_millis(1500)));
+        assert_eq!(a.console, ConsoleArg::Socket);
+        assert!(a.pod_network && !a.no_seccomp && !a.keep_caps);
+        for bad in [
+            &["virt-launcher", "run"][..],
+            &["virt-launcher", "run", "x", "--grace-period", "-1"],
+            &["virt-launcher", "run", "x", "--console", "tty"],
+            &["virt-launcher", "probe", "alive"],
+            &["virt-launcher", "status", "extra"],
+            &["virt-launcher", "frobnicate"],
+        ] {
+            let e = Cli::try_parse_from(bad).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+        let c = Cli::try_parse_from(["virt-launcher", "resume", "--socket", "/s"]).unwrap();
+        assert!(matches!(c.cmd, Cmd::Unpause(SocketArg { socket: Some(_) })));
+        let c = Cli::try_parse_from(["virt-launcher", "run", "x", "--restore", "/d", "--paused"])
+            .unwrap();
+        let Cmd::Run(a) = c.cmd else { panic!() };
+        assert_eq!(a.restore.as_deref(), Some(Path::new("/d")));
+        assert!(a.paused);
+        assert!(Cli::try_parse_from(["virt-launcher", "run", "x", "--paused"]).is_err());
+        let c = Cli::try_parse_from(["virt-launcher", "snapshot", "/d", "--socket", "/s"]).unwrap();
+        assert!(matches!(c.cmd, Cmd::Snapshot { .. }));
+        assert!(Cli::try_parse_from(["virt-launcher", "snapshot"]).is_err());
     }
 }

@@ -10,9 +10,13 @@ use std::time::{Duration, Instant};
 use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
 use vmm::builder::RunTimings;
 use vmm::devices::legacy::boot_timer::BootTime;
+use vmm::devices::legacy::serial::OutputQueue;
 use vmm::devices::virtio::NetConfig;
 use vmm::timing::Clock;
-use vmm::{Action, BuildOptions, ExitReason, RestoreConfig, VmConfig, Vmm, VmmController};
+use vmm::{
+    Action, BuildOptions, ExitReason, RestoreConfig, ThreadHook, VmConfig, VmThread, Vmm,
+    VmmController,
+};
 
 use crate::console::ConsoleHub;
 use crate::control::{self, ControlServer};
@@ -58,6 +62,8 @@ pub struct Status {
     pub network: String,
     /// The VMM thread (its seccomp mode and capabilities are read from /proc for `status`).
     pub vmm_tid: Option<i32>,
+    /// The guest console's output queue (bytes dropped for a reader that was too slow).
+    pub console: Option<Arc<OutputQueue>>,
 }
 
 /// The status plus a condition variable that wakes the control socket's `watch` clients.
@@ -116,9 +122,13 @@ pub struct LaunchConfig {
     /// The VMM's serial socket; the launcher's console hub is its client and the control
     /// socket's `console` attaches to the hub.
     pub console_socket: Option<PathBuf>,
-    /// Also copy the guest console to stdout (pod mode: the container log).
+    /// Also copy the guest console to stdout (the terminal in `run`, the container log in pod
+    /// mode).
     pub console_echo: bool,
-    /// Install the seccomp filter on the VMM thread (and so its vCPU threads).
+    /// Feed stdin to the guest console (`run` on a terminal).
+    pub console_stdin: bool,
+    /// Stack the VM threads' tighter seccomp filters (the launcher's own is installed
+    /// process-wide before this runs).
     pub seccomp: bool,
     /// Print "guest booted in N ms" on stderr.
     pub announce_boot: bool,
@@ -130,6 +140,9 @@ pub struct LaunchConfig {
     pub restore: Option<crate::launch::Restore>,
     /// Default directory of a `snapshot` request that names none.
     pub snapshot_dir: Option<PathBuf>,
+    /// `/dev/kvm` and the TAP queues, opened before the launcher gave up root.
+    pub kvm: Option<std::fs::File>,
+    pub taps: Vec<vmm::devices::virtio::net::tap::Tap>,
 }
 
 /// Why the launcher ended and what it reports.
@@ -236,11 +249,16 @@ fn restore_config(vm: &VmConfig, r: &crate::launch::Restore) -> RestoreConfig {
     }
 }
 
-fn spawn_vmm(cfg: &LaunchConfig, events: Sender<Event>) -> Result<(VmmController, i32), String> {
-    let (ready_tx, ready_rx) = channel::<Result<(VmmController, i32), String>>();
+/// What the VMM thread hands back once the VM is built.
+type Built = (VmmController, i32, Option<Arc<OutputQueue>>);
+
+fn spawn_vmm(cfg: &mut LaunchConfig, events: Sender<Event>) -> Result<Built, String> {
+    let (ready_tx, ready_rx) = channel::<Result<Built, String>>();
     let (boot_tx, boot_rx) = channel::<BootTime>();
     let vm = cfg.vm.clone();
     let start = cfg.start;
+    let kvm = cfg.kvm.take();
+    let taps = std::mem::take(&mut cfg.taps);
     let use_seccomp = cfg.seccomp;
     let restore = cfg.restore.clone();
     let exit_events = events.clone();
@@ -249,16 +267,25 @@ fn spawn_vmm(cfg: &LaunchConfig, events: Sender<Event>) -> Result<(VmmController
         .spawn(move || {
             // SAFETY: gettid has no preconditions.
             let tid = unsafe { libc::gettid() };
-            if use_seccomp {
-                if let Err(e) = seccomp::apply_vmm_filter(seccomp::Mismatch::KillProcess) {
-                    let _ = ready_tx.send(Err(format!("seccomp: {e}")));
-                    return;
-                }
-            }
+            // The VM is built under the launcher's filter; once built, the VMM thread and
+            // each vCPU thread stack their own tighter one (no files, sockets or threads).
+            let thread_hook: Option<ThreadHook> = use_seccomp.then(|| {
+                Arc::new(|t: VmThread| {
+                    let role = match t {
+                        VmThread::Vmm => seccomp::Role::Vmm,
+                        VmThread::Vcpu(_) => seccomp::Role::Vcpu,
+                    };
+                    seccomp::apply_thread_filter(role, seccomp::Mismatch::KillProcess)
+                        .map_err(|e| e.to_string())
+                }) as ThreadHook
+            });
             let opts = BuildOptions {
                 start: Some(start),
                 serial_out: None,
                 boot_notify: Some(boot_tx),
+                thread_hook,
+                kvm,
+                taps,
             };
             let built = match &restore {
                 None => Vmm::build(&vm, opts),
@@ -271,7 +298,7 @@ fn spawn_vmm(cfg: &LaunchConfig, events: Sender<Event>) -> Result<(VmmController
                     return;
                 }
             };
-            let _ = ready_tx.send(Ok((vmm.controller(), tid)));
+            let _ = ready_tx.send(Ok((vmm.controller(), tid, vmm.console_output())));
             let r = if restore.as_ref().is_some_and(|r| r.paused) {
                 vmm.run_paused()
             } else {
@@ -301,7 +328,7 @@ fn on_booted(cfg: &LaunchConfig, status: &SharedStatus, t: BootTime) -> u64 {
     let ms = t.wall_us / 1000;
     status.update(|s| s.boot_time_ms = Some(ms));
     if cfg.announce_boot {
-        eprintln!(
+        crate::console::emit_line(&format!(
             "virt-launcher: guest {} in {}.{:03} ms (cpu {} ms)",
             if cfg.restore.is_some() {
                 "restored and running"
@@ -311,7 +338,7 @@ fn on_booted(cfg: &LaunchConfig, status: &SharedStatus, t: BootTime) -> u64 {
             t.wall_us / 1000,
             t.wall_us % 1000,
             t.cpu_us / 1000
-        );
+        ));
     }
     if let Some(m) = &cfg.booted_marker {
         if let Err(e) = std::fs::write(m, format!("{ms}\n")) {
@@ -340,7 +367,8 @@ pub fn run(
     if let Some(m) = &cfg.booted_marker {
         let _ = std::fs::remove_file(m);
     }
-    let (controller, tid) = match spawn_vmm(&cfg, events.clone()) {
+    let mut cfg = cfg;
+    let (controller, tid, console) = match spawn_vmm(&mut cfg, events.clone()) {
         Ok(c) => c,
         Err(e) => return Outcome::setup_failed(e),
     };
@@ -348,9 +376,15 @@ pub fn run(
         let paused = cfg.restore.as_ref().is_some_and(|r| r.paused);
         s.state = if paused { "paused" } else { "running" }.into();
         s.vmm_tid = Some(tid);
+        s.console = console.clone();
     });
     let hub = match &cfg.console_socket {
-        Some(p) => match ConsoleHub::start(p, cfg.console_echo, Duration::from_secs(5)) {
+        Some(p) => match ConsoleHub::start(
+            p,
+            cfg.console_echo,
+            cfg.console_stdin,
+            Duration::from_secs(5),
+        ) {
             Ok(h) => Some(h),
             Err(e) => {
                 let _ = controller.request(Action::Stop);
@@ -458,6 +492,10 @@ pub fn run(
             Event::Exited(r) => break r,
         }
     };
+    // The guest's last output reaches the terminal before the launcher's closing lines.
+    if let Some(h) = &hub {
+        h.wait_closed(Duration::from_secs(2));
+    }
     // The boot notification may still be in flight when the VM ends right after booting;
     // the run's own timings have it.
     if let (None, Ok((_, timings))) = (boot_ms, &result) {
@@ -469,6 +507,9 @@ pub fn run(
         log::info!("VM exits: {}", timings.exits.summary());
     }
     set_state(&status, "stopped");
+    if let Some(dropped) = console.as_ref().map(|q| q.dropped()).filter(|d| *d > 0) {
+        log::warn!("{dropped} bytes of guest console output were dropped: the console reader did not keep up");
+    }
     if let Some(p) = &cfg.control_socket {
         let _ = std::fs::remove_file(p);
     }

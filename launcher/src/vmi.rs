@@ -14,6 +14,8 @@ use std::path::Path;
 use microvirt_crds::quantity::{parse_bytes, QuantityError};
 use serde::Deserialize;
 
+use crate::paths;
+
 /// Default guest memory when the VMI names none (the operator's default too).
 pub const DEFAULT_GUEST_MEMORY: u64 = 128 << 20;
 
@@ -30,6 +32,13 @@ pub enum VmiError {
     Json { path: String, detail: String },
     #[error("{path}: kind is {kind:?}, expected VirtualMachineInstance")]
     Kind { path: String, kind: String },
+    #[error("{origin}: {field} {value:?} {rule}: it names files and directories of the VMI")]
+    Name {
+        origin: String,
+        field: String,
+        value: String,
+        rule: &'static str,
+    },
     #[error("bad quantity {field}: {source}")]
     Quantity {
         field: &'static str,
@@ -240,6 +249,19 @@ pub struct CloudInitNoCloud {
     pub user_data_base64: Option<String>,
     #[serde(default)]
     pub network_data: Option<String>,
+    #[serde(default)]
+    pub network_data_base64: Option<String>,
+    /// A Secret with the user data (pod mode: mounted by the operator).
+    #[serde(default)]
+    pub secret_ref: Option<SecretRef>,
+    /// A Secret with the network data (pod mode: mounted by the operator).
+    #[serde(default)]
+    pub network_data_secret_ref: Option<SecretRef>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct SecretRef {
+    pub name: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -288,12 +310,55 @@ impl VmiDocument {
             })?
         };
         match doc.kind.as_deref() {
-            None | Some("VirtualMachineInstance") => Ok(doc),
-            Some(k) => Err(VmiError::Kind {
-                path: origin.to_string(),
-                kind: k.to_string(),
-            }),
+            None | Some("VirtualMachineInstance") => {}
+            Some(k) => {
+                return Err(VmiError::Kind {
+                    path: origin.to_string(),
+                    kind: k.to_string(),
+                })
+            }
         }
+        doc.check_names(origin)?;
+        Ok(doc)
+    }
+
+    /// Names that become paths: the VMI name a DNS subdomain, disk and volume names DNS labels
+    /// (as the CRD requires; checked again because the launcher also reads local YAML).
+    fn check_names(&self, origin: &str) -> Result<(), VmiError> {
+        let bad = |field: String, value: &str, rule| VmiError::Name {
+            origin: origin.to_string(),
+            field,
+            value: value.to_string(),
+            rule,
+        };
+        if let Some(n) = &self.metadata.name {
+            if !paths::is_dns_subdomain(n) {
+                return Err(bad(
+                    "metadata.name".into(),
+                    n,
+                    "must be a DNS subdomain (lowercase letters, digits, '-' and '.')",
+                ));
+            }
+        }
+        for (i, d) in self.spec.domain.devices.disks.iter().enumerate() {
+            if !paths::is_dns_label(&d.name) {
+                return Err(bad(
+                    format!("spec.domain.devices.disks[{i}].name"),
+                    &d.name,
+                    paths::DNS_LABEL_RULE,
+                ));
+            }
+        }
+        for (i, v) in self.spec.volumes.iter().enumerate() {
+            if !paths::is_dns_label(&v.name) {
+                return Err(bad(
+                    format!("spec.volumes[{i}].name"),
+                    &v.name,
+                    paths::DNS_LABEL_RULE,
+                ));
+            }
+        }
+        Ok(())
     }
 
     pub fn load(path: &Path) -> Result<Self, VmiError> {
@@ -448,6 +513,20 @@ spec:
         assert_eq!(doc.metadata.uid.as_deref(), Some("u-1"));
         assert_eq!(doc.grace_period_seconds(), 30);
         assert!(VmiDocument::parse("{\"kind\":\"Pod\"}", "x").is_err());
+        for (doc, field) in [
+            (
+                "{\"spec\":{\"volumes\":[{\"name\":\"../pvcs/data\",\"emptyDisk\":{\"capacity\":\"1Mi\"}}]}}",
+                "spec.volumes[0].name",
+            ),
+            (
+                "{\"spec\":{\"domain\":{\"devices\":{\"disks\":[{\"name\":\"ok\"},{\"name\":\"a/b\"}]}}}}",
+                "spec.domain.devices.disks[1].name",
+            ),
+            ("{\"metadata\":{\"name\":\"../../etc\"}}", "metadata.name"),
+        ] {
+            let e = VmiDocument::parse(doc, "vmi.json").unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains("must be a DNS"), "{e}");
+        }
         assert!(VmiDocument::parse("spec: [", "x").is_err());
     }
 }

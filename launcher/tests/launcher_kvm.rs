@@ -122,6 +122,28 @@ impl Launcher {
     }
 }
 
+/// A launcher still running when its test fails is killed, so no VM outlives the test.
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A child process (a console client) killed and reaped on drop.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+        }
+        let _ = self.0.wait();
+    }
+}
+
 fn demo_vmi(dir: &Path, name: &str, kernel_args: &str, extra_spec: &str) -> PathBuf {
     let p = dir.join(format!("{name}.yaml"));
     std::fs::write(
@@ -819,4 +841,560 @@ fn a_block_device_pvc_and_rng() {
     let (st, _) = l.wait(Duration::from_secs(30));
     assert_eq!(st.code(), Some(0), "{}\n{}", l.stdout(), l.stderr());
     assert!(l.stdout().contains("rng: no device"), "{}", l.stdout());
+}
+
+/// The security fields of one `/proc/<pid>/task/<tid>/status`.
+#[derive(Debug)]
+struct TaskSecurity {
+    name: String,
+    cap_eff: String,
+    no_new_privs: String,
+    seccomp: String,
+    filters: u32,
+}
+
+fn task_security(pid: u32) -> Vec<TaskSecurity> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let Ok(text) = std::fs::read_to_string(e.unwrap().path().join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        let field = |f: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{f}:")))
+                .map(|v| v.trim().to_string())
+                .unwrap_or_default()
+        };
+        out.push(TaskSecurity {
+            name: field("Name"),
+            cap_eff: field("CapEff"),
+            no_new_privs: field("NoNewPrivs"),
+            seccomp: field("Seccomp"),
+            filters: field("Seccomp_filters").parse().unwrap_or(0),
+        });
+    }
+    out
+}
+
+/// Every thread: no capabilities, no_new_privs, a seccomp filter; the VM's threads and the
+/// DHCP server have a tighter filter stacked on the launcher's. Returns the thread names.
+fn assert_all_threads_locked_down(pid: u32) -> Vec<String> {
+    let tasks = task_security(pid);
+    let main_filters = tasks.iter().map(|t| t.filters).min().unwrap();
+    for t in &tasks {
+        assert_eq!(t.cap_eff, "0000000000000000", "{t:?}\nall: {tasks:#?}");
+        assert_eq!(t.no_new_privs, "1", "{t:?}\nall: {tasks:#?}");
+        assert_eq!(t.seccomp, "2", "{t:?}\nall: {tasks:#?}");
+        if t.name.starts_with("vcpu") || t.name == "vmm" || t.name == "dhcp-server" {
+            assert!(t.filters > main_filters, "{t:?}\nall: {tasks:#?}");
+        }
+    }
+    tasks.into_iter().map(|t| t.name).collect()
+}
+
+#[test]
+fn every_launcher_thread_is_unprivileged_and_filtered_with_pod_networking() {
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&pod_document("locked", "testguest.scenario=echo", 5)).unwrap();
+    doc["spec"]["domain"]["devices"]["interfaces"] =
+        serde_json::json!([{"name": "default", "masquerade": {}}]);
+    doc["spec"]["networks"] = serde_json::json!([{"name": "default", "pod": {}}]);
+    let pod = Pod::new("locked", &doc.to_string());
+    let resolv = pod.dir.path().join("resolv.conf");
+    std::fs::write(&resolv, "nameserver 10.96.0.10\n").unwrap();
+    let script = format!(
+        "ip link set lo up && ip link add eth0 type veth peer name peer0 && ip link set peer0 up \
+         && ip addr add 10.244.1.9/24 dev eth0 && ip link set eth0 up \
+         && exec setpriv --bounding-set -all,+net_admin,+net_bind_service {BIN} pod"
+    );
+    let mut l = Launcher::spawn(
+        Command::new("unshare")
+            .args(["--net", "sh", "-c", &script])
+            .env("MICROVIRT_ROOT", pod.root())
+            .env("MICROVIRT_TERMINATION_LOG", pod.term_log())
+            .env("MICROVIRT_RESOLV_CONF", &resolv),
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    while !pod.probe_ready() {
+        assert!(Instant::now() < end, "never ready; stderr:\n{}", l.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A console attached and a control request in flight: every kind of thread exists.
+    let mut console = Reaped(
+        pod.cmd(&["console"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = collect(console.0.stdout.take().unwrap());
+    let end = Instant::now() + Duration::from_secs(10);
+    while !out.lock().unwrap().contains("echo: ready") {
+        assert!(Instant::now() < end, "{:?}", out.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let st = pod.control("status");
+    assert!(
+        st["network"].as_str().unwrap().starts_with("Masquerade"),
+        "{st}"
+    );
+    // What the launcher reports about itself...
+    let threads = st["threads"].as_array().unwrap();
+    for t in threads {
+        assert_eq!(t["capEff"], "0000000000000000", "{t}");
+        assert_eq!(t["noNewPrivs"], 1, "{t}");
+        assert_eq!(t["seccomp"], 2, "{t}");
+    }
+    // ...and what /proc shows from outside.
+    let names = assert_all_threads_locked_down(l.child.id());
+    for want in [
+        "virt-launcher",
+        "dhcp-server",
+        "signals",
+        "vmm",
+        "vcpu0",
+        "vcpu1",
+        "boot-notify",
+        "console-out",
+        "control",
+        "control-conn",
+    ] {
+        assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
+    }
+    use std::io::Write;
+    console
+        .0
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"quit\n")
+        .unwrap();
+    let (st, _) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
+}
+
+/// A named network namespace, deleted on drop.
+struct NetNs(String);
+
+impl NetNs {
+    fn new(tag: &str) -> Self {
+        let name = format!("mvl-{tag}-{}", std::process::id());
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(Stdio::null())
+            .status();
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "ip netns add {name}");
+        let ns = NetNs(name);
+        ns.sh("ip link set lo up && ip link add eth0 type veth peer name peer0 && ip link set peer0 up \
+               && ip addr add 10.244.2.5/24 dev eth0 && ip link set eth0 up");
+        ns
+    }
+    fn sh(&self, script: &str) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.0, "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{script}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+#[test]
+fn run_pod_network_threads_are_unprivileged_and_a_helper_removes_the_network() {
+    let ns = NetNs::new("runnet");
+    let t = TempDir::new("runnet");
+    let vmi = demo_vmi(
+        t.path(),
+        "runnet",
+        "testguest.scenario=echo",
+        "    devices: {interfaces: [{name: default, masquerade: {}}]}\n  networks: [{name: default, pod: {}}]\n",
+    );
+    let sock = t.path().join("control.sock");
+    let resolv = t.path().join("resolv.conf");
+    std::fs::write(&resolv, "nameserver 10.96.0.10\n").unwrap();
+    let mut l = Launcher::spawn(
+        Command::new("ip")
+            .args(["netns", "exec", &ns.0, BIN, "run"])
+            .arg(&vmi)
+            .args(["--pod-network", "--console", "socket", "--control-socket"])
+            .arg(&sock)
+            .env("MICROVIRT_RESOLV_CONF", &resolv),
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    let status = |cmd: &str| {
+        let out = Command::new(BIN)
+            .args([cmd, "--socket"])
+            .arg(&sock)
+            .output()
+            .unwrap();
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap_or_default()
+    };
+    while status("status")["booted"] != true {
+        assert!(
+            Instant::now() < end,
+            "never booted; stderr:\n{}",
+            l.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(ns.sh("ip -o link").contains("k6t-eth0"));
+    assert_all_threads_locked_down(l.child.id());
+    // The teardown helper: a child process that kept only CAP_NET_ADMIN.
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", l.child.id())).unwrap();
+    let helper: u32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    let text = std::fs::read_to_string(format!("/proc/{helper}/status")).unwrap();
+    assert!(text.contains("Name:\tnet-teardown\n"), "{text}");
+    assert!(text.contains("CapEff:\t0000000000001000\n"), "{text}");
+    assert!(text.contains("NoNewPrivs:\t1\n"), "{text}");
+    assert_eq!(status("stop")["ok"], true);
+    let (st, _) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(5), "stderr:\n{}", l.stderr());
+    // The launcher waited for the helper: the network is gone already.
+    let links = ns.sh("ip -o link");
+    assert!(
+        !links.contains("k6t-eth0") && !links.contains("tap0"),
+        "{links}"
+    );
+    assert!(!std::path::Path::new(&format!("/proc/{helper}")).exists());
+}
+
+#[test]
+fn cli_help_version_and_usage_errors_in_clap_style() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "Usage: virt-launcher [OPTIONS] <COMMAND>",
+        "run",
+        "pod",
+        "probe",
+        "console",
+        "--log-level <LEVEL>",
+        "Exit status:",
+    ] {
+        assert!(help.contains(want), "{want:?} missing in:\n{help}");
+    }
+    let out = Command::new(BIN).args(["run", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("--grace-period <SECS>"), "{help}");
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("virt-launcher {}", env!("CARGO_PKG_VERSION"))
+    );
+    for (args, want) in [
+        (
+            &["run"][..],
+            "the following required arguments were not provided",
+        ),
+        (
+            &["run", "x.yaml", "--grace-period", "soon"],
+            "is not a number of seconds",
+        ),
+        (&["frobnicate"], "unrecognized subcommand 'frobnicate'"),
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(want),
+            "{args:?}: {err}"
+        );
+        assert!(
+            err.trim_end()
+                .ends_with("For more information, try '--help'."),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// `run` with its console on a terminal (a pty through `script`): the launcher's own lines
+/// ("guest booted in …", its log) share the terminal with the guest console, and must never
+/// land in the middle of a guest line. The demo guest writes the boot timer and then prints
+/// "boot-timer: written", so the launcher's boot line races with that guest line every run.
+#[test]
+fn run_on_a_terminal_never_splits_a_guest_line() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/demo-vmi.yaml");
+    for run in 0..12 {
+        let out = Command::new("script")
+            .args([
+                "-qec",
+                &format!("{BIN} run {}", example.display()),
+                "/dev/null",
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .expect("script (util-linux) runs the launcher on a pty");
+        let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+        assert_eq!(out.status.code(), Some(0), "run {run}:\n{text}");
+        for line in text.lines() {
+            if let Some(at) = line.find("virt-launcher:") {
+                assert_eq!(
+                    at, 0,
+                    "run {run}: a launcher line inside a guest line: {line:?}\n{text}"
+                );
+            }
+        }
+        for want in ["boot-timer: written", "reset"] {
+            assert!(
+                text.lines().any(|l| l == want),
+                "run {run}: no intact {want:?} line:\n{text}"
+            );
+        }
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("virt-launcher: guest booted in ")),
+            "run {run}:\n{text}"
+        );
+        assert_eq!(
+            text.lines().last(),
+            Some("virt-launcher: info: guest reset"),
+            "run {run}: the launcher's closing line comes last:\n{text}"
+        );
+    }
+}
+
+/// Names that become paths: an emptyDisk named `../pvcs/data` would be created as
+/// `<root>/empty-disks/../pvcs/data/disk.img`, i.e. truncate the PVC's image. The launcher
+/// refuses such names (pod mode and local YAML alike) before touching any file.
+#[test]
+fn volume_and_disk_names_that_are_not_dns_labels_are_refused() {
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&pod_document("names", "testguest.scenario=basic", 5)).unwrap();
+    doc["spec"]["domain"]["devices"]["disks"] =
+        serde_json::json!([{"name": "data"}, {"name": "../pvcs/data"}]);
+    doc["spec"]["volumes"] = serde_json::json!([
+        {"name": "data", "persistentVolumeClaim": {"claimName": "data"}},
+        {"name": "../pvcs/data", "emptyDisk": {"capacity": "1Mi"}}
+    ]);
+    let pod = Pod::new("names", &doc.to_string());
+    let img = pod.root().join("pvcs/data/disk.img");
+    std::fs::create_dir_all(img.parent().unwrap()).unwrap();
+    let content = vec![0x5au8; 8 << 20];
+    std::fs::write(&img, &content).unwrap();
+    let out = pod.cmd(&["pod"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let msg = std::fs::read_to_string(pod.term_log()).unwrap();
+    assert!(
+        msg.starts_with("invalid VMI document: ")
+            && msg
+                .contains("spec.domain.devices.disks[1].name \"../pvcs/data\" must be a DNS label"),
+        "{msg}"
+    );
+    assert!(msg.contains("reason=InvalidVMI\n"), "{msg}");
+    assert_eq!(
+        std::fs::read(&img).unwrap(),
+        content,
+        "the PVC image is untouched"
+    );
+
+    // Local YAML: the same check, for every path-bearing name.
+    let t = TempDir::new("names-run");
+    for (what, extra) in [
+        (
+            "spec.volumes[0].name",
+            "    devices: {disks: []}\n  volumes: [{name: ../x, emptyDisk: {capacity: 1Mi}}]\n",
+        ),
+        (
+            "spec.domain.devices.disks[0].name",
+            "    devices: {disks: [{name: Root}]}\n  volumes: [{name: root, emptyDisk: {capacity: 1Mi}}]\n",
+        ),
+    ] {
+        let vmi = demo_vmi(t.path(), "names", "", extra);
+        let out = Command::new(BIN).arg("run").arg(&vmi).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {err}");
+        assert!(err.contains(what) && err.contains("must be a DNS label"), "{what}: {err}");
+    }
+    let vmi = t.path().join("badname.yaml");
+    std::fs::write(&vmi, "metadata: {name: ../../etc}\n").unwrap();
+    let out = Command::new(BIN).arg("run").arg(&vmi).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("metadata.name") && err.contains("DNS subdomain"),
+        "{err}"
+    );
+}
+
+/// Pod mode as the operator runs it: root with only NET_ADMIN, NET_BIND_SERVICE, SETUID and
+/// SETGID, `MICROVIRT_LAUNCHER_USER=107:107`, volumes as the kubelet mounts them (emptyDirs
+/// 0777, the cloud-init data in Secret mounts, nothing of it in the VMI document). The
+/// launcher sets up the pod network and opens /dev/kvm (0600 root here) and the TAP as root,
+/// then becomes 107:107: every thread runs as 107 with no capability, and the guest boots
+/// with its NIC, disks and the cloud-init data from the mounts.
+#[test]
+fn pod_mode_gives_up_root_after_setup_and_reads_cloud_init_from_secret_mounts() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&pod_document("nonroot", "testguest.scenario=echo", 5)).unwrap();
+    doc["spec"]["domain"]["devices"]["disks"] =
+        serde_json::json!([{"name": "seed"}, {"name": "scratch"}, {"name": "data"}]);
+    doc["spec"]["volumes"] = serde_json::json!([
+        {"name": "seed", "cloudInitNoCloud": {"secretRef": {"name": "user-data"}}},
+        {"name": "scratch", "emptyDisk": {"capacity": "1Mi"}},
+        {"name": "data", "persistentVolumeClaim": {"claimName": "block-claim"}}
+    ]);
+    doc["spec"]["domain"]["devices"]["interfaces"] =
+        serde_json::json!([{"name": "default", "masquerade": {}}]);
+    doc["spec"]["networks"] = serde_json::json!([{"name": "default", "pod": {}}]);
+    let pod = Pod::new("nonroot", &doc.to_string());
+    let root = pod.root();
+    // What the kubelet provides: emptyDirs (0777), Secret files, a writable termination log.
+    for d in [root.clone(), root.join("empty-disks/scratch")] {
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let secret_dir = root.join("cloud-init/seed/userdata");
+    std::fs::create_dir_all(&secret_dir).unwrap();
+    std::fs::write(
+        secret_dir.join("userData"),
+        "#cloud-config\nfrom-the-secret: yes\n",
+    )
+    .unwrap();
+    std::fs::write(pod.term_log(), "").unwrap();
+    std::fs::set_permissions(pod.term_log(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    // A volumeMode: Block claim: a device node only root may open (0600 root:root, as the
+    // container runtime makes it), opened before the launcher becomes 107.
+    let backing = pod.dir.path().join("block.img");
+    std::fs::write(&backing, vec![0u8; 1 << 20]).unwrap();
+    let lo = LoopDevice::attach(&backing);
+    let devs = pod.dir.path().join("pvc-devices");
+    std::fs::create_dir_all(&devs).unwrap();
+    let rdev = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&lo.0).unwrap().rdev()
+    };
+    let node = std::ffi::CString::new(devs.join("data").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid C string; creates a device node in the test's directory.
+    let r = unsafe { libc::mknod(node.as_ptr(), libc::S_IFBLK | 0o600, rdev) };
+    assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    let resolv = pod.dir.path().join("resolv.conf");
+    std::fs::write(&resolv, "nameserver 10.96.0.10\n").unwrap();
+    let script = format!(
+        "ip link set lo up && ip link add eth0 type veth peer name peer0 && ip link set peer0 up \
+         && ip addr add 10.244.1.11/24 dev eth0 && ip link set eth0 up \
+         && exec setpriv --bounding-set -all,+net_admin,+net_bind_service,+setuid,+setgid {BIN} pod"
+    );
+    let mut l = Launcher::spawn(
+        Command::new("unshare")
+            .args(["--net", "sh", "-c", &script])
+            .env("MICROVIRT_ROOT", &root)
+            .env("MICROVIRT_TERMINATION_LOG", pod.term_log())
+            .env("MICROVIRT_RESOLV_CONF", &resolv)
+            .env("MICROVIRT_LAUNCHER_USER", "107:107")
+            .env("MICROVIRT_PVC_DEVICE_DIR", &devs),
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    while !pod.probe_ready() {
+        assert!(Instant::now() < end, "never ready; stderr:\n{}", l.stderr());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = pod.control("status");
+    assert!(
+        st["network"].as_str().unwrap().starts_with("Masquerade"),
+        "{st}"
+    );
+    // The control socket's clients (the node agent, `kubectl exec`) are root without any
+    // capability: group 107 (the pod's fsGroup, the agent's supplementalGroups) lets them in,
+    // nothing else does.
+    let sock = root.join("control.sock");
+    let sock_s = sock.display().to_string();
+    let as_root_without_caps = |groups: &str| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=0",
+                "--regid=0",
+                groups,
+                "--inh-caps=-all",
+                "--ambient-caps=-all",
+                "--bounding-set=-all",
+                BIN,
+                "status",
+                "--socket",
+                &sock_s,
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = as_root_without_caps("--groups=107");
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"ok\":true"));
+    let out = as_root_without_caps("--clear-groups");
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{out:?}"
+    );
+    let mut console = Reaped(
+        pod.cmd(&["console"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let out = collect(console.0.stdout.take().unwrap());
+    let end = Instant::now() + Duration::from_secs(10);
+    while !out.lock().unwrap().contains("echo: ready") {
+        assert!(Instant::now() < end, "{:?}", out.lock().unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The guest has its NIC (the TAP opened before the switch) and the three disks (the Block
+    // claim's device opened before it).
+    let text = out.lock().unwrap().clone();
+    assert!(
+        text.contains("virtio_mmio.device=4K@0xc0001000:5")
+            && text.contains("virtio_mmio.device=4K@0xc0004000:8"),
+        "{text}"
+    );
+    let pid = l.child.id();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let s = std::fs::read_to_string(t.unwrap().path().join("status")).unwrap_or_default();
+        if s.is_empty() {
+            continue;
+        }
+        for want in [
+            "Uid:\t107\t107\t107\t107\n",
+            "Gid:\t107\t107\t107\t107\n",
+            "CapEff:\t0000000000000000\n",
+            "CapPrm:\t0000000000000000\n",
+            "NoNewPrivs:\t1\n",
+            "Seccomp:\t2\n",
+        ] {
+            assert!(s.contains(want), "{want:?} missing:\n{s}");
+        }
+    }
+    use std::io::Write;
+    console
+        .0
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"quit\n")
+        .unwrap();
+    let (st, _) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
+    // Files the launcher made belong to 107; the seed holds the Secret's user data.
+    use std::os::unix::fs::MetadataExt;
+    for f in ["run", "run/seed.cidata.img", "empty-disks/scratch/disk.img"] {
+        let m = std::fs::metadata(root.join(f)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (107, 107), "{f}");
+    }
+    let seed = std::fs::read(root.join("run/seed.cidata.img")).unwrap();
+    let needle = b"from-the-secret: yes";
+    assert!(seed.windows(needle.len()).any(|w| w == needle));
+    let msg = std::fs::read_to_string(pod.term_log()).unwrap();
+    assert!(msg.contains("reason=GuestShutdown\n"), "{msg}");
 }

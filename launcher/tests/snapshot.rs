@@ -213,6 +213,20 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     );
     let (out, a) = client(&["resume", "--socket", &s2.display().to_string()]);
     assert!(out.status.success(), "{a}");
+    // A snapshot of the restored VM (its RAM maps the snapshot's file: the VMM thread asks
+    // `mincore` which pages it wrote), under the launcher's seccomp filters, then on.
+    let snap2 = t.path("snap2");
+    let (out, a) = client(&[
+        "snapshot",
+        &snap2.display().to_string(),
+        "--socket",
+        &s2.display().to_string(),
+    ]);
+    assert!(out.status.success(), "{out:?}; {}", two.context());
+    assert_eq!(a["state"], "paused", "{a}");
+    assert!(snap2.join("vmstate").is_file());
+    let (out, a) = client(&["resume", "--socket", &s2.display().to_string()]);
+    assert!(out.status.success(), "{a}");
     two.wait_for(&format!("stream: done {k} blk=ok net=none"));
     assert!(two.wait().success(), "{}", two.context());
     let stdout = two.stdout();

@@ -1,8 +1,9 @@
 //! A minimal DHCPv4 server for exactly one client (the guest): DISCOVER → OFFER,
 //! REQUEST → ACK/NAK, INFORM → ACK, over UDP port 67 on one interface (the bridge).
 //!
-//! Packet handling ([`DhcpServer::handle`]) is pure and unit-tested; [`spawn`] runs it on a
-//! thread with a bounded receive timeout so it can be stopped.
+//! Packet handling ([`DhcpServer::handle`]) is pure and unit-tested; [`bind`] opens the port
+//! (the privileged part) and [`BoundDhcp::serve`] runs the server on a thread with a bounded
+//! receive timeout so it can be stopped; [`spawn`] does both.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
@@ -281,6 +282,8 @@ pub enum DhcpError {
         #[source]
         source: io::Error,
     },
+    #[error("DHCP server thread on {iface}: {detail}")]
+    ThreadSetup { iface: String, detail: String },
 }
 
 /// A running server thread; stopped (and joined) on drop.
@@ -330,9 +333,17 @@ fn set_opt(sock: &UdpSocket, level: i32, name: i32, val: &[u8]) -> io::Result<()
     }
 }
 
-/// Binds UDP port 67 on `iface` (in the calling thread's network namespace) and serves
-/// `server` on a new thread until the handle is stopped or dropped.
-pub fn spawn(iface: &str, server: DhcpServer) -> Result<DhcpHandle, DhcpError> {
+/// A server socket bound to UDP port 67 on one interface, not served yet (see [`bind`]).
+pub struct BoundDhcp {
+    iface: String,
+    sock: UdpSocket,
+    server: DhcpServer,
+}
+
+/// Binds UDP port 67 on `iface` (in the calling thread's network namespace; needs
+/// CAP_NET_BIND_SERVICE) for `server`. Nothing is served until [`BoundDhcp::serve`], so the
+/// privileged bind and the thread that parses guest packets can be separated.
+pub fn bind(iface: &str, server: DhcpServer) -> Result<BoundDhcp, DhcpError> {
     let err = |source| DhcpError::Socket {
         iface: iface.to_string(),
         source,
@@ -373,18 +384,71 @@ pub fn spawn(iface: &str, server: DhcpServer) -> Result<DhcpHandle, DhcpError> {
     }
     sock.set_read_timeout(Some(Duration::from_millis(200)))
         .map_err(err)?;
-    let wake = sock.try_clone().map_err(err)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let thread = std::thread::Builder::new()
-        .name("dhcp-server".into())
-        .spawn(move || serve(sock, server, stop2))
-        .map_err(err)?;
-    Ok(DhcpHandle {
-        stop,
-        wake: Some(wake),
-        thread: Some(thread),
+    Ok(BoundDhcp {
+        iface: iface.to_string(),
+        sock,
+        server,
     })
+}
+
+impl BoundDhcp {
+    /// Serves on a new thread until the handle is stopped or dropped. `init` runs first on
+    /// that thread (the launcher restricts the thread there); when it fails the thread ends
+    /// and so does this call, with that error.
+    pub fn serve(
+        self,
+        init: impl FnOnce() -> Result<(), String> + Send + 'static,
+    ) -> Result<DhcpHandle, DhcpError> {
+        let BoundDhcp {
+            iface,
+            sock,
+            server,
+        } = self;
+        let err = |source| DhcpError::Socket {
+            iface: iface.clone(),
+            source,
+        };
+        let wake = sock.try_clone().map_err(err)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("dhcp-server".into())
+            .spawn(move || {
+                let setup = init();
+                let ok = setup.is_ok();
+                let _ = ready_tx.send(setup);
+                if ok {
+                    serve(sock, server, stop2)
+                }
+            })
+            .map_err(err)?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(DhcpError::ThreadSetup { iface, detail: e });
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(DhcpError::ThreadSetup {
+                    iface,
+                    detail: "the server thread ended during setup".into(),
+                });
+            }
+        }
+        Ok(DhcpHandle {
+            stop,
+            wake: Some(wake),
+            thread: Some(thread),
+        })
+    }
+}
+
+/// Binds UDP port 67 on `iface` (in the calling thread's network namespace) and serves
+/// `server` on a new thread until the handle is stopped or dropped.
+pub fn spawn(iface: &str, server: DhcpServer) -> Result<DhcpHandle, DhcpError> {
+    bind(iface, server)?.serve(|| Ok(()))
 }
 
 fn serve(sock: UdpSocket, server: DhcpServer, stop: Arc<AtomicBool>) {

@@ -91,6 +91,8 @@ pub enum NetError {
     Netns(#[source] std::io::Error),
     #[error("teardown incomplete: {0}")]
     Teardown(String),
+    #[error("the DHCP server is not waiting to be started")]
+    DhcpNotBound,
 }
 
 /// Result of this crate.
@@ -235,8 +237,26 @@ pub struct NetSetup {
     rtnl: Rtnl,
     netns: File,
     undo: Vec<Undo>,
-    dhcp: Option<dhcp::DhcpHandle>,
+    dhcp: DhcpState,
     undo_on_drop: bool,
+}
+
+/// The DHCP server of a [`NetSetup`].
+enum DhcpState {
+    None,
+    /// Port 67 bound, not served yet ([`prepare_pod_network`]).
+    Bound(dhcp::BoundDhcp),
+    Running(dhcp::DhcpHandle),
+}
+
+impl DhcpState {
+    /// Stops a running server and closes the socket.
+    fn stop(&mut self) {
+        if let DhcpState::Running(h) = self {
+            h.stop();
+        }
+        *self = DhcpState::None;
+    }
 }
 
 impl fmt::Debug for NetSetup {
@@ -287,10 +307,27 @@ impl NetSetup {
         self.undo_all()
     }
 
-    fn undo_all(&mut self) -> Result<()> {
-        if let Some(mut d) = self.dhcp.take() {
-            d.stop();
+    /// Starts the DHCP server of a network made by [`prepare_pod_network`]. `init` runs first
+    /// on the server's thread (the launcher drops that thread's privileges there); the
+    /// server only starts when it succeeds.
+    pub fn start_dhcp(
+        &mut self,
+        init: impl FnOnce() -> std::result::Result<(), String> + Send + 'static,
+    ) -> Result<()> {
+        match std::mem::replace(&mut self.dhcp, DhcpState::None) {
+            DhcpState::Bound(b) => {
+                self.dhcp = DhcpState::Running(b.serve(init)?);
+                Ok(())
+            }
+            other => {
+                self.dhcp = other;
+                Err(NetError::DhcpNotBound)
+            }
         }
+    }
+
+    fn undo_all(&mut self) -> Result<()> {
+        self.dhcp.stop();
         let mut failures = Vec::new();
         while let Some(step) = self.undo.pop() {
             if let Err(e) = undo_step(&mut self.rtnl, &self.netns, &step) {
@@ -308,9 +345,7 @@ impl NetSetup {
 impl Drop for NetSetup {
     fn drop(&mut self) {
         if !self.undo_on_drop {
-            if let Some(mut d) = self.dhcp.take() {
-                d.stop();
-            }
+            self.dhcp.stop();
             return;
         }
         if let Err(e) = self.undo_all() {
@@ -400,8 +435,11 @@ pub fn nft_table_name(tap: &str) -> String {
 
 /// The masquerade ruleset: table `ip <table>` with a `prerouting` NAT chain (priority -100)
 /// that DNATs traffic arriving on `pod_iface` for the pod IP to the guest (only `ports` when
-/// given, one rule per port), and a `postrouting` NAT chain (priority 100) that SNATs the
-/// guest's traffic leaving through `pod_iface` to the pod IP. In nft syntax:
+/// given, one rule per port), a `postrouting` NAT chain (priority 100) that SNATs the guest's
+/// traffic leaving through `pod_iface` to the pod IP, and an `antispoof` filter chain
+/// (prerouting, priority -300, before connection tracking) that drops what arrives from the
+/// guest's bridge with another source address than the guest's (DHCP from 0.0.0.0 aside).
+/// In nft syntax:
 ///
 /// ```text
 /// table ip microvirt_tap0 {
@@ -409,6 +447,9 @@ pub fn nft_table_name(tap: &str) -> String {
 ///     iifname "eth0" ip daddr POD_IP [meta l4proto tcp th dport 22] dnat to 10.0.2.2 }
 ///   chain postrouting { type nat hook postrouting priority 100;
 ///     ip saddr 10.0.2.2 oifname "eth0" snat to POD_IP }
+///   chain antispoof { type filter hook prerouting priority -300;
+///     iifname "k6t-eth0" ip saddr 0.0.0.0 meta l4proto udp th dport 67 accept
+///     iifname "k6t-eth0" ip saddr != 10.0.2.2 drop }
 /// }
 /// ```
 pub fn masquerade_ruleset(
@@ -458,28 +499,63 @@ pub fn masquerade_ruleset(
         chain: "postrouting".into(),
         exprs: out,
     });
+    // Anti-spoofing: what the guest sends must come from its own address (DHCP requests
+    // from 0.0.0.0 aside), or it is dropped before connection tracking sees it.
+    let mut dhcp: Vec<Expr> = Vec::new();
+    dhcp.extend(Expr::ifname_eq(MetaKey::IifName, BRIDGE_NAME));
+    dhcp.extend(Expr::ip_addr_eq(true, Ipv4Addr::UNSPECIFIED));
+    dhcp.extend(Expr::dport_eq(libc::IPPROTO_UDP as u8, 67));
+    dhcp.push(Expr::Verdict(nft::Verdict::Accept));
+    let mut spoof: Vec<Expr> = Vec::new();
+    spoof.extend(Expr::ifname_eq(MetaKey::IifName, BRIDGE_NAME));
+    spoof.extend(Expr::ip_saddr_neq(guest_ip));
+    spoof.push(Expr::Verdict(nft::Verdict::Drop));
+    for exprs in [dhcp, spoof] {
+        rules.push(nft::Rule {
+            chain: "antispoof".into(),
+            exprs,
+        });
+    }
     nft::Table {
         name: table.to_string(),
         chains: vec![
             nft::Chain {
                 name: "prerouting".into(),
+                kind: nft::ChainType::Nat,
                 hook: nft::Hook::Prerouting,
                 priority: -100,
             },
             nft::Chain {
                 name: "postrouting".into(),
+                kind: nft::ChainType::Nat,
                 hook: nft::Hook::Postrouting,
                 priority: 100,
+            },
+            nft::Chain {
+                name: "antispoof".into(),
+                kind: nft::ChainType::Filter,
+                hook: nft::Hook::Prerouting,
+                priority: -300,
             },
         ],
         rules,
     }
 }
 
-/// Sets up the pod network for one guest interface in the calling thread's network namespace.
+/// Sets up the pod network for one guest interface in the calling thread's network namespace
+/// and starts the DHCP server.
 ///
 /// On failure everything made so far is removed again.
 pub fn setup_pod_network(binding: Binding, iface: &InterfaceSpec) -> Result<NetSetup> {
+    let mut setup = prepare_pod_network(binding, iface)?;
+    setup.start_dhcp(|| Ok(()))?;
+    Ok(setup)
+}
+
+/// Like [`setup_pod_network`], but the DHCP server only binds its port (the part that needs
+/// privileges); [`NetSetup::start_dhcp`] starts serving. The launcher starts it after it
+/// dropped its capabilities, so the server thread never has any.
+pub fn prepare_pod_network(binding: Binding, iface: &InterfaceSpec) -> Result<NetSetup> {
     let netns = netns::current().map_err(NetError::Netns)?;
     let mut rtnl = Rtnl::open()?;
     if rtnl.link_by_name(BRIDGE_NAME)?.is_some() || rtnl.link_by_name(&iface.tap_name)?.is_some() {
@@ -520,7 +596,7 @@ pub fn setup_pod_network(binding: Binding, iface: &InterfaceSpec) -> Result<NetS
         rtnl,
         netns,
         undo: Vec::new(),
-        dhcp: None,
+        dhcp: DhcpState::None,
         undo_on_drop: true,
     };
     // On error `setup` is dropped, which undoes what was recorded so far.
@@ -532,7 +608,7 @@ pub fn setup_pod_network(binding: Binding, iface: &InterfaceSpec) -> Result<NetS
         Binding::Masquerade => MASQ_GATEWAY,
         Binding::Bridge => BRIDGE_DHCP_ADDR,
     };
-    setup.dhcp = Some(dhcp::spawn(
+    setup.dhcp = DhcpState::Bound(dhcp::bind(
         BRIDGE_NAME,
         dhcp::DhcpServer {
             server_ip,
@@ -721,7 +797,11 @@ mod tests {
         let pod = Ipv4Addr::new(10, 244, 0, 5);
         let t = masquerade_ruleset("microvirt_tap0", "eth0", pod, MASQ_GUEST, &[]);
         assert_eq!(t.name, "microvirt_tap0");
-        assert_eq!(t.chains.len(), 2);
+        assert_eq!(t.chains.len(), 3);
+        assert_eq!(
+            (t.chains[2].kind, t.chains[2].hook, t.chains[2].priority),
+            (nft::ChainType::Filter, nft::Hook::Prerouting, -300)
+        );
         assert_eq!(
             (t.chains[0].hook, t.chains[0].priority),
             (nft::Hook::Prerouting, -100)
@@ -730,7 +810,7 @@ mod tests {
             (t.chains[1].hook, t.chains[1].priority),
             (nft::Hook::Postrouting, 100)
         );
-        assert_eq!(t.rules.len(), 2);
+        assert_eq!(t.rules.len(), 4);
         let mut want: Vec<Expr> = Vec::new();
         want.extend(Expr::ifname_eq(MetaKey::IifName, "eth0"));
         want.extend(Expr::ip_addr_eq(false, pod));
@@ -743,6 +823,16 @@ mod tests {
         want.extend(Expr::nat_to(NatKind::Snat, pod));
         assert_eq!(t.rules[1].chain, "postrouting");
         assert_eq!(t.rules[1].exprs, want);
+        let mut want: Vec<Expr> = Vec::new();
+        want.extend(Expr::ifname_eq(MetaKey::IifName, BRIDGE_NAME));
+        want.extend(Expr::ip_saddr_neq(MASQ_GUEST));
+        want.push(Expr::Verdict(nft::Verdict::Drop));
+        assert_eq!(t.rules[3].chain, "antispoof");
+        assert_eq!(t.rules[3].exprs, want);
+        assert_eq!(
+            t.rules[2].exprs.last(),
+            Some(&Expr::Verdict(nft::Verdict::Accept))
+        );
     }
 
     #[test]
@@ -760,8 +850,8 @@ mod tests {
                 p(Protocol::Udp, 53),
             ],
         );
-        // One DNAT rule per distinct port, then the SNAT rule.
-        assert_eq!(t.rules.len(), 4);
+        // One DNAT rule per distinct port, then the SNAT rule and the two anti-spoofing rules.
+        assert_eq!(t.rules.len(), 6);
         let ports: Vec<Vec<nft::Expr>> = t.rules[..3]
             .iter()
             .map(|r| r.exprs[4..8].to_vec())

@@ -1,7 +1,8 @@
 //! nftables over nf_tables netlink (`NETLINK_NETFILTER`), encoded here: no C library and no
-//! `nft` process. Only what the masquerade binding needs: an `ip` table with base chains and
-//! rules built from `meta`, `payload`, `cmp`, `immediate` and `nat` expressions, applied as
-//! one transaction (batch); deleting a table; listing table names.
+//! `nft` process. Only what the masquerade binding needs: an `ip` table with NAT and filter
+//! base chains and rules built from `meta`, `payload`, `cmp` (`==`, `!=`), `immediate` (data
+//! and verdicts) and `nat` expressions, applied as one transaction (batch); deleting a table;
+//! listing table names.
 //!
 //! Everything acts in the network namespace of the thread that calls it (each call opens its
 //! own socket).
@@ -61,6 +62,12 @@ const NFTA_CMP_SREG: u16 = 1;
 const NFTA_CMP_OP: u16 = 2;
 const NFTA_CMP_DATA: u16 = 3;
 const NFT_CMP_EQ: u32 = 0;
+const NFT_CMP_NEQ: u32 = 1;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFT_REG_VERDICT: u32 = 0;
+const NF_DROP: u32 = 0;
+const NF_ACCEPT: u32 = 1;
 const NFTA_PAYLOAD_DREG: u16 = 1;
 const NFTA_PAYLOAD_BASE: u16 = 2;
 const NFTA_PAYLOAD_OFFSET: u16 = 3;
@@ -113,7 +120,21 @@ pub enum NatKind {
     Dnat = 1,
 }
 
-/// One rule expression; every expression uses register 1.
+/// What a rule decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Accept,
+    Drop,
+}
+
+/// The type of a base chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainType {
+    Nat,
+    Filter,
+}
+
+/// One rule expression; every data expression uses register 1.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Expr {
     /// Load a meta value into register 1.
@@ -126,6 +147,10 @@ pub enum Expr {
     },
     /// Continue only if register 1 equals the bytes.
     CmpEq(Vec<u8>),
+    /// Continue only if register 1 differs from the bytes.
+    CmpNeq(Vec<u8>),
+    /// End the rule with this verdict.
+    Verdict(Verdict),
     /// Put the bytes into register 1.
     Immediate(Vec<u8>),
     /// IPv4 NAT to the address in register 1.
@@ -139,6 +164,17 @@ impl Expr {
         let n = name.len().min(libc::IFNAMSIZ - 1);
         b[..n].copy_from_slice(&name.as_bytes()[..n]);
         [Expr::Meta(key), Expr::CmpEq(b)]
+    }
+    /// `ip saddr != a`.
+    pub fn ip_saddr_neq(a: Ipv4Addr) -> [Expr; 2] {
+        [
+            Expr::Payload {
+                base: PayloadBase::Network,
+                offset: 12,
+                len: 4,
+            },
+            Expr::CmpNeq(a.octets().to_vec()),
+        ]
     }
     /// `ip saddr == a` (`src = true`) or `ip daddr == a`.
     pub fn ip_addr_eq(src: bool, a: Ipv4Addr) -> [Expr; 2] {
@@ -170,10 +206,11 @@ impl Expr {
     }
 }
 
-/// A NAT base chain.
+/// A base chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chain {
     pub name: String,
+    pub kind: ChainType,
     pub hook: Hook,
     pub priority: i32,
 }
@@ -185,7 +222,7 @@ pub struct Rule {
     pub exprs: Vec<Expr>,
 }
 
-/// An `ip` family table with NAT base chains and their rules.
+/// An `ip` family table with base chains and their rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
     pub name: String,
@@ -201,6 +238,8 @@ impl fmt::Display for Expr {
                 write!(f, "payload {base:?} @{offset}/{len} => r1")
             }
             Expr::CmpEq(d) => write!(f, "cmp r1 == {d:02x?}"),
+            Expr::CmpNeq(d) => write!(f, "cmp r1 != {d:02x?}"),
+            Expr::Verdict(v) => write!(f, "{v:?}"),
             Expr::Immediate(d) => write!(f, "immediate {d:02x?} => r1"),
             Expr::Nat(k) => write!(f, "{k:?} to r1"),
         }
@@ -242,8 +281,8 @@ fn encode_expr(e: &Expr, b: &mut Vec<u8>) {
     let name = match e {
         Expr::Meta(_) => "meta",
         Expr::Payload { .. } => "payload",
-        Expr::CmpEq(_) => "cmp",
-        Expr::Immediate(_) => "immediate",
+        Expr::CmpEq(_) | Expr::CmpNeq(_) => "cmp",
+        Expr::Immediate(_) | Expr::Verdict(_) => "immediate",
         Expr::Nat(_) => "nat",
     };
     attr_str(b, NFTA_EXPR_NAME, name);
@@ -258,10 +297,27 @@ fn encode_expr(e: &Expr, b: &mut Vec<u8>) {
             attr_u32(d, NFTA_PAYLOAD_OFFSET, *offset);
             attr_u32(d, NFTA_PAYLOAD_LEN, *len);
         }
-        Expr::CmpEq(v) => {
+        Expr::CmpEq(v) | Expr::CmpNeq(v) => {
+            let op = if matches!(e, Expr::CmpEq(_)) {
+                NFT_CMP_EQ
+            } else {
+                NFT_CMP_NEQ
+            };
             attr_u32(d, NFTA_CMP_SREG, NFT_REG_1);
-            attr_u32(d, NFTA_CMP_OP, NFT_CMP_EQ);
+            attr_u32(d, NFTA_CMP_OP, op);
             data_value(d, NFTA_CMP_DATA, v);
+        }
+        Expr::Verdict(v) => {
+            let code = match v {
+                Verdict::Accept => NF_ACCEPT,
+                Verdict::Drop => NF_DROP,
+            };
+            attr_u32(d, NFTA_IMMEDIATE_DREG, NFT_REG_VERDICT);
+            nested(d, NFTA_IMMEDIATE_DATA, |x| {
+                nested(x, NFTA_DATA_VERDICT, |v| {
+                    attr_u32(v, NFTA_VERDICT_CODE, code)
+                })
+            });
         }
         Expr::Immediate(v) => {
             attr_u32(d, NFTA_IMMEDIATE_DREG, NFT_REG_1);
@@ -352,7 +408,11 @@ fn table_msgs(t: &Table, m: &mut Msgs) {
             attr_u32(h, NFTA_HOOK_HOOKNUM, c.hook as u32);
             attr_u32(h, NFTA_HOOK_PRIORITY, c.priority as u32);
         });
-        attr_str(&mut a, NFTA_CHAIN_TYPE, "nat");
+        let kind = match c.kind {
+            ChainType::Nat => "nat",
+            ChainType::Filter => "filter",
+        };
+        attr_str(&mut a, NFTA_CHAIN_TYPE, kind);
         m.nft(NFT_MSG_NEWCHAIN, NLM_F_CREATE, &a);
     }
     for r in &t.rules {
@@ -565,6 +625,7 @@ mod tests {
             name: "t".into(),
             chains: vec![Chain {
                 name: "pre".into(),
+                kind: ChainType::Nat,
                 hook: Hook::Prerouting,
                 priority: -100,
             }],
@@ -582,6 +643,33 @@ mod tests {
         let chain = msgs[2].2;
         let prio = (-100i32 as u32).to_be_bytes();
         assert!(chain.windows(4).any(|w| w == prio));
+    }
+
+    #[test]
+    fn neq_and_verdict_encoding() {
+        let mut b = Vec::new();
+        encode_expr(&Expr::CmpNeq(vec![10, 0, 2, 2]), &mut b);
+        #[rustfmt::skip]
+        let want = [
+            8, 0, 1, 0, b'c', b'm', b'p', 0,                // NFTA_EXPR_NAME "cmp"
+            32, 0, 2, 0x80,                                  // NFTA_EXPR_DATA (nested)
+            8, 0, 1, 0, 0, 0, 0, 1,                          //   SREG = 1
+            8, 0, 2, 0, 0, 0, 0, 1,                          //   OP = NEQ
+            12, 0, 3, 0x80, 8, 0, 1, 0, 10, 0, 2, 2,         //   DATA { VALUE }
+        ];
+        assert_eq!(b, want);
+        let mut b = Vec::new();
+        encode_expr(&Expr::Verdict(Verdict::Drop), &mut b);
+        #[rustfmt::skip]
+        let want = [
+            14, 0, 1, 0, b'i', b'm', b'm', b'e', b'd', b'i', b'a', b't', b'e', 0, 0, 0,
+            28, 0, 2, 0x80,                                  // NFTA_EXPR_DATA (nested)
+            8, 0, 1, 0, 0, 0, 0, 0,                          //   DREG = verdict
+            16, 0, 2, 0x80,                                  //   DATA (nested)
+            12, 0, 2, 0x80,                                  //     VERDICT (nested)
+            8, 0, 1, 0, 0, 0, 0, 0,                          //       CODE = NF_DROP
+        ];
+        assert_eq!(b, want);
     }
 
     #[test]

@@ -464,6 +464,100 @@ fn masquerade_port_allow_list_and_drop_cleans_up() -> Result<()> {
     Ok(())
 }
 
+/// Receives UDP datagrams in `ns` on `addr` for `secs` seconds; returns (source, payload).
+fn udp_sink(ns: &str, addr: SocketAddr, secs: u64) -> Result<JoinHandle<Vec<(Ipv4Addr, String)>>> {
+    let sock = netns::run_in_path(&Fixture::path(ns), || std::net::UdpSocket::bind(addr))??;
+    sock.set_read_timeout(Some(Duration::from_millis(100)))?;
+    Ok(std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let end = Instant::now() + Duration::from_secs(secs);
+        let mut buf = [0u8; 256];
+        while Instant::now() < end {
+            if let Ok((n, SocketAddr::V4(from))) = sock.recv_from(&mut buf) {
+                got.push((*from.ip(), String::from_utf8_lossy(&buf[..n]).into_owned()));
+            }
+        }
+        got
+    }))
+}
+
+/// Sends `msg` from `ns`, from source address `src`, to `dst` (three times: UDP is lossy).
+fn udp_send(ns: &str, src: Ipv4Addr, dst: SocketAddr, msg: &str) -> Result<()> {
+    netns::run_in_path(&Fixture::path(ns), || -> std::io::Result<()> {
+        let s = std::net::UdpSocket::bind((src, 0))?;
+        for _ in 0..3 {
+            s.send_to(msg.as_bytes(), dst)?;
+        }
+        Ok(())
+    })??;
+    Ok(())
+}
+
+#[test]
+fn masquerade_drops_guest_packets_with_a_foreign_source() -> Result<()> {
+    let fx = Fixture::new("spoof")?;
+    let spec = InterfaceSpec {
+        mac: Some(GUEST_MAC.parse()?),
+        resolv_conf: resolv(&fx)?,
+        ..Default::default()
+    };
+    let net = setup(&fx, Binding::Masquerade, spec)?;
+    fx.attach_vm(GUEST_MAC)?;
+    // DHCP from 0.0.0.0 still reaches the server.
+    let lease = fx.dhcp_client()?;
+    assert_eq!(lease["ip"], "10.0.2.2");
+    // The guest claims a second address: another pod's, or one of its own subnet.
+    let spoofed = [Ipv4Addr::new(192, 168, 77, 9), Ipv4Addr::new(10, 0, 2, 77)];
+    for a in spoofed {
+        ip(&[
+            "-n",
+            &fx.vm,
+            "addr",
+            "add",
+            &format!("{a}/32"),
+            "dev",
+            "vm0",
+        ])?;
+    }
+    let node = udp_sink(&fx.node, SocketAddr::from((NODE_IP, 9000)), 2)?;
+    let pod = udp_sink(&fx.pod, "10.0.2.1:9001".parse()?, 2)?;
+    std::thread::sleep(Duration::from_millis(100));
+    for src in [netsetup::MASQ_GUEST, spoofed[0], spoofed[1]] {
+        udp_send(
+            &fx.vm,
+            src,
+            SocketAddr::from((NODE_IP, 9000)),
+            &format!("from {src}"),
+        )?;
+        udp_send(
+            &fx.vm,
+            src,
+            "10.0.2.1:9001".parse()?,
+            &format!("from {src}"),
+        )?;
+    }
+    let node = node.join().expect("node sink");
+    let pod = pod.join().expect("pod sink");
+    // Forwarded (SNAT to the pod IP) and delivered to the pod: only the guest's own address.
+    assert!(
+        node.iter()
+            .any(|(f, m)| *f == POD_IP && m == "from 10.0.2.2"),
+        "{node:?}"
+    );
+    assert!(
+        pod.iter()
+            .any(|(f, m)| *f == netsetup::MASQ_GUEST && m == "from 10.0.2.2"),
+        "{pod:?}"
+    );
+    for a in spoofed {
+        let m = format!("from {a}");
+        assert!(!node.iter().any(|(_, got)| *got == m), "{node:?}");
+        assert!(!pod.iter().any(|(_, got)| *got == m), "{pod:?}");
+    }
+    drop(net);
+    Ok(())
+}
+
 #[test]
 fn bridge_binding_gives_the_vm_the_pod_ip_and_restores_the_pod() -> Result<()> {
     let fx = Fixture::new("br")?;

@@ -5,12 +5,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
-    EnvVar, ExecAction, HostPathVolumeSource, ImageVolumeSource, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Probe, ResourceRequirements, SecurityContext,
-    Volume, VolumeDevice, VolumeMount,
+    EnvVar, ExecAction, HostPathVolumeSource, ImageVolumeSource, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
+    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Volume,
+    VolumeDevice, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 use microvirt_crds::quantity::{self, format_bytes, QuantityError};
 use microvirt_crds::vmi::{
@@ -42,6 +44,15 @@ pub const APP_NAME: &str = "virt-launcher";
 /// Label saying who manages the pod.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 
+/// The user the launcher becomes once its privileged setup is done (KubeVirt's `qemu`, 107);
+/// also the pod's `fsGroup`, so the volumes are writable for it.
+pub const LAUNCHER_UID: i64 = 107;
+/// The launcher's group after the setup.
+pub const LAUNCHER_GID: i64 = 107;
+/// Where a cloudInitNoCloud volume's data is mounted: `<dir>/<volume>/userdata/` and
+/// `<dir>/<volume>/networkdata/` (files `userdata`/`userData`, `networkdata`/`networkData`).
+pub const CLOUD_INIT_DIR: &str = "/var/run/microvirt/cloud-init";
+
 /// Why a launcher pod cannot be built for a VMI.
 #[derive(Debug, thiserror::Error)]
 pub enum PodError {
@@ -66,6 +77,9 @@ pub enum PodError {
          without --default-kernel-image"
     )]
     NoKernel,
+    /// cloudInitNoCloud.userDataBase64 or networkDataBase64 is not base64.
+    #[error("volume {volume:?}: cloudInitNoCloud.{field} is not valid base64")]
+    Base64 { volume: String, field: &'static str },
 }
 
 /// The document handed to the launcher at `/var/run/microvirt/vmi/vmi.json`.
@@ -100,6 +114,104 @@ pub struct LauncherMeta<'a> {
 /// Name of the launcher pod of a VMI (deterministic, so retries never create a second pod).
 pub fn pod_name(vmi_name: &str) -> String {
     format!("virt-launcher-{vmi_name}")
+}
+
+/// Name of the Secret with a VMI's inline cloud-init data.
+pub fn cloud_init_secret_name(vmi_name: &str) -> String {
+    format!("{}-cloud-init", pod_name(vmi_name))
+}
+
+/// Keys of the inline cloud-init data in that Secret.
+fn user_data_key(volume: &str) -> String {
+    format!("{volume}.userdata")
+}
+fn network_data_key(volume: &str) -> String {
+    format!("{volume}.networkdata")
+}
+
+/// The Secret holding the inline cloud-init data (`userData`, `userDataBase64`,
+/// `networkData`) of the VMI's cloudInitNoCloud volumes, owned by the VMI; `None` when there is
+/// none. User data often holds secrets: it must not sit in a pod annotation that anyone who may
+/// read pods can see.
+pub fn cloud_init_secret(vmi: &VirtualMachineInstance) -> Result<Option<Secret>, PodError> {
+    let name = vmi
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(PodError::MissingMeta("name"))?;
+    let namespace = vmi
+        .metadata
+        .namespace
+        .as_deref()
+        .ok_or(PodError::MissingMeta("namespace"))?;
+    let owner = vmi
+        .controller_owner_ref(&())
+        .ok_or(PodError::MissingMeta("uid"))?;
+    let mut data: BTreeMap<String, ByteString> = BTreeMap::new();
+    for v in &vmi.spec.volumes {
+        let Some(ci) = &v.cloud_init_no_cloud else {
+            continue;
+        };
+        if let Some(u) = &ci.user_data {
+            data.insert(user_data_key(&v.name), ByteString(u.as_bytes().to_vec()));
+        }
+        // ByteString's JSON form is base64: this decodes and checks it.
+        let decode = |field: &'static str, b: &str| -> Result<ByteString, PodError> {
+            serde_json::from_value(serde_json::Value::String(b.trim().to_string())).map_err(|_| {
+                PodError::Base64 {
+                    volume: v.name.clone(),
+                    field,
+                }
+            })
+        };
+        if let Some(b) = &ci.user_data_base64 {
+            data.insert(user_data_key(&v.name), decode("userDataBase64", b)?);
+        }
+        if let Some(n) = &ci.network_data {
+            data.insert(network_data_key(&v.name), ByteString(n.as_bytes().to_vec()));
+        }
+        if let Some(b) = &ci.network_data_base64 {
+            data.insert(network_data_key(&v.name), decode("networkDataBase64", b)?);
+        }
+    }
+    if data.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Secret {
+        metadata: ObjectMeta {
+            name: Some(cloud_init_secret_name(name)),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([
+                (LABEL_VMI_NAME.to_string(), name.to_string()),
+                (
+                    LABEL_MANAGED_BY.to_string(),
+                    crate::config::FIELD_MANAGER.to_string(),
+                ),
+            ])),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        data: Some(data),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }))
+}
+
+/// The VMI spec as the launcher document carries it: inline cloud-init data removed (it is in
+/// the Secret of [`cloud_init_secret`], mounted into the pod).
+fn spec_without_cloud_init_data(
+    spec: &microvirt_crds::VirtualMachineInstanceSpec,
+) -> microvirt_crds::VirtualMachineInstanceSpec {
+    let mut spec = spec.clone();
+    for v in &mut spec.volumes {
+        if let Some(ci) = v.cloud_init_no_cloud.as_mut() {
+            ci.user_data = None;
+            ci.user_data_base64 = None;
+            ci.network_data = None;
+            ci.network_data_base64 = None;
+        }
+    }
+    spec
 }
 
 /// Guest memory in bytes: `domain.memory.guest`, else `domain.resources.requests.memory`, else
@@ -231,7 +343,7 @@ pub fn desired_pod(
 
     let guest_memory = guest_memory_bytes(vmi, cfg)?;
     let vcpus = vmi.spec.vcpus().max(1);
-    let spec = launcher_spec(vmi, cfg)?;
+    let spec = spec_without_cloud_init_data(&launcher_spec(vmi, cfg)?);
     let doc = LauncherDocument {
         api_version: "microvirt.io/v1alpha1",
         kind: "VirtualMachineInstance",
@@ -421,8 +533,55 @@ pub fn desired_pod(
                 mount_path: empty_disk_dir(&v.name),
                 ..Default::default()
             });
+        } else if let Some(ci) = &v.cloud_init_no_cloud {
+            // The data comes from Secrets (the user's, or ours with the inline data); the
+            // launcher builds the seed disk from the mounted files.
+            let inline_user = ci.user_data.is_some() || ci.user_data_base64.is_some();
+            let parts = [
+                (
+                    "userdata",
+                    ci.secret_ref.as_ref().map(|r| r.name.clone()),
+                    inline_user,
+                    user_data_key(&v.name),
+                ),
+                (
+                    "networkdata",
+                    ci.network_data_secret_ref.as_ref().map(|r| r.name.clone()),
+                    ci.network_data.is_some() || ci.network_data_base64.is_some(),
+                    network_data_key(&v.name),
+                ),
+            ];
+            for (part, user_secret, inline, key) in parts {
+                let secret = match (user_secret, inline) {
+                    (Some(s), _) => SecretVolumeSource {
+                        secret_name: Some(s),
+                        ..Default::default()
+                    },
+                    (None, true) => SecretVolumeSource {
+                        secret_name: Some(cloud_init_secret_name(name)),
+                        items: Some(vec![KeyToPath {
+                            key,
+                            path: part.into(),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    },
+                    (None, false) => continue,
+                };
+                let vol = format!("{vol_name}-{part}");
+                volumes.push(Volume {
+                    name: vol.clone(),
+                    secret: Some(secret),
+                    ..Default::default()
+                });
+                mounts.push(VolumeMount {
+                    name: vol,
+                    mount_path: format!("{CLOUD_INIT_DIR}/{}/{part}", v.name),
+                    read_only: Some(true),
+                    ..Default::default()
+                });
+            }
         }
-        // cloudInitNoCloud: the data is in the VMI document; the launcher builds the seed disk.
     }
     if let Some(kc) = spec
         .domain
@@ -451,11 +610,18 @@ pub fn desired_pod(
         name: COMPUTE_CONTAINER.into(),
         image: Some(cfg.launcher_image.clone()),
         command: Some(vec!["virt-launcher".into(), "pod".into()]),
-        env: Some(vec![EnvVar {
-            name: "MICROVIRT_VMI_FILE".into(),
-            value: Some(format!("{VMI_DIR}/{VMI_FILE}")),
-            ..Default::default()
-        }]),
+        env: Some(vec![
+            EnvVar {
+                name: "MICROVIRT_VMI_FILE".into(),
+                value: Some(format!("{VMI_DIR}/{VMI_FILE}")),
+                ..Default::default()
+            },
+            EnvVar {
+                name: "MICROVIRT_LAUNCHER_USER".into(),
+                value: Some(format!("{LAUNCHER_UID}:{LAUNCHER_GID}")),
+                ..Default::default()
+            },
+        ]),
         resources: Some(ResourceRequirements {
             requests: Some(requests),
             limits: Some(limits),
@@ -471,15 +637,27 @@ pub fn desired_pod(
             success_threshold: Some(1),
             ..Default::default()
         }),
+        // The launcher starts as root only for its setup: the pod network (NET_ADMIN: tap,
+        // bridge, nftables; NET_BIND_SERVICE: the DHCP server's UDP port 67) and opening
+        // /dev/kvm; then it becomes LAUNCHER_UID:LAUNCHER_GID (SETUID, SETGID), which leaves
+        // it no capability, before it opens any volume or runs the guest.
         security_context: Some(SecurityContext {
             privileged: Some(false),
             allow_privilege_escalation: Some(false),
             run_as_user: Some(0),
+            read_only_root_filesystem: Some(true),
             capabilities: Some(Capabilities {
-                // NET_ADMIN: tap, bridge and nftables in the pod netns; NET_BIND_SERVICE: the
-                // built-in DHCP server binds UDP port 67. Nothing else.
-                add: Some(vec!["NET_ADMIN".into(), "NET_BIND_SERVICE".into()]),
+                add: Some(vec![
+                    "NET_ADMIN".into(),
+                    "NET_BIND_SERVICE".into(),
+                    "SETGID".into(),
+                    "SETUID".into(),
+                ]),
                 drop: Some(vec!["ALL".into()]),
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
             }),
             ..Default::default()
         }),
@@ -511,6 +689,15 @@ pub fn desired_pod(
             tolerations: vmi.spec.tolerations.clone(),
             affinity: vmi.spec.affinity.clone(),
             volumes: Some(volumes),
+            // Volumes group-owned (and writable) by the launcher's group after the uid drop.
+            security_context: Some(PodSecurityContext {
+                fs_group: Some(LAUNCHER_GID),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         status: None,
@@ -667,12 +854,33 @@ mod tests {
         assert_eq!(lim[KVM_RESOURCE].0, "1");
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.privileged, Some(false));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
         assert_eq!(
-            sc.capabilities.as_ref().unwrap().add,
+            sc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+            Some("RuntimeDefault")
+        );
+        let caps = sc.capabilities.as_ref().unwrap();
+        assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+        assert_eq!(
+            caps.add,
             Some(vec![
                 "NET_ADMIN".to_string(),
-                "NET_BIND_SERVICE".to_string()
+                "NET_BIND_SERVICE".to_string(),
+                "SETGID".to_string(),
+                "SETUID".to_string(),
             ])
+        );
+        // The launcher drops to 107:107 after its setup; volumes are group 107.
+        let env = c.env.as_ref().unwrap();
+        assert!(env
+            .iter()
+            .any(|e| e.name == "MICROVIRT_LAUNCHER_USER" && e.value.as_deref() == Some("107:107")));
+        let psc = spec.security_context.as_ref().unwrap();
+        assert_eq!(psc.fs_group, Some(107));
+        assert_eq!(
+            psc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+            Some("RuntimeDefault")
         );
         let mounts: Vec<&str> = c
             .volume_mounts
@@ -691,6 +899,139 @@ mod tests {
             .unwrap()
             .iter()
             .all(|v| v.host_path.is_none()));
+    }
+
+    #[test]
+    fn inline_cloud_init_data_goes_to_a_secret_not_the_pod() {
+        use microvirt_crds::vmi::{CloudInitNoCloudSource, SecretRef};
+        let mut sp = spec(Some("64Mi"), None);
+        sp.volumes.push(VmiVolume {
+            name: "seed".into(),
+            cloud_init_no_cloud: Some(CloudInitNoCloudSource {
+                user_data: Some("#cloud-config\npassword: hunter2\n".into()),
+                network_data: Some("version: 2\n".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        sp.volumes.push(VmiVolume {
+            name: "other".into(),
+            cloud_init_no_cloud: Some(CloudInitNoCloudSource {
+                secret_ref: Some(SecretRef {
+                    name: "my-user-data".into(),
+                }),
+                user_data: None,
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let v = vmi(sp);
+        let pod = desired_pod(&v, &Config::default(), &BlockVolumes::new()).unwrap();
+        let pod_json = serde_json::to_string(&pod).unwrap();
+        assert!(!pod_json.contains("hunter2"), "{pod_json}");
+        assert!(!pod_json.contains("version: 2"), "{pod_json}");
+        let secret = cloud_init_secret(&v).unwrap().expect("a secret");
+        assert_eq!(
+            secret.metadata.name.as_deref(),
+            Some("virt-launcher-vm1-cloud-init")
+        );
+        assert_eq!(
+            secret.metadata.owner_references.as_ref().unwrap()[0].uid,
+            "uid-1"
+        );
+        let data = secret.data.as_ref().unwrap();
+        assert_eq!(
+            data["seed.userdata"].0,
+            b"#cloud-config\npassword: hunter2\n"
+        );
+        assert_eq!(data["seed.networkdata"].0, b"version: 2\n");
+        assert_eq!(data.len(), 2, "the referenced Secret is not copied");
+        let vols = pod.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+        let secret_of = |n: &str| {
+            vols.iter()
+                .find(|v| v.name == n)
+                .and_then(|v| v.secret.clone())
+                .unwrap_or_else(|| panic!("no secret volume {n}"))
+        };
+        let s = secret_of("vol-2-userdata");
+        assert_eq!(
+            s.secret_name.as_deref(),
+            Some("virt-launcher-vm1-cloud-init")
+        );
+        assert_eq!(s.items.as_ref().unwrap()[0].key, "seed.userdata");
+        assert_eq!(s.items.as_ref().unwrap()[0].path, "userdata");
+        assert_eq!(
+            secret_of("vol-2-networkdata").items.as_ref().unwrap()[0].key,
+            "seed.networkdata"
+        );
+        let s = secret_of("vol-3-userdata");
+        assert_eq!(s.secret_name.as_deref(), Some("my-user-data"));
+        assert!(s.items.is_none());
+        assert!(!vols.iter().any(|v| v.name == "vol-3-networkdata"));
+        let mounts: Vec<(String, Option<bool>)> = container(&pod)
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|m| (m.mount_path.clone(), m.read_only))
+            .collect();
+        for p in [
+            "/var/run/microvirt/cloud-init/seed/userdata",
+            "/var/run/microvirt/cloud-init/seed/networkdata",
+            "/var/run/microvirt/cloud-init/other/userdata",
+        ] {
+            assert!(
+                mounts.contains(&(p.to_string(), Some(true))),
+                "{p}: {mounts:?}"
+            );
+        }
+        // base64 user data is decoded into the Secret; garbage is an error.
+        let mut sp = spec(Some("64Mi"), None);
+        sp.volumes.push(VmiVolume {
+            name: "b64".into(),
+            cloud_init_no_cloud: Some(CloudInitNoCloudSource {
+                user_data_base64: Some("aGk=".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let s = cloud_init_secret(&vmi(sp.clone())).unwrap().unwrap();
+        assert_eq!(s.data.unwrap()["b64.userdata"].0, b"hi");
+        sp.volumes[2]
+            .cloud_init_no_cloud
+            .as_mut()
+            .unwrap()
+            .user_data_base64 = Some("not base64!".into());
+        assert!(matches!(
+            cloud_init_secret(&vmi(sp.clone())),
+            Err(PodError::Base64 {
+                field: "userDataBase64",
+                ..
+            })
+        ));
+        // So is base64 network data.
+        let ci = sp.volumes[2].cloud_init_no_cloud.as_mut().unwrap();
+        ci.user_data_base64 = None;
+        ci.network_data_base64 = Some("dmVyc2lvbjogMgo=".into());
+        let s = cloud_init_secret(&vmi(sp.clone())).unwrap().unwrap();
+        assert_eq!(s.data.unwrap()["b64.networkdata"].0, b"version: 2\n");
+        let pod = desired_pod(&vmi(sp.clone()), &Config::default(), &BlockVolumes::new()).unwrap();
+        let pod_json = serde_json::to_string(&pod).unwrap();
+        assert!(!pod_json.contains("dmVyc2lvbjogMgo="), "{pod_json}");
+        assert!(pod_json.contains("b64.networkdata"), "{pod_json}");
+        sp.volumes[2]
+            .cloud_init_no_cloud
+            .as_mut()
+            .unwrap()
+            .network_data_base64 = Some("%%%".into());
+        assert!(matches!(
+            cloud_init_secret(&vmi(sp)),
+            Err(PodError::Base64 {
+                field: "networkDataBase64",
+                ..
+            })
+        ));
+        assert!(cloud_init_secret(&vmi(spec(None, None))).unwrap().is_none());
     }
 
     #[test]

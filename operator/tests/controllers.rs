@@ -278,13 +278,24 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
     assert_eq!(requests.get("memory").map(|q| q.0.as_str()), Some("160Mi"));
     let sc = c.security_context.clone().context("securityContext")?;
     assert_eq!(sc.privileged, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+        Some("RuntimeDefault")
+    );
     let caps = sc.capabilities.context("capabilities")?;
     assert_eq!(
         caps.add,
         Some(vec![
             "NET_ADMIN".to_string(),
-            "NET_BIND_SERVICE".to_string()
+            "NET_BIND_SERVICE".to_string(),
+            "SETGID".to_string(),
+            "SETUID".to_string(),
         ])
+    );
+    assert_eq!(
+        spec.security_context.as_ref().and_then(|s| s.fs_group),
+        Some(107)
     );
     assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
     let probe = c.readiness_probe.clone().context("readiness probe")?;

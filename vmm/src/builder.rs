@@ -23,7 +23,7 @@ use crate::devices::legacy::boot_timer::{BootTime, BootTimer};
 use crate::devices::legacy::debug_port::DebugPort;
 use crate::devices::legacy::i8042::I8042Device;
 use crate::devices::legacy::serial::{
-    InputSource, SerialDevice, SerialInput, SerialOut, SocketConsole,
+    ConsoleIo, OutputQueue, SerialConsole, SerialDevice, SerialOut, StdoutWriter,
 };
 use crate::devices::virtio::persist::{restore_device, AttachedDevice, DeviceState, PersistError};
 use crate::devices::virtio::{self, AttachContext, BlockConfig, NetConfig};
@@ -95,6 +95,8 @@ pub enum VmmError {
     RestoreState { dir: String, detail: String },
     #[error("KVM: {0}")]
     Kvm(String),
+    #[error("VMM thread setup: {0}")]
+    ThreadSetup(String),
 }
 
 /// How a VM run ended.
@@ -205,6 +207,22 @@ impl VmmController {
     }
 }
 
+/// A thread of a built VM, as passed to [`BuildOptions::thread_hook`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmThread {
+    /// The thread that runs [`Vmm::run`] (event loop, device I/O).
+    Vmm,
+    /// The thread of vCPU `id`.
+    Vcpu(u8),
+}
+
+/// Runs once on each thread of the VM after the VM is built: on each vCPU thread when it
+/// starts (before its first `KVM_RUN`) and on the VMM thread at the start of [`Vmm::run`] or
+/// [`Vmm::run_paused`] (before the vCPUs are resumed). An embedder installs per-thread restrictions here (the
+/// launcher stacks a tighter seccomp filter). An error on a vCPU ends the VM with a fault; on
+/// the VMM thread `run` fails.
+pub type ThreadHook = Arc<dyn Fn(VmThread) -> Result<(), String> + Send + Sync>;
+
 /// Options for embedding the VMM (the launcher) and for tests.
 #[derive(Default)]
 pub struct BuildOptions {
@@ -214,6 +232,13 @@ pub struct BuildOptions {
     pub serial_out: Option<SerialOut>,
     /// Receives the boot-timer event; for a restored VM, the moment its vCPUs first run.
     pub boot_notify: Option<Sender<BootTime>>,
+    /// Per-thread setup once the VM is built (see [`ThreadHook`]).
+    pub thread_hook: Option<ThreadHook>,
+    /// `/dev/kvm`, opened by the embedder (default: opened here).
+    pub kvm: Option<std::fs::File>,
+    /// TAP queues opened by the embedder (`Tap::open`), used for the `nets` with the same
+    /// TAP name; the others are opened here.
+    pub taps: Vec<crate::devices::virtio::net::tap::Tap>,
 }
 
 /// How to restore a VM from a snapshot ([`Vmm::restore`]).
@@ -467,6 +492,8 @@ pub struct Vmm {
     boot_time: Arc<Mutex<Option<BootTime>>>,
     cmdline: String,
     restored: bool,
+    thread_hook: Option<ThreadHook>,
+    console_queue: Option<Arc<OutputQueue>>,
 }
 
 fn compose_cmdline(cfg: &VmConfig, device_entries: &[String]) -> String {
@@ -490,14 +517,30 @@ fn compose_cmdline(cfg: &VmConfig, device_entries: &[String]) -> String {
 }
 
 /// Where the serial console's output goes and its input comes from.
+/// The serial device's output, the console's I/O and the output queue (when the event loop
+/// writes the output: stdout or a socket client).
 fn serial_io(
     override_out: &Option<SerialOut>,
     serial: &SerialConfig,
-) -> Result<(SerialOut, InputSource), VmmError> {
+) -> Result<(SerialOut, ConsoleIo, Option<Arc<OutputQueue>>), VmmError> {
+    let queue = |replay: bool| {
+        OutputQueue::new(replay)
+            .map(Arc::new)
+            .map_err(|e| VmmError::Device(format!("serial: {e}")))
+    };
     Ok(match (override_out, serial) {
-        (Some(out), _) => (out.clone(), InputSource::None),
-        (None, SerialConfig::Stdio) => (SerialOut::Stdout, InputSource::Stdin),
-        (None, SerialConfig::None) => (SerialOut::Sink, InputSource::None),
+        (Some(out), _) => (out.clone(), ConsoleIo::None, None),
+        (None, SerialConfig::Stdio) => {
+            let out = StdoutWriter::open()
+                .map_err(|e| VmmError::Device(format!("serial: stdout: {e}")))?;
+            let q = queue(false)?;
+            (
+                SerialOut::Queue(q.clone()),
+                ConsoleIo::Stdio { out },
+                Some(q),
+            )
+        }
+        (None, SerialConfig::None) => (SerialOut::Sink, ConsoleIo::None, None),
         (None, SerialConfig::Unix(path)) => {
             let shown = path.display().to_string();
             let _ = std::fs::remove_file(path);
@@ -511,10 +554,11 @@ fn serial_io(
                     path: shown,
                     source,
                 })?;
-            let console = Arc::new(Mutex::new(SocketConsole::default()));
+            let q = queue(true)?;
             (
-                SerialOut::Socket(console.clone()),
-                InputSource::Socket { listener, console },
+                SerialOut::Queue(q.clone()),
+                ConsoleIo::Socket { listener },
+                Some(q),
             )
         }
     })
@@ -540,6 +584,7 @@ struct Parts {
 /// The legacy devices; the serial and i8042 come from a snapshot when `saved` is given.
 struct Legacy {
     serial: Arc<Mutex<SerialDevice>>,
+    console_queue: Option<Arc<OutputQueue>>,
     i8042: Arc<Mutex<I8042Device>>,
     reset_evt: Arc<EventFd>,
     first_debug_port_us: Arc<Mutex<Option<u64>>>,
@@ -560,7 +605,7 @@ fn legacy_devices(
             .map_err(|source| VmmError::Irqfd { gsi, source })?;
         Ok(line)
     };
-    let (serial_out, input) = serial_io(&opts.serial_out, serial_cfg)?;
+    let (serial_out, console_io, console_queue) = serial_io(&opts.serial_out, serial_cfg)?;
     let line = irq(layout::SERIAL_IRQ)?;
     let (serial, drained) = match saved {
         Some(s) => SerialDevice::from_state(line, serial_out, &s.serial),
@@ -573,10 +618,11 @@ fn legacy_devices(
         .insert_named(serial.clone(), u64::from(layout::SERIAL_PORT), 8, "serial")
         .map_err(bus_err)?;
     p.event_manager
-        .add_subscriber(Arc::new(Mutex::new(SerialInput::new(
+        .add_subscriber(Arc::new(Mutex::new(SerialConsole::new(
             serial.clone(),
-            input,
+            console_io,
             drained,
+            console_queue.clone(),
         ))));
 
     let reset_evt = event_fd()?;
@@ -616,6 +662,7 @@ fn legacy_devices(
         .map_err(bus_err)?;
     Ok(Legacy {
         serial,
+        console_queue,
         i8042,
         reset_evt,
         first_debug_port_us,
@@ -632,7 +679,11 @@ impl Vmm {
         let mem_size = cfg.mem_mib << 20;
 
         let mut phases = Phases::new(start.wall);
-        let kvm = vm::open_kvm()?;
+        let mut opts = opts;
+        let kvm = match opts.kvm.take() {
+            Some(f) => vm::kvm_from_file(f)?,
+            None => vm::open_kvm()?,
+        };
         // KVM_GET_SUPPORTED_CPUID takes a while (hundreds of CPUID instructions, each a trap when
         // the host is itself virtualized): ask on the side while the VM is created.
         let tsc_deadline = kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
@@ -684,7 +735,12 @@ impl Vmm {
                 device: a.device,
             });
         }
+        let mut taps = std::mem::take(&mut opts.taps);
         for net in &cfg.nets {
+            let opened = taps
+                .iter()
+                .position(|t| t.name() == net.tap)
+                .map(|i| taps.swap_remove(i));
             let a = virtio::attach_net(
                 &p.vm,
                 &mem,
@@ -692,6 +748,7 @@ impl Vmm {
                 &mut mmio_mgr,
                 &mut p.event_manager,
                 net,
+                opened,
             )?;
             p.virtio.push(AttachedDevice::Net {
                 slot: a.slot,
@@ -756,7 +813,17 @@ impl Vmm {
         }
         phases.mark("vcpus");
         let aligned = memory::huge_page_aligned(&mem);
-        let vmm = Self::assemble(p, legacy, vcpus, save_spec, info, start, marks, None)?;
+        let vmm = Self::assemble(
+            p,
+            legacy,
+            vcpus,
+            save_spec,
+            info,
+            start,
+            marks,
+            None,
+            opts.thread_hook,
+        )?;
         phases.mark("threads+control");
         log::debug!(
             "built VM: {} vCPU(s), {} MiB (2 MiB aligned: {aligned}), {:?} entry {:#x}, in {} us: {phases}",
@@ -799,7 +866,11 @@ impl Vmm {
                 st.machine.vcpus
             )));
         }
-        let kvm = vm::open_kvm()?;
+        let mut opts = opts;
+        let kvm = match opts.kvm.take() {
+            Some(f) => vm::kvm_from_file(f)?,
+            None => vm::open_kvm()?,
+        };
         st.host.check(&kvm).map_err(|source| VmmError::Host {
             dir: dir.clone(),
             source,
@@ -898,12 +969,21 @@ impl Vmm {
             if let Some(o) = target_overlay.filter(|o| !o.exists()) {
                 written_overlays.0.push(o);
             }
-            let a = restore_device(&mut ctx, i, d, block, saved_overlay, net, block_io(i))
-                .map_err(|source| VmmError::RestoreDevice {
-                    dir: dir.clone(),
-                    index: i,
-                    source,
-                })?;
+            let a = restore_device(
+                &mut ctx,
+                i,
+                d,
+                block,
+                saved_overlay,
+                net,
+                block_io(i),
+                &mut opts.taps,
+            )
+            .map_err(|source| VmmError::RestoreDevice {
+                dir: dir.clone(),
+                index: i,
+                source,
+            })?;
             p.virtio.push(a);
         }
         let legacy = legacy_devices(&mut p, &opts, &rc.serial, start, Some(st))?;
@@ -932,7 +1012,17 @@ impl Vmm {
         }
         let info = st.machine.clone();
         let notify = opts.boot_notify.clone().map(|tx| (start, tx));
-        let vmm = Self::assemble(p, legacy, vcpus, save_spec, info, start, marks, notify)?;
+        let vmm = Self::assemble(
+            p,
+            legacy,
+            vcpus,
+            save_spec,
+            info,
+            start,
+            marks,
+            notify,
+            opts.thread_hook,
+        )?;
         vmm.control
             .lock()
             .expect("control lock")
@@ -963,12 +1053,17 @@ impl Vmm {
         start: Clock,
         marks: Arc<RunMarks>,
         restored_notify: Option<(Clock, Sender<BootTime>)>,
+        thread_hook: Option<ThreadHook>,
     ) -> Result<Vmm, VmmError> {
         let (exit_tx, exit_rx) = channel();
         let vcpu_exit_evt = event_fd()?;
         let mut handles = Vec::with_capacity(vcpus.len());
         for v in vcpus {
-            handles.push(v.start_paused(exit_tx.clone(), vcpu_exit_evt.clone())?);
+            handles.push(v.start_paused(
+                exit_tx.clone(),
+                vcpu_exit_evt.clone(),
+                thread_hook.clone(),
+            )?);
         }
         let cmdline = info.cmdline.clone();
         let (pio, mmio) = (p.pio.clone(), p.mmio.clone());
@@ -1018,12 +1113,20 @@ impl Vmm {
             boot_time: legacy.boot_time,
             cmdline,
             restored: false,
+            thread_hook,
+            console_queue: legacy.console_queue,
         })
     }
 
     /// A handle other threads use to pause, resume, stop or snapshot this VM.
     pub fn controller(&self) -> VmmController {
         self.controller.clone()
+    }
+
+    /// The serial console's output queue (stdio and socket consoles): bytes dropped because
+    /// the reader was too slow, bytes waiting.
+    pub fn console_output(&self) -> Option<Arc<OutputQueue>> {
+        self.console_queue.clone()
     }
 
     /// The full kernel command line the guest received.
@@ -1053,6 +1156,13 @@ impl Vmm {
     }
 
     fn run_with(mut self, first: VmState) -> Result<(ExitReason, RunTimings), VmmError> {
+        if let Some(hook) = self.thread_hook.take() {
+            if let Err(e) = hook(VmThread::Vmm) {
+                let mut c = self.control.lock().expect("control lock");
+                c.finish(ExitReason::Fault(format!("VMM thread setup: {e}")));
+                return Err(VmmError::ThreadSetup(e));
+            }
+        }
         {
             let mut c = self.control.lock().expect("control lock");
             c.lifecycle.transition(first)?;
@@ -1070,6 +1180,16 @@ impl Vmm {
                 return Err(VmmError::EventLoop(e.to_string()));
             }
         };
+        // Give the console reader the guest's last output (bounded: a reader that does not
+        // read is not waited for).
+        if let Some(q) = &self.console_queue {
+            let end = std::time::Instant::now() + std::time::Duration::from_millis(500);
+            while q.pending() > 0 && std::time::Instant::now() < end {
+                if self.event_manager.run_with_timeout(10).is_err() {
+                    break;
+                }
+            }
+        }
         let reports: Vec<_> = {
             let mut c = self.control.lock().expect("control lock");
             c.vcpus.iter_mut().filter_map(|v| v.take_report()).collect()

@@ -12,10 +12,14 @@ pub mod control;
 pub mod device_manager;
 pub mod devices;
 pub mod lifecycle;
+pub mod logging;
 pub mod machine;
 pub mod snapshot;
 pub mod timing;
 pub mod vstate;
 
-pub use builder::{Action, BuildOptions, ExitReason, RestoreConfig, Vmm, VmmController, VmmError};
+pub use builder::{
+    Action, BuildOptions, ExitReason, RestoreConfig, ThreadHook, VmThread, Vmm, VmmController,
+    VmmError,
+};
 pub use config::{SerialConfig, VmConfig};

@@ -6,41 +6,202 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicI32, Ordering};
 
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
+use vmm::devices::virtio::{BlockConfig, NetConfig};
 use vmm::timing::{monotonic_ns, Clock};
-use vmm::{Action, BuildOptions, ExitReason, RestoreConfig, VmConfig, Vmm};
+use vmm::{Action, BuildOptions, ExitReason, RestoreConfig, SerialConfig, VmConfig, Vmm};
 
-const USAGE: &str = "\
-usage: microvm --kernel PATH [--initrd PATH] [--cmdline STR] [--mem-mib N] [--vcpus N]
-               [--serial stdio|none|unix:PATH] [--no-default-cmdline] [--log-level LEVEL]
-               [--disk path=IMG[,ro][,id=SERIAL][,overlay=PATH]]... [--net tap=NAME[,mac=MAC]]...
-               [--rng] [--control-socket PATH] [--exit-stats]
-       microvm --config FILE.json [same flags to override]
-       microvm --restore DIR [--paused] [--serial ...] [--disk ...]... [--net ...]...
-               [--mem-mib N] [--vcpus N] [--control-socket PATH] [--log-level LEVEL]
-               [--exit-stats]
-       microvm control SOCKET REQUEST_JSON
+/// Boots a kernel (ELF vmlinux with or without a PVH note, or bzImage) on /dev/kvm.
+///
+/// Defaults: 128 MiB, 1 vCPU, serial console on stdin/stdout. Disks become /dev/vda,
+/// /dev/vdb... in order (overlay=PATH: copy-on-write, the image is never written); nets become
+/// eth0, eth1... over the named TAP devices; --rng adds a virtio-rng device (entropy from the
+/// host's getrandom, at most 1 MiB/s). The guest's command line is the VMM's defaults followed
+/// by --cmdline. SIGTERM/SIGINT ask the guest to shut down (Ctrl-Alt-Del); a second one
+/// stops the VM at once.
+///
+/// --restore DIR continues the VM saved in DIR (kernel, memory, devices come from there);
+/// --disk/--net given with it replace the snapshot's disks/NICs in order (image, overlay path,
+/// TAP); --mem-mib/--vcpus, when given, must match the snapshot. Snapshot format and
+/// guarantees: docs/snapshot.md.
+#[derive(Parser, Debug)]
+#[command(
+    name = "microvm",
+    version,
+    args_conflicts_with_subcommands = true,
+    after_help = "Exit status: 0 when the guest resets or powers off, 1 on a VM error, 2 on bad \
+                  usage or a forced stop."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    args: Args,
+}
 
-Boots PATH (ELF vmlinux with or without a PVH note, or bzImage) on /dev/kvm.
-Defaults: 128 MiB, 1 vCPU, serial console on stdin/stdout. Disks become
-/dev/vda, /dev/vdb... in order (overlay=PATH: copy-on-write, the image is never
-written); nets become eth0, eth1... over the named TAP devices; --rng adds a virtio-rng
-device (entropy from the host's getrandom, at most 1 MiB/s). The guest's command line
-is the VMM's defaults followed by --cmdline. Exit status: 0 when the guest resets or
-powers off, 1 on a VM error, 2 on bad usage or a forced stop. SIGTERM/SIGINT ask the
-guest to shut down (Ctrl-Alt-Del); a second one stops the VM at once.
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Sends one control request (JSON) to a --control-socket and prints the answer (exit 0
+    /// when it is ok).
+    Control {
+        /// The control socket.
+        socket: PathBuf,
+        /// The request, e.g. '{"cmd":"resume"}'.
+        request: String,
+    },
+}
 
---control-socket PATH serves the control protocol (JSON lines): {\"cmd\":\"state\"},
-pause, resume, shutdown, stop, and {\"cmd\":\"snapshot\",\"dir\":\"/abs/dir\"} (the VM
-stays paused; resume continues it). `microvm control SOCKET '{\"cmd\":\"resume\"}'` sends
-one request and prints the answer (exit 0 when ok).
+/// What `microvm` was asked to start.
+enum Start {
+    Boot(VmConfig),
+    Restore { rc: RestoreConfig, paused: bool },
+}
 
---restore DIR continues the VM saved in DIR (kernel, memory, devices come from there);
---paused keeps it paused until a resume. --disk/--net given with --restore replace the
-snapshot's disks/NICs in order (image, overlay path, TAP); --mem-mib/--vcpus, when
-given, must match the snapshot. Snapshot format and guarantees: docs/snapshot.md.
+#[derive(clap::Args, Debug)]
+struct Args {
+    /// Read the VM from a JSON file (fields: kernel, initrd, cmdline, default_cmdline, mem_mib,
+    /// vcpus, serial, disks, nets); the flags below override it.
+    #[arg(long, value_name = "FILE.json")]
+    config: Option<PathBuf>,
+    /// The guest kernel.
+    #[arg(long, value_name = "PATH")]
+    kernel: Option<PathBuf>,
+    /// An initrd.
+    #[arg(long, value_name = "PATH")]
+    initrd: Option<PathBuf>,
+    /// Appended to the VMM's default kernel command line.
+    #[arg(long, value_name = "STR")]
+    cmdline: Option<String>,
+    /// Guest memory in MiB [default: 128]
+    #[arg(long, value_name = "N")]
+    mem_mib: Option<u64>,
+    /// vCPUs [default: 1]
+    #[arg(long, value_name = "N")]
+    vcpus: Option<u64>,
+    /// Serial console: stdio, none or unix:PATH [default: stdio]
+    #[arg(long, value_name = "WHERE")]
+    serial: Option<SerialConfig>,
+    /// Give the guest only --cmdline (no VMM defaults).
+    #[arg(long)]
+    no_default_cmdline: bool,
+    /// A virtio-blk disk (repeatable).
+    #[arg(long = "disk", value_name = "path=IMG[,ro][,id=SERIAL][,overlay=PATH]")]
+    disks: Vec<BlockConfig>,
+    /// A virtio-net device on a TAP (repeatable).
+    #[arg(long = "net", value_name = "tap=NAME[,mac=MAC]")]
+    nets: Vec<NetConfig>,
+    /// A virtio-rng device (entropy from the host's getrandom, at most 1 MiB/s).
+    #[arg(long)]
+    rng: bool,
+    /// Log level: off, error, warn, info, debug or trace.
+    #[arg(long, default_value = "info", value_name = "LEVEL")]
+    log_level: log::LevelFilter,
+    /// Print every VM exit by reason, port and device register at the end (one summary line
+    /// is always logged).
+    #[arg(long)]
+    exit_stats: bool,
+    /// Serve the control protocol (JSON lines) on this unix socket: {"cmd":"state"}, pause,
+    /// resume, shutdown, stop, and {"cmd":"snapshot","dir":"/abs/dir"} (the VM stays paused;
+    /// resume continues it).
+    #[arg(long, value_name = "PATH")]
+    control_socket: Option<PathBuf>,
+    /// Continue the VM saved in DIR (the snapshot has the kernel and command line).
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with_all = ["config", "kernel", "initrd", "cmdline", "no_default_cmdline", "rng"]
+    )]
+    restore: Option<PathBuf>,
+    /// With --restore: keep the VM paused until a resume.
+    #[arg(long)]
+    paused: bool,
+}
 
-At the end one line sums up the VM exits; --exit-stats prints them all by
-reason, port and device register.";
+impl Args {
+    /// What to start: a restore, or a boot of [`Args::vm_config`].
+    fn start(mut self) -> Result<Start, clap::Error> {
+        let Some(dir) = self.restore.take() else {
+            if self.paused {
+                return Err(Cli::command().error(
+                    ErrorKind::MissingRequiredArgument,
+                    "--paused only goes with --restore DIR",
+                ));
+            }
+            return self.vm_config().map(Start::Boot);
+        };
+        let mut rc = RestoreConfig {
+            dir,
+            disks: self.disks,
+            nets: self.nets,
+            expect_mem_mib: self.mem_mib,
+            expect_vcpus: self.vcpus,
+            ..Default::default()
+        };
+        if let Some(s) = self.serial {
+            rc.serial = s;
+        }
+        Ok(Start::Restore {
+            rc,
+            paused: self.paused,
+        })
+    }
+
+    /// The VM configuration: the config file, then the flags; `Err` is a usage error.
+    fn vm_config(self) -> Result<VmConfig, clap::Error> {
+        let usage = |kind, msg: String| Cli::command().error(kind, msg);
+        let mut cfg = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    usage(
+                        ErrorKind::Io,
+                        format!("cannot read config {}: {e}", path.display()),
+                    )
+                })?;
+                serde_json::from_str(&text).map_err(|e| {
+                    usage(
+                        ErrorKind::InvalidValue,
+                        format!("config {}: {e}", path.display()),
+                    )
+                })?
+            }
+            None => VmConfig::new(""),
+        };
+        if let Some(k) = self.kernel {
+            cfg.kernel = k;
+        }
+        if self.initrd.is_some() {
+            cfg.initrd = self.initrd;
+        }
+        if self.cmdline.is_some() {
+            cfg.cmdline = self.cmdline;
+        }
+        if let Some(m) = self.mem_mib {
+            cfg.mem_mib = m;
+        }
+        if let Some(v) = self.vcpus {
+            cfg.vcpus = v;
+        }
+        if let Some(s) = self.serial {
+            cfg.serial = s;
+        }
+        cfg.disks.extend(self.disks);
+        cfg.nets.extend(self.nets);
+        if self.no_default_cmdline {
+            cfg.default_cmdline = false;
+        }
+        if self.rng {
+            cfg.rng = Some(vmm::devices::virtio::RngConfig::default());
+        }
+        if cfg.kernel.as_os_str().is_empty() {
+            return Err(usage(
+                ErrorKind::MissingRequiredArgument,
+                "--kernel (or a config file with \"kernel\") is required".into(),
+            ));
+        }
+        Ok(cfg)
+    }
+}
 
 struct Logger(log::LevelFilter);
 
@@ -60,179 +221,6 @@ impl log::Log for Logger {
         }
     }
     fn flush(&self) {}
-}
-
-/// What `microvm` was asked to start.
-enum Start {
-    Boot(VmConfig),
-    Restore { rc: RestoreConfig, paused: bool },
-}
-
-enum Cli {
-    Run {
-        start: Start,
-        control_socket: Option<PathBuf>,
-        level: log::LevelFilter,
-        exit_stats: bool,
-    },
-    Control {
-        socket: PathBuf,
-        request: String,
-    },
-    Help,
-    Version,
-}
-
-fn parse_args(args: &[String]) -> Result<Cli, String> {
-    if args.first().map(String::as_str) == Some("control") {
-        return match &args[1..] {
-            [socket, request] => Ok(Cli::Control {
-                socket: PathBuf::from(socket),
-                request: request.clone(),
-            }),
-            _ => Err("control takes two arguments: SOCKET REQUEST_JSON".into()),
-        };
-    }
-    let mut config: Option<VmConfig> = None;
-    let mut overrides: Vec<(String, String)> = Vec::new();
-    let mut no_default_cmdline = false;
-    let mut rng = false;
-    let mut exit_stats = false;
-    let mut level = log::LevelFilter::Info;
-    let mut restore: Option<PathBuf> = None;
-    let mut paused = false;
-    let mut control_socket = None;
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Cli::Help),
-            "-V" | "--version" => return Ok(Cli::Version),
-            "--config" => {
-                let path = value("--config")?;
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| format!("cannot read config {path}: {e}"))?;
-                config =
-                    Some(serde_json::from_str(&text).map_err(|e| format!("config {path}: {e}"))?);
-            }
-            "--no-default-cmdline" => no_default_cmdline = true,
-            "--rng" => rng = true,
-            "--restore" => restore = Some(PathBuf::from(value("--restore")?)),
-            "--paused" => paused = true,
-            "--control-socket" => control_socket = Some(PathBuf::from(value("--control-socket")?)),
-            "--exit-stats" => exit_stats = true,
-            "--log-level" => {
-                let v = value("--log-level")?;
-                level = v
-                    .parse()
-                    .map_err(|_| format!("--log-level: unknown level {v:?}"))?;
-            }
-            "--kernel" | "--initrd" | "--cmdline" | "--mem-mib" | "--vcpus" | "--serial"
-            | "--disk" | "--net" => {
-                let v = value(flag)?;
-                overrides.push((flag.clone(), v));
-            }
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    if rng && restore.is_some() {
-        return Err(
-            "--rng cannot be used with --restore (the snapshot has the guest's devices)".into(),
-        );
-    }
-    if paused && restore.is_none() {
-        return Err("--paused only goes with --restore".into());
-    }
-    if let Some(dir) = restore {
-        return parse_restore(dir, overrides, config.is_some() || no_default_cmdline).map(|rc| {
-            Cli::Run {
-                start: Start::Restore { rc, paused },
-                control_socket,
-                level,
-                exit_stats,
-            }
-        });
-    }
-    let mut cfg = config.unwrap_or_else(|| VmConfig::new(""));
-    for (flag, v) in overrides {
-        let number = |v: &str| {
-            v.parse::<u64>()
-                .map_err(|_| format!("{flag}: {v:?} is not a number"))
-        };
-        match flag.as_str() {
-            "--kernel" => cfg.kernel = PathBuf::from(v),
-            "--initrd" => cfg.initrd = Some(PathBuf::from(v)),
-            "--cmdline" => cfg.cmdline = Some(v),
-            "--mem-mib" => cfg.mem_mib = number(&v)?,
-            "--vcpus" => cfg.vcpus = number(&v)?,
-            "--serial" => cfg.serial = v.parse().map_err(|e| format!("--serial: {e}"))?,
-            "--disk" => cfg
-                .disks
-                .push(v.parse().map_err(|e| format!("--disk {v}: {e}"))?),
-            "--net" => cfg
-                .nets
-                .push(v.parse().map_err(|e| format!("--net {v}: {e}"))?),
-            _ => unreachable!("only listed flags are collected"),
-        }
-    }
-    if no_default_cmdline {
-        cfg.default_cmdline = false;
-    }
-    if rng {
-        cfg.rng = Some(vmm::devices::virtio::RngConfig::default());
-    }
-    if cfg.kernel.as_os_str().is_empty() {
-        return Err("--kernel (or a config file with \"kernel\") is required".into());
-    }
-    Ok(Cli::Run {
-        start: Start::Boot(cfg),
-        control_socket,
-        level,
-        exit_stats,
-    })
-}
-
-/// `--restore DIR` with the flags that may go with it.
-fn parse_restore(
-    dir: PathBuf,
-    overrides: Vec<(String, String)>,
-    boot_config: bool,
-) -> Result<RestoreConfig, String> {
-    if boot_config {
-        return Err("--restore takes the kernel and command line from the snapshot: no --config or --no-default-cmdline".into());
-    }
-    let mut rc = RestoreConfig {
-        dir,
-        ..Default::default()
-    };
-    for (flag, v) in overrides {
-        let number = |v: &str| {
-            v.parse::<u64>()
-                .map_err(|_| format!("{flag}: {v:?} is not a number"))
-        };
-        match flag.as_str() {
-            "--kernel" | "--initrd" | "--cmdline" => {
-                return Err(format!(
-                    "{flag} cannot be used with --restore (the snapshot has the guest's kernel and command line)"
-                ))
-            }
-            "--mem-mib" => rc.expect_mem_mib = Some(number(&v)?),
-            "--vcpus" => rc.expect_vcpus = Some(number(&v)?),
-            "--serial" => rc.serial = v.parse().map_err(|e| format!("--serial: {e}"))?,
-            "--disk" => rc
-                .disks
-                .push(v.parse().map_err(|e| format!("--disk {v}: {e}"))?),
-            "--net" => rc
-                .nets
-                .push(v.parse().map_err(|e| format!("--net {v}: {e}"))?),
-            _ => unreachable!("only listed flags are collected"),
-        }
-    }
-    Ok(rc)
 }
 
 static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
@@ -311,26 +299,19 @@ fn control_client(socket: &std::path::Path, request: &str) -> ExitCode {
 fn main() -> ExitCode {
     let start = Clock::now();
     let start_mono = monotonic_ns();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (what, control_socket, level, exit_stats) = match parse_args(&args) {
-        Ok(Cli::Run {
-            start,
-            control_socket,
-            level,
-            exit_stats,
-        }) => (start, control_socket, level, exit_stats),
-        Ok(Cli::Control { socket, request }) => return control_client(&socket, &request),
-        Ok(Cli::Help) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Ok(Cli::Version) => {
-            println!("microvm {}", env!("CARGO_PKG_VERSION"));
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("microvm: error: {e}\n{USAGE}");
-            return ExitCode::from(2);
+    let (what, control_socket, level, exit_stats) = match Cli::parse() {
+        Cli {
+            command: Some(Command::Control { socket, request }),
+            ..
+        } => return control_client(&socket, &request),
+        Cli { args, .. } => {
+            let level = args.log_level;
+            let control_socket = args.control_socket.clone();
+            let exit_stats = args.exit_stats;
+            match args.start() {
+                Ok(w) => (w, control_socket, level, exit_stats),
+                Err(e) => e.exit(),
+            }
         }
     };
     log::set_max_level(level);
@@ -404,5 +385,86 @@ fn main() -> ExitCode {
             eprintln!("microvm: error: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn restore_and_control() {
+        let c = Cli::try_parse_from([
+            "microvm",
+            "--restore",
+            "/snap",
+            "--paused",
+            "--mem-mib",
+            "64",
+            "--disk",
+            "path=/a.img",
+            "--control-socket",
+            "/c.sock",
+        ])
+        .unwrap();
+        assert_eq!(c.args.control_socket.as_deref(), Some(Path::new("/c.sock")));
+        match c.args.start().unwrap() {
+            Start::Restore { rc, paused } => {
+                assert!(paused);
+                assert_eq!(rc.dir, Path::new("/snap"));
+                assert_eq!(rc.expect_mem_mib, Some(64));
+                assert_eq!(rc.disks.len(), 1);
+            }
+            Start::Boot(_) => panic!("a restore"),
+        }
+        for bad in [
+            &["microvm", "--restore", "/snap", "--kernel", "/k"][..],
+            &["microvm", "--kernel", "/k", "--paused"],
+        ] {
+            let e = Cli::try_parse_from(bad)
+                .and_then(|c| c.args.start().map(|_| ()))
+                .unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+        let c = Cli::try_parse_from(["microvm", "control", "/c.sock", "{}"]).unwrap();
+        assert!(matches!(c.command, Some(Command::Control { .. })));
+    }
+
+    #[test]
+    fn flags_override_and_repeat() {
+        let a = Cli::try_parse_from([
+            "microvm",
+            "--kernel",
+            "/k",
+            "--vcpus",
+            "2",
+            "--disk",
+            "path=/a.img,ro",
+            "--disk",
+            "path=/b.img",
+            "--serial",
+            "unix:/s",
+            "--no-default-cmdline",
+        ])
+        .unwrap();
+        let cfg = a.args.vm_config().unwrap();
+        assert_eq!(cfg.vcpus, 2);
+        assert_eq!(cfg.disks.len(), 2);
+        assert!(cfg.disks[0].read_only);
+        assert_eq!(cfg.serial, SerialConfig::Unix("/s".into()));
+        assert!(!cfg.default_cmdline);
+        let e = Cli::try_parse_from(["microvm"])
+            .unwrap()
+            .args
+            .vm_config()
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::MissingRequiredArgument);
+        assert_eq!(e.exit_code(), 2);
     }
 }

@@ -41,6 +41,23 @@ impl Drop for TmpDir {
     }
 }
 
+/// A usage error in clap's style (as every microvirt binary reports them): exit 2, `error: `
+/// first, a hint to `--help` last, no panic. Returns the error line.
+fn usage_error(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    let first = stderr.lines().next().unwrap_or_default();
+    assert!(first.starts_with("error: "), "{stderr}");
+    assert!(
+        stderr
+            .trim_end()
+            .ends_with("For more information, try '--help'."),
+        "{stderr}"
+    );
+    first.to_string()
+}
+
 fn tmpdir(name: &str) -> TmpDir {
     let d = std::env::temp_dir().join(format!("microvm-cli-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -132,16 +149,40 @@ fn command_line_too_long() {
 fn zero_vcpus_and_bad_numbers() {
     let e = one_line_error(&microvm(&["--kernel", "/k", "--vcpus", "0"]));
     assert!(e.contains("vcpus must be between 1 and 32, got 0"), "{e}");
-    let e = one_line_error(&microvm(&["--kernel", "/k", "--mem-mib", "lots"]));
-    assert!(e.contains("--mem-mib: \"lots\" is not a number"), "{e}");
-    let e = one_line_error(&microvm(&["--kernel", "/k", "--serial", "tcp:1"]));
+    let e = usage_error(&microvm(&["--kernel", "/k", "--mem-mib", "lots"]));
+    assert!(
+        e.contains("invalid value 'lots' for '--mem-mib <N>'"),
+        "{e}"
+    );
+    let e = usage_error(&microvm(&["--kernel", "/k", "--serial", "tcp:1"]));
     assert!(e.contains("serial must be"), "{e}");
-    let e = one_line_error(&microvm(&["--restore", "/snap", "--rng"]));
-    assert!(e.contains("--rng cannot be used with --restore"), "{e}");
-    let e = one_line_error(&microvm(&["--bogus"]));
-    assert!(e.contains("unknown argument"), "{e}");
-    let e = one_line_error(&microvm(&[]));
+    let e = usage_error(&microvm(&["--restore", "/snap", "--rng"]));
+    assert!(e.contains("cannot be used with"), "{e}");
+    let e = usage_error(&microvm(&["--bogus"]));
+    assert!(e.contains("unexpected argument '--bogus'"), "{e}");
+    let e = usage_error(&microvm(&[]));
     assert!(e.contains("--kernel"), "{e}");
+}
+
+#[test]
+fn help_and_version() {
+    let out = microvm(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "Usage: microvm [OPTIONS]",
+        "--kernel <PATH>",
+        "--disk <path=IMG",
+        "Exit status:",
+    ] {
+        assert!(help.contains(want), "{want:?} missing in:\n{help}");
+    }
+    let out = microvm(&["--version"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("microvm {}", env!("CARGO_PKG_VERSION"))
+    );
 }
 
 #[test]
@@ -149,7 +190,7 @@ fn bad_config_file() {
     let d = tmpdir("config");
     let c = d.join("vm.json");
     std::fs::write(&c, r#"{"kernel": "/k", "memory": 5}"#).unwrap();
-    let e = one_line_error(&microvm(&["--config", c.to_str().unwrap()]));
+    let e = usage_error(&microvm(&["--config", c.to_str().unwrap()]));
     assert!(e.contains("unknown field `memory`"), "{e}");
 }
 

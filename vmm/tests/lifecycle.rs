@@ -87,3 +87,61 @@ fn guest_reset_ends_run_with_reset() {
     assert_eq!(reason, ExitReason::GuestReset);
     assert!(String::from_utf8_lossy(&out.lock().unwrap()).contains("boot-timer: written"));
 }
+
+#[test]
+fn thread_hook_runs_on_each_vm_thread_and_a_failure_ends_the_vm() {
+    use vmm::VmThread;
+    type Seen = Vec<(VmThread, Option<String>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let s = seen.clone();
+    let mut cfg = VmConfig::new(&guest().linux64);
+    cfg.vcpus = 2;
+    cfg.serial = SerialConfig::None;
+    let opts = BuildOptions {
+        serial_out: Some(SerialOut::Buffer(Arc::default())),
+        thread_hook: Some(Arc::new(move |t| {
+            let name = std::thread::current().name().map(str::to_string);
+            s.lock().unwrap().push((t, name));
+            Ok(())
+        })),
+        ..Default::default()
+    };
+    let vmm = Vmm::build(&cfg, opts).unwrap();
+    let (reason, _) = std::thread::Builder::new()
+        .name("vmm-test".into())
+        .spawn(move || vmm.run())
+        .unwrap()
+        .join()
+        .unwrap()
+        .unwrap();
+    assert_eq!(reason, ExitReason::GuestReset);
+    let mut got = seen.lock().unwrap().clone();
+    got.sort_by_key(|(t, _)| format!("{t:?}"));
+    assert_eq!(
+        got,
+        vec![
+            (VmThread::Vcpu(0), Some("vcpu0".to_string())),
+            (VmThread::Vcpu(1), Some("vcpu1".to_string())),
+            (VmThread::Vmm, Some("vmm-test".to_string())),
+        ]
+    );
+
+    // A vCPU whose setup fails never runs the guest: the VM ends with that fault (the guest
+    // would otherwise halt forever).
+    cfg.cmdline = Some("testguest.scenario=halt-forever".into());
+    let opts = BuildOptions {
+        serial_out: Some(SerialOut::Buffer(Arc::default())),
+        thread_hook: Some(Arc::new(|t| match t {
+            VmThread::Vcpu(1) => Err("no filter for you".into()),
+            _ => Ok(()),
+        })),
+        ..Default::default()
+    };
+    let (reason, _) = Vmm::build(&cfg, opts).unwrap().run().unwrap();
+    match reason {
+        ExitReason::Fault(m) => {
+            assert!(m.contains("vCPU 1 thread setup: no filter for you"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -68,7 +68,7 @@ impl TestVm {
     fn attach_net(&mut self, cfg: &NetConfig) -> u64 {
         let mut bus = self.bus.lock().unwrap();
         let ev = self.evmgr.as_mut().expect("attach before start");
-        virtio::attach_net(&self.vm, &self.mem, &mut bus, &mut self.mgr, ev, cfg)
+        virtio::attach_net(&self.vm, &self.mem, &mut bus, &mut self.mgr, ev, cfg, None)
             .unwrap()
             .slot
             .addr

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
@@ -19,8 +19,48 @@ use serde_json::json;
 
 use super::{finalizer_result, is_conflict, is_not_found, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
-use crate::pod::{desired_pod, pod_belongs_to, pod_name, BlockVolumes};
+use crate::pod::{cloud_init_secret, desired_pod, pod_belongs_to, pod_name, BlockVolumes};
 use crate::{preset, status};
+
+/// Creates the VMI's cloud-init Secret, or rewrites its data when an earlier reconcile of this
+/// VMI made it. A Secret of that name that belongs to anything else is never changed (nor
+/// adopted, which would let the garbage collector delete it with the VMI): the JSON patch
+/// tests the owner first. `Ok(Err(reason))` when the VMI cannot get its Secret.
+async fn put_cloud_init_secret(
+    secrets: &Api<Secret>,
+    secret: &Secret,
+    vmi_uid: &str,
+) -> Result<Result<(), String>, kube::Error> {
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    let pp = kube::api::PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match secrets.create(&pp, secret).await {
+        Ok(_) => return Ok(Ok(())),
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(kube::Error::Api(s)) if s.code == 422 => {
+            return Ok(Err(format!("cloud-init Secret refused: {}", s.message)))
+        }
+        Err(e) => return Err(e),
+    }
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/ownerReferences/0/uid", "value": vmi_uid},
+        {"op": "add", "path": "/data", "value": secret.data},
+    ]))
+    .expect("a well-formed JSON patch");
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match secrets.patch(&name, &pp, &Patch::Json::<()>(ops)).await {
+        Ok(_) => Ok(Ok(())),
+        Err(kube::Error::Api(s)) if s.code == 422 => Ok(Err(format!(
+            "a Secret {name:?} exists and does not belong to this VMI; its cloud-init data needs that name"
+        ))),
+        Err(e) => Err(e),
+    }
+}
 
 /// Finalizer on every VMI: the launcher pod is stopped before the VMI goes away.
 pub const FINALIZER: &str = "microvirt.io/launcher-pod";
@@ -189,6 +229,20 @@ async fn apply(
                 return fail(api, &vmi, ctx, "InvalidSpec", &e.to_string()).await;
             }
         };
+        // Inline cloud-init data goes into a Secret the pod mounts, never into the pod.
+        let secret = match cloud_init_secret(&vmi) {
+            Ok(s) => s,
+            Err(e) => {
+                return fail(api, &vmi, ctx, "InvalidSpec", &e.to_string()).await;
+            }
+        };
+        if let Some(secret) = secret {
+            let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+            let uid = vmi.uid().unwrap_or_default();
+            if let Err(msg) = put_cloud_init_secret(&secrets, &secret, &uid).await? {
+                return fail(api, &vmi, ctx, "LauncherPodRefused", &msg).await;
+            }
+        }
         let created = match pods
             .patch(
                 &pod_name(&name),

@@ -15,6 +15,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::exits::{self, Access, ExitKind, VcpuExitCounters, VcpuExitReport};
 use crate::arch::x86_64::{cpuid, regs};
+use crate::builder::{ThreadHook, VmThread};
 use crate::devices::bus::Bus;
 use crate::vstate::memory::GuestMemoryMmap;
 use crate::vstate::persist::{self, StateError, VcpuCaps, VcpuState};
@@ -269,28 +270,44 @@ impl Vcpu {
             VcpuExit::IoIn(port, data) => {
                 self.exits.pio(port, Access::Read);
                 if !self.pio.read(u64::from(port), data) {
-                    log::debug!("vcpu{}: read of unknown port {port:#x}", self.id);
+                    crate::guest_log!(
+                        log::Level::Debug,
+                        "vcpu{}: read of unknown port {port:#x}",
+                        self.id
+                    );
                 }
                 None
             }
             VcpuExit::IoOut(port, data) => {
                 self.exits.pio(port, Access::Write);
                 if !self.pio.write(u64::from(port), data) {
-                    log::debug!("vcpu{}: write to unknown port {port:#x}", self.id);
+                    crate::guest_log!(
+                        log::Level::Debug,
+                        "vcpu{}: write to unknown port {port:#x}",
+                        self.id
+                    );
                 }
                 None
             }
             VcpuExit::MmioRead(addr, data) => {
                 self.exits.mmio(addr, Access::Read);
                 if !self.mmio.read(addr, data) {
-                    log::debug!("vcpu{}: read of unknown MMIO {addr:#x}", self.id);
+                    crate::guest_log!(
+                        log::Level::Debug,
+                        "vcpu{}: read of unknown MMIO {addr:#x}",
+                        self.id
+                    );
                 }
                 None
             }
             VcpuExit::MmioWrite(addr, data) => {
                 self.exits.mmio(addr, Access::Write);
                 if !self.mmio.write(addr, data) {
-                    log::debug!("vcpu{}: write to unknown MMIO {addr:#x}", self.id);
+                    crate::guest_log!(
+                        log::Level::Debug,
+                        "vcpu{}: write to unknown MMIO {addr:#x}",
+                        self.id
+                    );
                 }
                 None
             }
@@ -386,10 +403,12 @@ impl Vcpu {
     }
 
     /// Starts the vCPU thread, paused. Exits are reported on `exits` and `exit_evt`.
+    /// `hook` runs first on the new thread (see [`crate::builder::ThreadHook`]).
     pub fn start_paused(
         self,
         exits: Sender<(u8, VcpuExitReason)>,
         exit_evt: Arc<EventFd>,
+        hook: Option<ThreadHook>,
     ) -> Result<VcpuHandle, VcpuError> {
         let id = self.id;
         let (cmd_tx, cmd_rx) = channel();
@@ -398,7 +417,13 @@ impl Vcpu {
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{id}"))
             .stack_size(VCPU_STACK_SIZE)
-            .spawn(move || self.thread_main(cmd_rx, ack_tx, state_tx, exits, exit_evt))
+            .spawn(move || {
+                let setup = match hook {
+                    Some(h) => h(VmThread::Vcpu(id)),
+                    None => Ok(()),
+                };
+                self.thread_main(cmd_rx, ack_tx, state_tx, exits, exit_evt, setup)
+            })
             .map_err(|source| VcpuError::Spawn { id, source })?;
         Ok(VcpuHandle {
             id,
@@ -417,9 +442,19 @@ impl Vcpu {
         states: Sender<Result<VcpuState, VcpuError>>,
         exits: Sender<(u8, VcpuExitReason)>,
         exit_evt: Arc<EventFd>,
+        setup: Result<(), String>,
     ) -> VcpuExitReport {
         let mut running = false;
         let mut exited = false;
+        if let Err(e) = setup {
+            // Never enters the guest; the VMM ends the VM with this fault.
+            exited = true;
+            let _ = exits.send((
+                self.id,
+                VcpuExitReason::Fault(format!("vCPU {} thread setup: {e}", self.id)),
+            ));
+            let _ = exit_evt.write(1);
+        }
         loop {
             let cmd = if running {
                 match cmds.try_recv() {

@@ -44,7 +44,19 @@ fn kvm_err(what: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
 
 /// Opens /dev/kvm and checks the API version and required capabilities.
 pub fn open_kvm() -> Result<Kvm, VmError> {
-    let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+    check_kvm(Kvm::new().map_err(VmError::OpenKvm)?)
+}
+
+/// Like [`open_kvm`], with `/dev/kvm` already opened by the embedder (e.g. before it gave up
+/// the privileges to open it).
+pub fn kvm_from_file(file: std::fs::File) -> Result<Kvm, VmError> {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    // SAFETY: the descriptor is an open file we take ownership of; KVM ioctls on anything
+    // that is not /dev/kvm fail (and are reported) by the checks below.
+    check_kvm(unsafe { Kvm::from_raw_fd(file.into_raw_fd()) })
+}
+
+fn check_kvm(kvm: Kvm) -> Result<Kvm, VmError> {
     let v = kvm.get_api_version();
     if v != KVM_API_VERSION {
         return Err(VmError::ApiVersion(v));

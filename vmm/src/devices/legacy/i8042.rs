@@ -178,7 +178,7 @@ impl I8042Device {
                     log::error!("i8042: signalling reset: {e}");
                 }
             }
-            other => log::debug!("i8042: ignoring command {other:#x}"),
+            other => crate::guest_log!(log::Level::Debug, "i8042: ignoring command {other:#x}"),
         }
     }
 

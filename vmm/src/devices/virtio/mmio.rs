@@ -306,7 +306,8 @@ impl MmioTransport {
     /// queue is not live; log otherwise.
     fn with_setup_queue(&mut self, what: &str, f: impl FnOnce(&mut Queue)) {
         if !self.queue_config_allowed() {
-            log::warn!(
+            crate::guest_log!(
+                log::Level::Warn,
                 "virtio-mmio: {what} write in status {:#x} ignored",
                 self.device_status
             );
@@ -315,8 +316,14 @@ impl MmioTransport {
         let sel = self.queue_sel;
         match self.selected_queue() {
             Some(q) if !q.ready() => f(q),
-            Some(_) => log::warn!("virtio-mmio: {what} write to ready queue {sel} ignored"),
-            None => log::warn!("virtio-mmio: {what} write to missing queue {sel} ignored"),
+            Some(_) => crate::guest_log!(
+                log::Level::Warn,
+                "virtio-mmio: {what} write to ready queue {sel} ignored"
+            ),
+            None => crate::guest_log!(
+                log::Level::Warn,
+                "virtio-mmio: {what} write to missing queue {sel} ignored"
+            ),
         }
     }
 
@@ -337,7 +344,10 @@ impl MmioTransport {
         let to = value & !status::NEEDS_RESET;
         let from = self.device_status;
         if !valid_transition(from, to) {
-            log::warn!("virtio-mmio: invalid status transition {from:#x} -> {to:#x} ignored");
+            crate::guest_log!(
+                log::Level::Warn,
+                "virtio-mmio: invalid status transition {from:#x} -> {to:#x} ignored"
+            );
             return;
         }
         if to == 0 {
@@ -350,7 +360,7 @@ impl MmioTransport {
             let acked = self.driver_features;
             if acked & !offered != 0 || acked & (1u64 << VIRTIO_F_VERSION_1) == 0 {
                 // Leave FEATURES_OK clear: the driver re-reads the status and fails.
-                log::warn!(
+                crate::guest_log!(log::Level::Warn,
                     "virtio-mmio: refusing features {acked:#x} (offered {offered:#x}, VERSION_1 required)"
                 );
                 return;
@@ -370,7 +380,10 @@ impl MmioTransport {
             .enumerate()
             .find(|(_, q)| !q.is_valid(&self.mem))
         {
-            log::error!("virtio-mmio: DRIVER_OK with queue {i} not ready or outside guest memory");
+            crate::guest_log!(
+                log::Level::Error,
+                "virtio-mmio: DRIVER_OK with queue {i} not ready or outside guest memory"
+            );
             self.interrupt.set_needs_reset();
             return;
         }
@@ -385,7 +398,10 @@ impl MmioTransport {
             .collect();
         let mem = self.mem.clone();
         if let Err(e) = self.device().activate(mem, queues) {
-            log::error!("virtio-mmio: device activation failed: {e}");
+            crate::guest_log!(
+                log::Level::Error,
+                "virtio-mmio: device activation failed: {e}"
+            );
             self.interrupt.set_needs_reset();
         }
     }
@@ -411,7 +427,10 @@ impl MmioTransport {
             REG_SHM_LEN_LOW | REG_SHM_LEN_HIGH => u32::MAX, // no shared memory regions
             REG_CONFIG_GENERATION => self.config_generation,
             _ => {
-                log::warn!("virtio-mmio: read of unknown/write-only register {offset:#x}");
+                crate::guest_log!(
+                    log::Level::Warn,
+                    "virtio-mmio: read of unknown/write-only register {offset:#x}"
+                );
                 0
             }
         }
@@ -422,7 +441,8 @@ impl MmioTransport {
             REG_DEVICE_FEATURES_SEL => self.device_features_sel = v,
             REG_DRIVER_FEATURES => {
                 if self.device_status != status::ACKNOWLEDGE | status::DRIVER {
-                    log::warn!(
+                    crate::guest_log!(
+                        log::Level::Warn,
                         "virtio-mmio: feature write in status {:#x} ignored",
                         self.device_status
                     );
@@ -436,7 +456,10 @@ impl MmioTransport {
                         self.driver_features =
                             (self.driver_features & 0xffff_ffff) | (u64::from(v) << 32)
                     }
-                    s if v != 0 => log::warn!("virtio-mmio: features {v:#x} in page {s} ignored"),
+                    s if v != 0 => crate::guest_log!(
+                        log::Level::Warn,
+                        "virtio-mmio: features {v:#x} in page {s} ignored"
+                    ),
                     _ => {}
                 }
             }
@@ -448,7 +471,10 @@ impl MmioTransport {
                         return;
                     }
                 }
-                log::warn!("virtio-mmio: invalid queue size {v} ignored");
+                crate::guest_log!(
+                    log::Level::Warn,
+                    "virtio-mmio: invalid queue size {v} ignored"
+                );
             }),
             REG_QUEUE_READY => {
                 if v == 1 {
@@ -481,7 +507,10 @@ impl MmioTransport {
                 q.set_used_ring_address(None, Some(v))
             }),
             REG_SHM_SEL => {}
-            _ => log::warn!("virtio-mmio: write {v:#x} to unknown/read-only register {offset:#x}"),
+            _ => crate::guest_log!(
+                log::Level::Warn,
+                "virtio-mmio: write {v:#x} to unknown/read-only register {offset:#x}"
+            ),
         }
     }
 
@@ -491,10 +520,16 @@ impl MmioTransport {
         match d.queue_events().get(queue as usize) {
             Some(evt) => {
                 if let Err(e) = evt.write(1) {
-                    log::error!("virtio-mmio: cannot signal queue {queue}: {e}");
+                    crate::guest_log!(
+                        log::Level::Error,
+                        "virtio-mmio: cannot signal queue {queue}: {e}"
+                    );
                 }
             }
-            None => log::warn!("virtio-mmio: notify for missing queue {queue} ignored"),
+            None => crate::guest_log!(
+                log::Level::Warn,
+                "virtio-mmio: notify for missing queue {queue} ignored"
+            ),
         }
     }
 }
@@ -539,7 +574,8 @@ impl BusDevice for MmioTransport {
             return;
         }
         if data.len() != 4 || !offset.is_multiple_of(4) {
-            log::warn!(
+            crate::guest_log!(
+                log::Level::Warn,
                 "virtio-mmio: {}-byte read at {offset:#x} ignored",
                 data.len()
             );
@@ -556,7 +592,8 @@ impl BusDevice for MmioTransport {
             return;
         }
         if data.len() != 4 || !offset.is_multiple_of(4) {
-            log::warn!(
+            crate::guest_log!(
+                log::Level::Warn,
                 "virtio-mmio: {}-byte write at {offset:#x} ignored",
                 data.len()
             );
@@ -634,6 +671,34 @@ mod tests {
         wr(t, REG_DRIVER_FEATURES_SEL, 0);
         wr(t, REG_DRIVER_FEATURES, 1 << 3);
         wr(t, REG_STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK);
+    }
+
+    #[test]
+    fn a_guest_hammering_bad_registers_cannot_flood_the_log() {
+        use crate::logging::{capture, BURST};
+        let (mut t, _) = transport();
+        let lines = capture::lines_of(|| {
+            for i in 0..10_000 {
+                wr(&mut t, 0xf0, i);
+                let _ = rd(&mut t, 0xf4);
+                wr(&mut t, REG_QUEUE_SEL, 9);
+                wr(&mut t, REG_QUEUE_NUM, 4);
+            }
+        });
+        // Three call sites (unknown write, unknown read, queue write too early), each limited.
+        assert!(
+            lines.len() <= 3 * BURST as usize,
+            "{} lines, first {:?}",
+            lines.len(),
+            &lines[..5.min(lines.len())]
+        );
+        assert!(lines
+            .iter()
+            .any(|l| l.contains("unknown/read-only register 0xf0")));
+        assert!(lines
+            .iter()
+            .any(|l| l.contains("unknown/write-only register 0xf4")));
+        assert!(lines.iter().any(|l| l.contains("QueueNum write")));
     }
 
     #[test]

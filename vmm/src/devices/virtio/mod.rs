@@ -125,7 +125,11 @@ impl VirtioInterrupt {
     pub fn signal_used_queue(&self) {
         self.status.fetch_or(INT_VRING, Ordering::SeqCst);
         if let Err(e) = self.irq.trigger() {
-            log::error!("virtio: cannot trigger irq {}: {e}", self.irq.gsi());
+            crate::guest_log!(
+                log::Level::Error,
+                "virtio: cannot trigger irq {}: {e}",
+                self.irq.gsi()
+            );
         }
     }
 
@@ -133,7 +137,11 @@ impl VirtioInterrupt {
     pub fn signal_config(&self) {
         self.status.fetch_or(INT_CONFIG, Ordering::SeqCst);
         if let Err(e) = self.irq.trigger() {
-            log::error!("virtio: cannot trigger irq {}: {e}", self.irq.gsi());
+            crate::guest_log!(
+                log::Level::Error,
+                "virtio: cannot trigger irq {}: {e}",
+                self.irq.gsi()
+            );
         }
     }
 
@@ -197,7 +205,8 @@ pub trait VirtioDevice: Send {
     fn read_config(&self, offset: u64, data: &mut [u8]);
     /// Driver write to the configuration space; ignored by default.
     fn write_config(&mut self, offset: u64, data: &[u8]) {
-        log::warn!(
+        crate::guest_log!(
+            log::Level::Warn,
             "virtio: ignored config write at {offset:#x} ({} bytes)",
             data.len()
         );
@@ -294,9 +303,10 @@ pub fn attach_block(
 
 /// Attach one virtio-net device over a TAP interface (see [`NetConfig`]).
 ///
-/// Opens `/dev/net/tun` for `tap=NAME` with IFF_TAP | IFF_NO_PI |
-/// IFF_VNET_HDR, probes which offloads the TAP supports (they are offered to
-/// the guest), then proceeds like [`attach_block`].
+/// Uses `opened` when the embedder opened the TAP already (before giving up the privileges to
+/// open it), else opens `/dev/net/tun` for `tap=NAME` with IFF_TAP | IFF_NO_PI |
+/// IFF_VNET_HDR; probes which offloads the TAP supports (they are offered to the guest), then
+/// proceeds like [`attach_block`].
 pub fn attach_net(
     vm: &VmFd,
     mem: &GuestMemoryMmap,
@@ -304,10 +314,14 @@ pub fn attach_net(
     mgr: &mut MmioDeviceManager,
     evmgr: &mut VmmEventManager,
     cfg: &NetConfig,
+    opened: Option<net::tap::Tap>,
 ) -> Result<Attached<net::NetDevice>, VirtioError> {
     let slot = mgr.peek_next()?;
     let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
-    let dev = net::NetDevice::from_config(cfg, irq)?;
+    let dev = match opened {
+        Some(tap) => net::NetDevice::new(Box::new(tap), cfg.mac, irq)?,
+        None => net::NetDevice::from_config(cfg, irq)?,
+    };
     let mut ctx = AttachContext {
         vm,
         mem,

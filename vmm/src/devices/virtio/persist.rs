@@ -206,6 +206,8 @@ impl AttachedDevice {
 /// Re-creates device `index` of a snapshot in `state`, at the same slot, with its saved
 /// configuration or the override (`block` for a disk, `net` for a NIC). `saved_overlay` is the
 /// snapshot's copy of a disk's overlay; a disk's I/O thread starts as `block_io` says.
+/// A NIC whose TAP is among `taps` (opened by the embedder) takes it.
+#[allow(clippy::too_many_arguments)]
 pub fn restore_device(
     ctx: &mut AttachContext<'_>,
     index: usize,
@@ -214,6 +216,7 @@ pub fn restore_device(
     saved_overlay: Option<&File>,
     net: Option<&NetConfig>,
     block_io: IoThreadOptions,
+    taps: &mut Vec<crate::devices::virtio::net::tap::Tap>,
 ) -> Result<AttachedDevice, PersistError> {
     let slot = ctx.mgr.peek_next().map_err(VirtioError::Slot)?;
     if slot != state.slot {
@@ -254,7 +257,11 @@ pub fn restore_device(
         }
         DeviceState::Net(n) => {
             let cfg = net.unwrap_or(&n.config);
-            let dev = NetDevice::restore(cfg, irq, n)?;
+            let opened = taps
+                .iter()
+                .position(|t| t.name() == cfg.tap)
+                .map(|i| taps.swap_remove(i));
+            let dev = NetDevice::restore(cfg, irq, n, opened)?;
             let a = attach_device(
                 ctx,
                 Arc::new(Mutex::new(dev)),

@@ -241,15 +241,49 @@ pub(crate) fn lock_file(file: &File, path: &Path, exclusive: bool) -> Result<(),
     }
 }
 
+/// The descriptor `N` when `path` is `/proc/self/fd/N`.
+fn embedder_fd(path: &Path) -> Option<std::os::fd::RawFd> {
+    path.strip_prefix("/proc/self/fd")
+        .ok()?
+        .to_str()?
+        .parse()
+        .ok()
+}
+
+/// A duplicate of descriptor `fd`, which must be open for writing unless `read_only`.
+fn dup_image(fd: std::os::fd::RawFd, read_only: bool) -> io::Result<File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: F_GETFL reads the flags of a descriptor number; no memory is involved.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if !read_only && flags & libc::O_ACCMODE == libc::O_RDONLY {
+        return Err(io::Error::other(
+            "the descriptor is open read-only and the disk is writable",
+        ));
+    }
+    // SAFETY: as above; the new descriptor is ours alone.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `dup` is a fresh descriptor that only this File owns.
+    Ok(unsafe { File::from_raw_fd(dup) })
+}
+
+/// Opens a disk image. `/proc/self/fd/N` names a descriptor the embedder opened (e.g. before
+/// it gave up the privileges to): it is duplicated, not reopened, since a reopen checks the
+/// permissions again.
 pub(crate) fn open_image(path: &Path, read_only: bool) -> Result<File, DiskError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(!read_only)
-        .open(path)
-        .map_err(|source| DiskError::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
+    let opened = match embedder_fd(path) {
+        Some(fd) => dup_image(fd, read_only),
+        None => OpenOptions::new().read(true).write(!read_only).open(path),
+    };
+    let file = opened.map_err(|source| DiskError::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
     lock_file(&file, path, !read_only)?;
     Ok(file)
 }
@@ -395,6 +429,27 @@ mod tests {
     use crate::devices::virtio::test_utils::{
         mem, temp_image, thread_write_bytes, with_private_mount, LoopDevice, TestQueue,
     };
+
+    /// `/proc/self/fd/N` is the embedder's descriptor, duplicated: its access mode holds (a
+    /// reopen by root would have given write access) and the data is the file's.
+    #[test]
+    fn proc_self_fd_paths_are_duplicated_not_reopened() {
+        let img = temp_image(4096, 9);
+        let f = File::open(&img.0).unwrap();
+        let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        let e = RawFile::open(&path, false).unwrap_err().to_string();
+        assert!(e.contains("open read-only"), "{e}");
+        let d = RawFile::open(&path, true).unwrap();
+        assert_eq!(d.capacity(), 4096);
+        let mut b = [0u8; 1];
+        use std::os::unix::fs::FileExt;
+        d.file.read_exact_at(&mut b, 100).unwrap();
+        assert_eq!(b[0], 9);
+        drop(f);
+        // The duplicate outlives the embedder's descriptor.
+        d.file.read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(b[0], 9);
+    }
     use std::os::unix::fs::FileExt;
     use vm_memory::{GuestAddress, GuestMemoryBackend};
 

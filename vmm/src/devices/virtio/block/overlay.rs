@@ -483,7 +483,11 @@ impl Drop for Overlay {
     /// A [`flush`](DiskBackend::flush): data synced before the bitmap that points at it.
     fn drop(&mut self) {
         if let Err(e) = self.flush() {
-            log::error!("overlay {}: cannot flush on close: {e}", self.path);
+            crate::guest_log!(
+                log::Level::Error,
+                "overlay {}: cannot flush on close: {e}",
+                self.path
+            );
         }
     }
 }

@@ -423,7 +423,7 @@ fn answer(
     let (status, written) = match result {
         Ok(n) => (VIRTIO_BLK_S_OK, n),
         Err(e) => {
-            log::warn!("virtio-blk: request failed: {e}");
+            crate::guest_log!(log::Level::Warn, "virtio-blk: request failed: {e}");
             (e.status().unwrap_or(VIRTIO_BLK_S_IOERR), 0)
         }
     };
@@ -528,7 +528,7 @@ pub fn process_queue(
         out.used += 1;
     }
     if let Some(f) = &out.fatal {
-        log::error!("virtio-blk: {f}; device needs reset");
+        crate::guest_log!(log::Level::Error, "virtio-blk: {f}; device needs reset");
     }
     out
 }

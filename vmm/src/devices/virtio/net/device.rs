@@ -277,7 +277,10 @@ impl VirtioDevice for NetDevice {
         self.acked_features = features & self.avail_features;
         let tun = tun_offloads_for(self.acked_features);
         if let Err(e) = self.backend.set_offloads(tun) {
-            log::error!("virtio-net: cannot enable TAP offloads {tun:#x}: {e}");
+            crate::guest_log!(
+                log::Level::Error,
+                "virtio-net: cannot enable TAP offloads {tun:#x}: {e}"
+            );
         }
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
@@ -308,7 +311,10 @@ impl VirtioDevice for NetDevice {
         self.rx.clear();
         self.acked_features = 0;
         if let Err(e) = self.backend.set_offloads(0) {
-            log::warn!("virtio-net: cannot clear TAP offloads: {e}");
+            crate::guest_log!(
+                log::Level::Warn,
+                "virtio-net: cannot clear TAP offloads: {e}"
+            );
         }
     }
     fn is_activated(&self) -> bool {

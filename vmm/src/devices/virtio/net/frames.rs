@@ -240,13 +240,16 @@ pub fn process_rx(
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    log::error!("virtio-net: backend read failed: {e}");
+                    crate::guest_log!(log::Level::Error, "virtio-net: backend read failed: {e}");
                     break;
                 }
             },
         };
         if len < VNET_HDR_LEN {
-            log::warn!("virtio-net: backend gave a {len}-byte frame; dropped");
+            crate::guest_log!(
+                log::Level::Warn,
+                "virtio-net: backend gave a {len}-byte frame; dropped"
+            );
             stats.rx_dropped_short += 1;
             rx.pending = None;
             continue;
@@ -281,14 +284,17 @@ pub fn process_rx(
             }
             Err(e @ FrameError::DoesNotFit { .. }) => {
                 // Waiting would not help: drop the frame, hand the chain back unused.
-                log::warn!("virtio-net: {e}; frame dropped");
+                crate::guest_log!(log::Level::Warn, "virtio-net: {e}; frame dropped");
                 stats.rx_dropped_too_big += 1;
                 rx.pending = None;
                 q.go_to_previous_position();
                 continue;
             }
             Err(e) => {
-                log::warn!("virtio-net: bad rx chain {head}: {e}; returned empty");
+                crate::guest_log!(
+                    log::Level::Warn,
+                    "virtio-net: bad rx chain {head}: {e}; returned empty"
+                );
                 stats.rx_bad_chains += 1;
                 0
             }
@@ -300,7 +306,7 @@ pub fn process_rx(
         out.used += 1;
     }
     if let Some(f) = &out.fatal {
-        log::error!("virtio-net: {f}; device needs reset");
+        crate::guest_log!(log::Level::Error, "virtio-net: {f}; device needs reset");
     }
     out
 }
@@ -338,7 +344,8 @@ pub fn process_tx(
                     stats.tx_bytes += (buf.len() - VNET_HDR_LEN) as u64;
                 }
                 Err(e) => {
-                    log::warn!(
+                    crate::guest_log!(
+                        log::Level::Warn,
                         "virtio-net: backend write of {} bytes failed: {e}",
                         buf.len()
                     );
@@ -346,7 +353,10 @@ pub fn process_tx(
                 }
             },
             Err(e) => {
-                log::warn!("virtio-net: bad tx chain {head}: {e}; dropped");
+                crate::guest_log!(
+                    log::Level::Warn,
+                    "virtio-net: bad tx chain {head}: {e}; dropped"
+                );
                 stats.tx_dropped += 1;
             }
         }
@@ -357,7 +367,7 @@ pub fn process_tx(
         out.used += 1;
     }
     if let Some(f) = &out.fatal {
-        log::error!("virtio-net: {f}; device needs reset");
+        crate::guest_log!(log::Level::Error, "virtio-net: {f}; device needs reset");
     }
     out
 }

@@ -53,7 +53,13 @@ impl NetDevice {
 
     /// Attaches to the TAP `cfg` names and gives the device the saved `state`. The MAC is the
     /// guest's (from the snapshot); `cfg.mac`, when given, must be the same.
-    pub fn restore(cfg: &NetConfig, irq: IrqLine, state: &NetState) -> Result<Self, PersistError> {
+    /// `opened`: the TAP when the embedder opened it already (else opened here).
+    pub fn restore(
+        cfg: &NetConfig,
+        irq: IrqLine,
+        state: &NetState,
+        opened: Option<Tap>,
+    ) -> Result<Self, PersistError> {
         if let Some(m) = cfg.mac.filter(|m| Some(*m) != state.device.mac) {
             return Err(PersistError::Mac {
                 asked: m.to_string(),
@@ -63,7 +69,10 @@ impl NetDevice {
                     .map_or_else(|| "none".to_string(), |m| m.to_string()),
             });
         }
-        let tap = Tap::open(&cfg.tap).map_err(VirtioError::Tap)?;
+        let tap = match opened {
+            Some(t) => t,
+            None => Tap::open(&cfg.tap).map_err(VirtioError::Tap)?,
+        };
         Self::restore_on(Box::new(tap), &format!("TAP {}", cfg.tap), irq, state)
     }
 

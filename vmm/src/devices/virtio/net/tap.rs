@@ -112,7 +112,11 @@ impl Tap {
             .unwrap_or(0);
         // Nothing enabled until the driver negotiates.
         if let Err(e) = self.set_offload(0) {
-            log::warn!("tap {}: cannot clear offloads: {e}", self.name);
+            crate::guest_log!(
+                log::Level::Warn,
+                "tap {}: cannot clear offloads: {e}",
+                self.name
+            );
         }
         found
     }
