@@ -357,7 +357,12 @@ pub fn blk_process(d: &mut vmm::devices::virtio::block::BlockDevice) {
         };
         // SAFETY: `p` is one valid pollfd that outlives the call.
         let r = unsafe { libc::poll(&mut p, 1, 10_000) };
-        assert!(r >= 0, "poll: {}", std::io::Error::last_os_error());
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            // libFuzzer's timeout timer (SIGALRM) interrupts waits: try again.
+            assert!(e.kind() == std::io::ErrorKind::Interrupted, "poll: {e}");
+            continue;
+        }
         assert!(
             r > 0,
             "the I/O thread did not complete a request within 10 s"

@@ -648,6 +648,27 @@ fn matches(doc: &VmiDocument, v: &Value, how: &str) {
     assert_eq!(doc.vcpus, num(&["vcpus"]), "{how}: vcpus");
 }
 
+/// Whether every name that becomes a path is acceptable: `metadata.name` (when given) a DNS
+/// subdomain, disk and volume names DNS labels (the launcher refuses the document otherwise).
+fn names_are_valid(v: &Value) -> bool {
+    use launcher::paths::{is_dns_label, is_dns_subdomain};
+    let meta_ok = get(v, &["metadata", "name"])
+        .and_then(Value::as_str)
+        .is_none_or(is_dns_subdomain);
+    let labels_ok = |path: &[&str]| {
+        get(v, path)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .all(|e| {
+                e.get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(is_dns_label)
+            })
+    };
+    meta_ok && labels_ok(&["spec", "domain", "devices", "disks"]) && labels_ok(&["spec", "volumes"])
+}
+
 pub fn run(data: &[u8]) {
     let mut inp = Input::new(data);
     let mode = inp.u8();
@@ -679,6 +700,28 @@ pub fn run(data: &[u8]) {
             yaml.push_str(&json);
         }
         _ => yaml_block(&v, 0, &mut yaml),
+    }
+    if !names_are_valid(&v) {
+        // Names that become paths must be refused by both forms, in one line naming the rule.
+        for (text, origin) in [(&json, "vmi.json"), (&yaml, "vmi.yaml")] {
+            match VmiDocument::parse(text, origin) {
+                Ok(_) => panic!(
+                    "{origin}: a name that is not a DNS label/subdomain was accepted\n{text}"
+                ),
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(
+                        msg.contains("must be a DNS"),
+                        "{origin}: unexpected error: {msg}"
+                    );
+                    assert!(
+                        !msg.contains('\n'),
+                        "{origin}: error is not one line: {msg}"
+                    );
+                }
+            }
+        }
+        return;
     }
     let from_json = VmiDocument::parse(&json, "vmi.json")
         .unwrap_or_else(|e| panic!("the JSON form does not parse: {e}\n{json}"));
