@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
     VolumeDevice, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 use microvirt_crds::quantity::{self, format_bytes, QuantityError};
@@ -129,11 +129,9 @@ fn network_data_key(volume: &str) -> String {
     format!("{volume}.networkdata")
 }
 
-/// The Secret holding the inline cloud-init data (`userData`, `userDataBase64`,
-/// `networkData`) of the VMI's cloudInitNoCloud volumes, owned by the VMI; `None` when there is
-/// none. User data often holds secrets: it must not sit in a pod annotation that anyone who may
-/// read pods can see.
-pub fn cloud_init_secret(vmi: &VirtualMachineInstance) -> Result<Option<Secret>, PodError> {
+/// The VMI's name, namespace and the owner reference its launcher objects carry (which needs
+/// its uid).
+fn identity(vmi: &VirtualMachineInstance) -> Result<(&str, &str, OwnerReference), PodError> {
     let name = vmi
         .metadata
         .name
@@ -147,6 +145,15 @@ pub fn cloud_init_secret(vmi: &VirtualMachineInstance) -> Result<Option<Secret>,
     let owner = vmi
         .controller_owner_ref(&())
         .ok_or(PodError::MissingMeta("uid"))?;
+    Ok((name, namespace, owner))
+}
+
+/// The Secret holding the inline cloud-init data (`userData`, `userDataBase64`,
+/// `networkData`) of the VMI's cloudInitNoCloud volumes, owned by the VMI; `None` when there is
+/// none. User data often holds secrets: it must not sit in a pod annotation that anyone who may
+/// read pods can see.
+pub fn cloud_init_secret(vmi: &VirtualMachineInstance) -> Result<Option<Secret>, PodError> {
+    let (name, namespace, owner) = identity(vmi)?;
     let mut data: BTreeMap<String, ByteString> = BTreeMap::new();
     for v in &vmi.spec.volumes {
         let Some(ci) = &v.cloud_init_no_cloud else {
@@ -322,24 +329,8 @@ pub fn desired_pod(
     cfg: &Config,
     block: &BlockVolumes,
 ) -> Result<Pod, PodError> {
-    let name = vmi
-        .metadata
-        .name
-        .as_deref()
-        .ok_or(PodError::MissingMeta("name"))?;
-    let namespace = vmi
-        .metadata
-        .namespace
-        .as_deref()
-        .ok_or(PodError::MissingMeta("namespace"))?;
-    let uid = vmi
-        .metadata
-        .uid
-        .as_deref()
-        .ok_or(PodError::MissingMeta("uid"))?;
-    let owner = vmi
-        .controller_owner_ref(&())
-        .ok_or(PodError::MissingMeta("uid"))?;
+    let (name, namespace, owner) = identity(vmi)?;
+    let uid = owner.uid.as_str();
 
     let guest_memory = guest_memory_bytes(vmi, cfg)?;
     let vcpus = vmi.spec.vcpus().max(1);
