@@ -102,16 +102,22 @@ async fn live(api: &Api<VirtualMachineInstance>) -> Result<BTreeMap<String, Stri
         .collect())
 }
 
-async fn replica_set(
-    api: &Api<VirtualMachineInstanceReplicaSet>,
+/// A `kind` (VMIRS or pool) of `replicas` 32 MiB VMIs labelled `app: name`, created with its
+/// controller's `finalizer` already, so a reconcile goes straight to its work.
+async fn replicated<K>(
+    api: &Api<K>,
+    kind: &str,
+    finalizer: &str,
     name: &str,
     replicas: i32,
-) -> Result<VirtualMachineInstanceReplicaSet> {
-    let rs: VirtualMachineInstanceReplicaSet = serde_json::from_value(json!({
+) -> Result<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let obj: K = serde_json::from_value(json!({
         "apiVersion": "microvirt.io/v1alpha1",
-        "kind": "VirtualMachineInstanceReplicaSet",
-        // With the controller's finalizer already, so a reconcile goes straight to its work.
-        "metadata": {"name": name, "finalizers": [vmirs::FINALIZER]},
+        "kind": kind,
+        "metadata": {"name": name, "finalizers": [finalizer]},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
@@ -121,7 +127,22 @@ async fn replica_set(
             },
         },
     }))?;
-    Ok(api.create(&PostParams::default(), &rs).await?)
+    Ok(api.create(&PostParams::default(), &obj).await?)
+}
+
+async fn replica_set(
+    api: &Api<VirtualMachineInstanceReplicaSet>,
+    name: &str,
+    replicas: i32,
+) -> Result<VirtualMachineInstanceReplicaSet> {
+    replicated(
+        api,
+        "VirtualMachineInstanceReplicaSet",
+        vmirs::FINALIZER,
+        name,
+        replicas,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -252,21 +273,7 @@ async fn vm_pool(
     name: &str,
     replicas: i32,
 ) -> Result<VirtualMachinePool> {
-    let p: VirtualMachinePool = serde_json::from_value(json!({
-        "apiVersion": "microvirt.io/v1alpha1",
-        "kind": "VirtualMachinePool",
-        // With the controller's finalizer already, so a reconcile goes straight to its work.
-        "metadata": {"name": name, "finalizers": [pool::FINALIZER]},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"domain": {"memory": {"guest": "32Mi"}}},
-            },
-        },
-    }))?;
-    Ok(api.create(&PostParams::default(), &p).await?)
+    replicated(api, "VirtualMachinePool", pool::FINALIZER, name, replicas).await
 }
 
 /// The pool reconciler on the same kind of stale cache: its own expectations keep a second
