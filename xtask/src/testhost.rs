@@ -1,7 +1,9 @@
 //! `cargo xtask testhost [SCENARIO...]`: run end-to-end scenarios by hand in the QEMU-TCG test host
 //! (directly on hardware KVM when the host has it), and `cargo xtask bench-testhost [RUNS] [--disk|--initrd]
-//! [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE]`: the microvm vs QEMU `-M microvm`
-//! comparison in the test host, then restores of a Linux guest (only those with `--snapshot-only`).
+//! [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE] [--microvm-bin PATH]
+//! [--no-qemu] [--boot-only]`: the microvm vs QEMU `-M microvm` comparison in the test host (with
+//! `--microvm-bin`, another microvm binary — e.g. an older revision's — as `microvm-base` too),
+//! then restores of a Linux guest (only those with `--snapshot-only`, none with `--boot-only`).
 
 use anyhow::{bail, Result};
 use microvirt_testhost::{bench, scenarios};
@@ -60,6 +62,9 @@ pub fn bench_main(args: &[String]) -> Result<()> {
         boot_log: false,
         snapshot_only: false,
         shmem_thp: None,
+        baseline_microvm: None,
+        no_qemu: false,
+        boot_only: false,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -67,6 +72,18 @@ pub fn bench_main(args: &[String]) -> Result<()> {
             "--initrd" => o.root = bench::RootMode::Initrd,
             "--boot-log" => o.boot_log = true,
             "--snapshot-only" => o.snapshot_only = true,
+            "--boot-only" => o.boot_only = true,
+            "--no-qemu" => o.no_qemu = true,
+            "--microvm-bin" => {
+                let p: std::path::PathBuf = it
+                    .next()
+                    .ok_or_else(|| anyhow::anyhow!("--microvm-bin needs a path"))?
+                    .into();
+                if !p.is_file() {
+                    bail!("--microvm-bin {}: no such file", p.display());
+                }
+                o.baseline_microvm = Some(p);
+            }
             "--shmem-thp" => {
                 let m = it
                     .next()
@@ -100,6 +117,9 @@ pub fn bench_main(args: &[String]) -> Result<()> {
             }
         }
     }
+    if o.snapshot_only && o.boot_only {
+        bail!("--snapshot-only and --boot-only exclude each other");
+    }
     let prep = scenarios::prepare()?;
     let r = bench::run(&prep, &o, std::env::var_os("MICROVIRT_VERBOSE").is_some())?;
     for s in &r.samples {
@@ -125,8 +145,13 @@ pub fn bench_main(args: &[String]) -> Result<()> {
         println!("KVM exits per boot (medians; sampled from debugfs every 10 ms):\n");
         println!("{}", bench::exit_table(&summaries));
     }
-    println!("Linux guest restores (microvm):\n");
-    println!("{}", bench::restore_table(&summaries));
+    if !o.boot_only {
+        println!("Linux guest restores (microvm):\n");
+        println!("{}", bench::restore_table(&summaries));
+    }
+    if let Some(b) = &o.baseline_microvm {
+        println!("microvm-base: {}", b.display());
+    }
     if !r.microvm_exit_table.is_empty() {
         println!("microvm --exit-stats of its last run:\n```");
         for l in &r.microvm_exit_table {

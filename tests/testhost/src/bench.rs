@@ -281,6 +281,14 @@ pub struct BenchOptions {
     /// microvm's guest RAM is a memfd, which gets huge pages only as that knob allows (QEMU's
     /// anonymous RAM follows `enabled`). `None` keeps the kernel's default.
     pub shmem_thp: Option<String>,
+    /// Another `microvm` binary (e.g. a build of an older revision) booted as `microvm-base`
+    /// with the same kernel, rootfs and command line, interleaved with the others. It gets no
+    /// `--exit-stats` (older builds lack it); KVM's counters are sampled for it like for QEMU.
+    pub baseline_microvm: Option<PathBuf>,
+    /// Leave QEMU out (only the microvm binaries; saves about half of the test host's time).
+    pub no_qemu: bool,
+    /// Leave the restores out.
+    pub boot_only: bool,
 }
 
 /// Modes `transparent_hugepage/shmem_enabled` takes.
@@ -296,7 +304,7 @@ pub const GUEST_ARGS: &str = "";
 /// line (our kernel has no ACPI), and `reboot=t` because it has no i8042 (with `reboot=k` the guest
 /// falls back to a BIOS jump and qboot boots it again, forever). The rest of microvm's default
 /// command line is given to QEMU's guest too.
-fn commands(o: &BenchOptions) -> (String, String) {
+fn commands(o: &BenchOptions) -> (String, String, String) {
     let (mvm_root, qemu_root, root_args) = match o.root {
         RootMode::Disk => (
             "--disk path=$WORK/root.ext4",
@@ -323,14 +331,20 @@ fn commands(o: &BenchOptions) -> (String, String) {
     let microvm = format!(
         "/bin/microvm --exit-stats --kernel $KERNEL --mem-mib {GUEST_MIB} {mvm_root} --cmdline '{cmdline}'"
     );
+    let baseline = format!(
+        "/bin/{BASELINE_BIN} --kernel $KERNEL --mem-mib {GUEST_MIB} {mvm_root} --cmdline '{cmdline}'"
+    );
     let qemu = format!(
         "/bin/qemu-system-x86_64 -L /usr/share/qemu -M microvm,acpi=off,x-option-roms=off,rtc=off -accel kvm -cpu host -m {GUEST_MIB} -smp 1 \
          -nodefaults -no-user-config -nographic -serial stdio -monitor none -no-reboot \
          -kernel $KERNEL -append 'console=ttyS0 reboot=t panic=1 pci=off nomodule i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce {cmdline}' \
          {qemu_root}"
     );
-    (microvm, qemu)
+    (microvm, qemu, baseline)
 }
+
+/// The baseline binary's name inside the test host (`/bin/<name>`).
+const BASELINE_BIN: &str = "microvm-base";
 
 /// The test-host shell that snapshots a Linux guest in the middle of `sleep 2; echo
 /// restored-output; exit` and then restores it `runs` times (plus a warm-up) under `bootwatch`.
@@ -386,7 +400,25 @@ pub struct BenchRun {
 /// Runs the comparison; returns every sample and the test-host console log path.
 pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, ScenarioError> {
     let bootwatch = scenarios::cargo_build_release("microvirt-testhost", "bootwatch")?;
-    let (microvm, qemu_cmd) = commands(o);
+    let (microvm, qemu_cmd, baseline_cmd) = commands(o);
+    let mut binaries = vec![prep.microvm.clone(), bootwatch];
+    if let Some(b) = &o.baseline_microvm {
+        // Binaries land in /bin under their file name: copy it to a file named microvm-base.
+        let dest = prep.workdir.join(BASELINE_BIN);
+        std::fs::copy(b, &dest).map_err(|source| crate::cmd::CmdError::Io {
+            what: "copying",
+            path: b.clone(),
+            source,
+        })?;
+        binaries.push(dest);
+    }
+    let mut vmms = vec![("microvm", &microvm)];
+    if o.baseline_microvm.is_some() {
+        vmms.push((BASELINE_BIN, &baseline_cmd));
+    }
+    if !o.no_qemu {
+        vmms.push(("qemu-microvm", &qemu_cmd));
+    }
     let mut files = Vec::new();
     let kernel_path = match &o.kernel {
         Some(k) => {
@@ -416,7 +448,7 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
     body.push_str("echo \"=== thp enabled: $(cat /sys/kernel/mm/transparent_hugepage/enabled); shmem_enabled: $(cat /sys/kernel/mm/transparent_hugepage/shmem_enabled); defrag: $(cat /sys/kernel/mm/transparent_hugepage/defrag)\"\n");
     // Interleave the VMMs so that drift in the test host affects both alike; one warm-up each.
     for i in (0..=o.runs).filter(|_| !o.snapshot_only) {
-        for (name, c) in [("microvm", &microvm), ("qemu-microvm", &qemu_cmd)] {
+        for (name, c) in &vmms {
             let tag = if i == 0 { "warmup" } else { "sample" };
             body.push_str(&format!(
                 "/bin/bootwatch --guest-mib {GUEST_MIB} --timeout 120 --kvm-stats --first-entry -- {c} > $WORK/out\n\
@@ -426,15 +458,20 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
         }
     }
     if o.boot_log && !o.snapshot_only {
-        let (mvm, qemu) = commands(&BenchOptions {
+        let (mvm, qemu, _) = commands(&BenchOptions {
             append: format!("{} initcall_debug microvirt.scenario=dmesg", o.append),
             ..o.clone()
         });
         body.push_str(&format!(
-            "{mvm} --log-level debug 2>&1 | sed 's/^/=== bootlog /'\n{qemu} 2>&1 | sed 's/^/=== qbootlog /'\n"
+            "{mvm} --log-level debug 2>&1 | sed 's/^/=== bootlog /'\n"
         ));
+        if !o.no_qemu {
+            body.push_str(&format!("{qemu} 2>&1 | sed 's/^/=== qbootlog /'\n"));
+        }
     }
-    body.push_str(&snapshot_body(o.runs));
+    if !o.boot_only {
+        body.push_str(&snapshot_body(o.runs));
+    }
     // The comparison always runs in the test host, so both VMMs see the same nested KVM.
     let kernel = match &prep.l1 {
         Some(k) => k.clone(),
@@ -447,7 +484,7 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
         &InitramfsSpec {
             kernel,
             images: &prep.images,
-            binaries: vec![prep.microvm.clone(), bootwatch],
+            binaries,
             with_qemu: true,
             files,
             init: scenarios::l1_init(&body),
