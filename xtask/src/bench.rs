@@ -8,6 +8,8 @@
 //! - boots per second, sequential and with 2 in parallel;
 //! - the VMM's own build steps (`--log-level debug` "built VM" line), medians;
 //! - `virt-launcher` (built static like `microvm`) memory overhead with the embedded demo guest.
+//! - the machine's floor: spawn -> `main()` of a trivial Rust program built like `microvm`
+//!   (release, static-pie), measured the same way: what exec costs here before any VMM code runs.
 //! - snapshots and restores (`bench_snapshot.rs`; only those with `--snapshot-only`, all but
 //!   those with `--boot-only`).
 
@@ -40,6 +42,68 @@ extern "C" {
 pub fn build_release_microvm(_root: &Path) -> Result<PathBuf> {
     microvirt_testhost::scenarios::cargo_build_release_static("vmm", "microvm")
         .map_err(|e| anyhow::anyhow!("building microvm (release, static): {e}"))
+}
+
+/// The floor program: `main()` reads the clock first, like `microvm`'s, and prints how long
+/// after the harness's `MICROVM_T0_MONO_NS` it ran.
+const FLOOR_SRC: &str = r#"extern "C" {
+    fn clock_gettime(clk: i32, ts: *mut [i64; 2]) -> i32;
+}
+fn main() {
+    let mut ts = [0i64; 2];
+    // SAFETY: clock_gettime writes two longs into the array we own; CLOCK_MONOTONIC is valid.
+    unsafe { clock_gettime(1, &mut ts) };
+    let now = ts[0] as u64 * 1_000_000_000 + ts[1] as u64;
+    let t0: u64 = std::env::var("MICROVM_T0_MONO_NS").ok().and_then(|v| v.parse().ok()).unwrap_or(now);
+    println!("spawn-to-main-us={}", now.saturating_sub(t0) / 1000);
+}
+"#;
+
+/// Builds the floor program with `rustc` like the release `microvm` (opt-level 3, panic=abort,
+/// static-pie for the same target) under `target/bench-floor/`.
+fn build_floor(root: &Path) -> Result<PathBuf> {
+    let dir = root.join("target").join("bench-floor");
+    std::fs::create_dir_all(&dir)?;
+    let src = dir.join("floor.rs");
+    let bin = dir.join("floor");
+    if std::fs::read_to_string(&src).ok().as_deref() != Some(FLOOR_SRC) || !bin.is_file() {
+        std::fs::write(&src, FLOOR_SRC)?;
+        let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+        let out = Command::new(rustc)
+            .args([
+                "--edition",
+                "2021",
+                "-C",
+                "opt-level=3",
+                "-C",
+                "panic=abort",
+                "-C",
+                "target-feature=+crt-static",
+                "--target",
+                microvirt_testhost::scenarios::STATIC_TARGET,
+                "-o",
+            ])
+            .arg(&bin)
+            .arg(&src)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "building the floor program: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    Ok(bin)
+}
+
+fn floor_sample(bin: &Path) -> Result<u64> {
+    let t0 = monotonic_ns();
+    let out = Command::new(bin)
+        .env("MICROVM_T0_MONO_NS", t0.to_string())
+        .stdin(Stdio::null())
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    field(text.trim(), "spawn-to-main-us").context("floor program: no spawn-to-main-us")
 }
 
 fn field(line: &str, key: &str) -> Option<u64> {
@@ -273,11 +337,25 @@ pub fn main(args: &[String]) -> Result<()> {
         "{:<44} {:>9} {:>9} {:>9}",
         "figure (ms)", "min", "median", "p95"
     );
+    let floor = build_floor(&root)?;
+    floor_sample(&floor)?; // warm-up
+    let mut floor_us = Vec::new();
     for (name, kernel) in [("pvh", &guest.pvh), ("linux64", &guest.linux64)] {
         let mut samples = Vec::new();
         one_boot(&microvm, kernel)?; // warm-up
         for _ in 0..runs {
             samples.push(one_boot(&microvm, kernel)?);
+            // Interleaved with the boots, so that both see the same load.
+            if name == "pvh" {
+                floor_us.push(floor_sample(&floor)?);
+            }
+        }
+        if name == "pvh" {
+            let (min, med, p95) = stats(std::mem::take(&mut floor_us));
+            println!(
+                "{:<44} {:>9.2} {:>9.2} {:>9.2}",
+                "[floor] spawn -> main() of a static hello", min, med, p95
+            );
         }
         let rows: [(&str, Vec<u64>); 5] = [
             (

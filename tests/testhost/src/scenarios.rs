@@ -192,7 +192,9 @@ pub const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
 
 /// Builds a statically linked (static-pie, glibc) release binary and returns its path, under
 /// `target/x86_64-unknown-linux-gnu/release/`. No dynamic loader runs at exec: the VMM reaches
-/// `main()` sooner (docs/boot-time.md).
+/// `main()` sooner (docs/boot-time.md). Its relative relocations are packed (`DT_RELR`, glibc
+/// ≥ 2.36 relocates a static-pie with them): 2.7k relocations take 2 KiB instead of 64 KiB
+/// that every start reads and keeps resident.
 pub fn cargo_build_release_static(package: &str, bin: &str) -> Result<PathBuf, ScenarioError> {
     cargo_build(package, bin, true)
 }
@@ -221,7 +223,7 @@ fn cargo_build(package: &str, bin: &str, static_link: bool) -> Result<PathBuf, S
         c.args(["--target", STATIC_TARGET]).env(
             "RUSTFLAGS",
             format!(
-                "{} -C target-feature=+crt-static",
+                "{} -C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs",
                 std::env::var("RUSTFLAGS").unwrap_or_default()
             )
             .trim(),
