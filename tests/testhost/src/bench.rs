@@ -568,6 +568,39 @@ mod tests {
     use super::*;
 
     #[test]
+    fn baseline_boots_the_same_guest_without_exit_stats() {
+        let o = BenchOptions {
+            runs: 1,
+            root: RootMode::Disk,
+            kernel: None,
+            append: "foo=1".into(),
+            boot_log: false,
+            snapshot_only: false,
+            shmem_thp: None,
+            baseline_microvm: Some("/old/microvm".into()),
+            no_qemu: true,
+            boot_only: true,
+        };
+        let (microvm, qemu, baseline) = commands(&o);
+        assert!(
+            microvm.starts_with("/bin/microvm --exit-stats "),
+            "{microvm}"
+        );
+        assert!(
+            baseline.starts_with("/bin/microvm-base --kernel "),
+            "{baseline}"
+        );
+        assert!(!baseline.contains("--exit-stats"), "{baseline}");
+        // Everything after the binary and --exit-stats is the same: kernel, memory, disk,
+        // command line.
+        assert_eq!(
+            microvm.strip_prefix("/bin/microvm --exit-stats"),
+            baseline.strip_prefix("/bin/microvm-base")
+        );
+        assert!(baseline.contains("foo=1") && qemu.contains("foo=1"));
+    }
+
+    #[test]
     fn parses_and_summarizes() {
         let a = parse_sample(
             "microvm",
