@@ -209,6 +209,43 @@ fn kernel_path(layout: &Layout, p: &str, held: &mut Vec<File>) -> Result<PathBuf
     }
 }
 
+/// Mode of a VM pool builder's snapshot directory once the launcher has handed it to its
+/// group: the launcher (after [`caps::become_user`]) writes the snapshot into it, the node
+/// agent (group 107 too) removes it when no pool uses it; nobody else gets in; new files
+/// keep the group (set-group-ID).
+const SNAPSHOT_DIR_MODE: u32 = 0o2770;
+
+/// Makes a VM pool builder's snapshot mount writable for the launcher's group `gid`.
+///
+/// The mount is a hostPath the kubelet created (root:root, 0755), and the launcher writes the
+/// snapshot only after it gave up root. While it is still uid 0 it owns the directory, so it
+/// may — without CAP_CHOWN or CAP_FOWNER — give it to a group it belongs to (the pod's
+/// `fsGroup`, `gid`) and make it group-writable. Anything else (no such directory, a
+/// read-only mount, another owner) is left as it is: a snapshot request then fails with the
+/// directory's error.
+fn share_snapshot_dir(dir: &Path, gid: u32) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Ok(m) = std::fs::metadata(dir) else {
+        return;
+    };
+    if !m.is_dir() || (m.gid() == gid && m.mode() & 0o7777 == SNAPSHOT_DIR_MODE) {
+        return;
+    }
+    let r = std::os::unix::fs::chown(dir, None, Some(gid)).and_then(|()| {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(SNAPSHOT_DIR_MODE))
+    });
+    match r {
+        Ok(()) => log::info!(
+            "snapshot directory {} handed to group {gid} (mode {SNAPSHOT_DIR_MODE:o})",
+            dir.display()
+        ),
+        Err(e) => log::warn!(
+            "snapshot directory {}: cannot hand it to group {gid}: {e}",
+            dir.display()
+        ),
+    }
+}
+
 /// Prepares the disks and the VM configuration for `doc`.
 pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepared, LaunchError> {
     // The privileged part: the pod network; with `run_as`, /dev/kvm, the TAP and Block
@@ -231,6 +268,11 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
             taps.push(tap);
         }
         block_devices = disks::open_block_devices(doc, &opts.layout)?;
+        if opts.restore.is_none() {
+            if let Some(dir) = &opts.snapshot_dir {
+                share_snapshot_dir(dir, gid);
+            }
+        }
         caps::become_user(uid, gid)
             .map_err(|e| LaunchError::User(format!("becoming {uid}:{gid}: {e}")))?;
         log::info!("running as {uid}:{gid}");
