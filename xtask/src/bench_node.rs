@@ -1,17 +1,55 @@
 //! `cargo xtask bench-node [COUNT]`: VMI start-up latency and memory per VMI on a real
-//! single-node cluster (see `microvirt_e2e::bench`). Brings its own cluster up (the machine's
-//! node lock makes it wait for a running `cargo xtask cluster up` or test run) and tears it down.
+//! single-node cluster (see `microvirt_e2e::bench`).
+//! `cargo xtask bench-node --pool [COUNT] [--rounds N] [--guest-mib MIB]`: a cold VMIRS scaled
+//! 0 → COUNT against a VM pool with COUNT warm members scaled 0 → COUNT, and the node memory of
+//! the idle warm members (see `microvirt_e2e::bench_pool`).
+//! Brings its own cluster up (the machine's node lock makes it wait for a running
+//! `cargo xtask cluster up` or test run) and tears it down.
 
 use anyhow::{bail, Context, Result};
 use microvirt_e2e::bench::{self, BenchOptions};
+use microvirt_e2e::bench_pool::{self, PoolBenchOptions};
 use microvirt_e2e::images::ImageSet;
 
+const USAGE: &str =
+    "usage: cargo xtask bench-node [COUNT] | --pool [COUNT] [--rounds N] [--guest-mib MIB]";
+
 pub fn main(args: &[String]) -> Result<()> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    if let Some(("--pool", rest)) = args.split_first().map(|(a, r)| (*a, r)) {
+        let mut o = PoolBenchOptions::default();
+        let mut it = rest.iter();
+        while let Some(a) = it.next() {
+            let mut value = |name: &str| -> Result<usize> {
+                it.next()
+                    .with_context(|| format!("{name} needs a value\n{USAGE}"))?
+                    .parse()
+                    .with_context(|| format!("{name} must be a number"))
+            };
+            match *a {
+                "--rounds" => o.rounds = value("--rounds")?.max(1),
+                "--guest-mib" => {
+                    o.guest_mib =
+                        u32::try_from(value("--guest-mib")?).context("--guest-mib is too large")?
+                }
+                n => {
+                    o.count = n
+                        .parse()
+                        .with_context(|| format!("COUNT must be a number\n{USAGE}"))?
+                }
+            }
+        }
+        let rc = microvirt_e2e::start_cluster(ImageSet::BENCH, false, None)?;
+        let report = bench_pool::run(&rc, &o)?;
+        println!("{report}");
+        drop(rc);
+        return Ok(());
+    }
     let mut o = BenchOptions::default();
-    match args {
+    match args.as_slice() {
         [] => {}
         [n] => o.count = n.parse().context("COUNT must be a number")?,
-        _ => bail!("usage: cargo xtask bench-node [COUNT]"),
+        _ => bail!("{USAGE}"),
     }
     let rc = microvirt_e2e::start_cluster(ImageSet::BENCH, false, None)?;
     let report = bench::run(&rc, &o)?;

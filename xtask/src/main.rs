@@ -36,7 +36,8 @@ fn usage() -> &'static str {
      \x20 bench-testhost [RUNS] [--initrd] [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE]  microvm vs QEMU -M microvm boot time and RSS, Linux restores, in the test host\n\
      \x20 cluster up [--control-plane-only]|down|status  a persistent single-node cluster with\n\
      \x20                 microvirt installed (or only etcd + kube-apiserver)\n\
-     \x20 bench-node [COUNT]  real-node benchmark: VMI create -> Running/Ready latency, memory per VMI\n\
+     \x20 bench-node [COUNT] | --pool [COUNT] [--rounds N] [--guest-mib MIB]  real-node benchmark: VMI create -> Running/Ready\n\
+     \x20                 latency, memory per VMI; --pool: cold VMIRS vs warm VM pool scale-out, warm members' memory\n\
      \x20 oci-images [--no-linux]  build microvirt's container images (OCI archives), print them\n\
      \x20 testguest       build the no_std test guest, print its image paths (pvh, linux64, bzimage)\n"
 }

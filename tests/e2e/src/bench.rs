@@ -51,14 +51,14 @@ impl Default for BenchOptions {
 
 /// Times (since the benchmark's epoch) at which each VMI (by name) was first seen in a state.
 #[derive(Default, Debug)]
-struct Seen {
-    pod_running: BTreeMap<String, Duration>,
-    vmi_running: BTreeMap<String, Duration>,
-    vmi_ready: BTreeMap<String, Duration>,
+pub(crate) struct Seen {
+    pub(crate) pod_running: BTreeMap<String, Duration>,
+    pub(crate) vmi_running: BTreeMap<String, Duration>,
+    pub(crate) vmi_ready: BTreeMap<String, Duration>,
 }
 
 /// A `kubectl get KIND -w -o json` stream feeding [`Seen`].
-struct Watch {
+pub(crate) struct Watch {
     child: Child,
     thread: Option<thread::JoinHandle<()>>,
 }
@@ -72,7 +72,7 @@ fn compute_running(pod: &Value) -> bool {
 }
 
 impl Watch {
-    fn start(
+    pub(crate) fn start(
         k: &Kubectl,
         ns: &str,
         kind: &'static str,
@@ -131,7 +131,7 @@ impl Drop for Watch {
     }
 }
 
-fn vmi_json(name: &str, labels: &str, o: &BenchOptions) -> String {
+pub(crate) fn vmi_json(name: &str, labels: &str, o: &BenchOptions) -> String {
     format!(
         r#"{{"apiVersion":"microvirt.io/v1alpha1","kind":"VirtualMachineInstance",
 "metadata":{{"name":"{name}"{labels}}},"spec":{}}}"#,
@@ -140,6 +140,11 @@ fn vmi_json(name: &str, labels: &str, o: &BenchOptions) -> String {
 }
 
 fn spec_json(o: &BenchOptions) -> String {
+    guest_spec_json(o.guest_mib)
+}
+
+/// The VMI spec both shapes boot (idle demo guest, `guest_mib` MiB), as JSON.
+pub(crate) fn guest_spec_json(guest_mib: u32) -> String {
     format!(
         r#"{{"terminationGracePeriodSeconds":2,"domain":{{"memory":{{"guest":"{}Mi"}},
 "resources":{{"requests":{{"cpu":"10m"}}}},
@@ -147,12 +152,12 @@ fn spec_json(o: &BenchOptions) -> String {
 "container":{{"image":"{DEMO_KERNEL}","kernelPath":"{KERNEL_PATH}"}}}}}},
 "devices":{{"interfaces":[{{"name":"default","masquerade":{{}}}}]}}}},
 "networks":[{{"name":"default","pod":{{}}}}]}}"#,
-        o.guest_mib
+        guest_mib
     )
 }
 
 /// P50, P95 and max of `v` (nearest-rank).
-fn percentiles(mut v: Vec<Duration>) -> Option<(Duration, Duration, Duration)> {
+pub(crate) fn percentiles(mut v: Vec<Duration>) -> Option<(Duration, Duration, Duration)> {
     if v.is_empty() {
         return None;
     }
@@ -164,20 +169,25 @@ fn percentiles(mut v: Vec<Duration>) -> Option<(Duration, Duration, Duration)> {
     Some((rank(50.0), rank(95.0), *v.last().unwrap()))
 }
 
-fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
 }
 
 /// Latency of one shape: per VMI, its start time and what the watches saw.
-struct Shape {
-    title: String,
-    starts: BTreeMap<String, Duration>,
-    seen: Seen,
-    wall: Duration,
+pub(crate) struct Shape {
+    pub(crate) title: String,
+    pub(crate) starts: BTreeMap<String, Duration>,
+    pub(crate) seen: Seen,
+    pub(crate) wall: Duration,
+    /// What the intervals start at (`create`, `scale`).
+    pub(crate) from: &'static str,
+    /// Whether launcher pods were started for the VMIs (not for claims of warm members,
+    /// whose pods ran before the scale).
+    pub(crate) pods_started: bool,
 }
 
 impl Shape {
-    fn table(&self, out: &mut String) {
+    pub(crate) fn table(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "\n{} (wall {:.1} s)",
@@ -186,14 +196,29 @@ impl Shape {
         );
         let _ = writeln!(
             out,
-            "  {:<34} {:>9} {:>9} {:>9} {:>5}",
+            "  {:<36} {:>9} {:>9} {:>9} {:>5}",
             "interval", "P50", "P95", "max", "n"
         );
-        let rows = [
-            ("create -> launcher pod Running", &self.seen.pod_running),
-            ("create -> VMI Running", &self.seen.vmi_running),
-            ("create -> VMI Ready (guest booted)", &self.seen.vmi_ready),
-        ];
+        let from = self.from;
+        let mut rows = vec![];
+        if self.pods_started {
+            rows.push((
+                format!("{from} -> launcher pod Running"),
+                &self.seen.pod_running,
+            ));
+        }
+        rows.push((format!("{from} -> VMI Running"), &self.seen.vmi_running));
+        rows.push((
+            format!(
+                "{from} -> VMI Ready ({})",
+                if self.pods_started {
+                    "guest booted"
+                } else {
+                    "resumed"
+                }
+            ),
+            &self.seen.vmi_ready,
+        ));
         for (label, map) in rows {
             let d: Vec<Duration> = self
                 .starts
@@ -205,16 +230,19 @@ impl Shape {
                 Some((p50, p95, max)) => {
                     let _ = writeln!(
                         out,
-                        "  {label:<34} {:>9} {:>9} {:>9} {n:>5}",
+                        "  {label:<36} {:>9} {:>9} {:>9} {n:>5}",
                         ms(p50),
                         ms(p95),
                         ms(max)
                     );
                 }
                 None => {
-                    let _ = writeln!(out, "  {label:<34} (none seen)");
+                    let _ = writeln!(out, "  {label:<36} (none seen)");
                 }
             }
+        }
+        if !self.pods_started {
+            return;
         }
         // Running -> Ready: the readiness share.
         let d: Vec<Duration> = self
@@ -226,7 +254,7 @@ impl Shape {
         if let Some((p50, p95, max)) = percentiles(d) {
             let _ = writeln!(
                 out,
-                "  {:<34} {:>9} {:>9} {:>9}",
+                "  {:<36} {:>9} {:>9} {:>9}",
                 "pod Running -> VMI Ready",
                 ms(p50),
                 ms(p95),
@@ -301,15 +329,49 @@ fn ppid(pid: u32) -> Option<u32> {
         .ok()
 }
 
-/// Memory of the running launchers and their runtime helpers.
-fn memory_report(guest_mib: u32, out: &mut String) -> Result<()> {
+/// Whether `pid` runs in one of the node's pod cgroups (not a launcher of another test on this
+/// machine).
+fn in_node_pods(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| c.contains("/microvirt-node/"))
+}
+
+/// Node memory of a set of launchers, in KiB.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct MemoryTotals {
+    /// Launcher processes measured.
+    pub(crate) launchers: usize,
+    /// RSS and PSS of the launchers.
+    pub(crate) launcher_rss: u64,
+    pub(crate) launcher_pss: u64,
+    /// The part of the launchers' RSS that is guest RAM.
+    pub(crate) guest_rss: u64,
+    /// RSS and PSS of the launchers, their shims and sandboxes.
+    pub(crate) all_rss: u64,
+    pub(crate) all_pss: u64,
+}
+
+/// Memory of the node's launchers and their runtime helpers: per VMI (mean) and in total.
+/// Fails unless there are exactly `expect` launchers, if given.
+pub(crate) fn memory_report(
+    title: &str,
+    guest_mib: u32,
+    expect: Option<usize>,
+    out: &mut String,
+) -> Result<MemoryTotals> {
     let all = pids();
     let launchers: Vec<u32> = all
         .iter()
         .copied()
-        .filter(|p| exe_name(*p) == "virt-launcher")
+        .filter(|p| exe_name(*p) == "virt-launcher" && in_node_pods(*p))
         .collect();
     ensure!(!launchers.is_empty(), "no virt-launcher processes found");
+    if let Some(n) = expect {
+        ensure!(
+            launchers.len() == n,
+            "{} launcher processes on the node, expected {n}",
+            launchers.len()
+        );
+    }
     // A launcher's shim is its parent; the shim's other child is the sandbox's pause.
     let mut shims = Vec::new();
     let mut pauses = Vec::new();
@@ -336,59 +398,61 @@ fn memory_report(guest_mib: u32, out: &mut String) -> Result<()> {
         .sum();
     let (s_rss, s_pss) = sum(&shims);
     let (p_rss, p_pss) = sum(&pauses);
-    let mib = |k: u64| k as f64 / 1024.0 / n as f64;
+    let mean = |k: u64| k as f64 / 1024.0 / n as f64;
+    let total = |k: u64| k as f64 / 1024.0;
     let _ = writeln!(
         out,
-        "\nmemory per running VMI ({n} launchers, {} shims, {} pause; MiB, mean per VMI)",
+        "\n{title} ({n} launchers, {} shims, {} pause; MiB)",
         shims.len(),
         pauses.len()
     );
-    let _ = writeln!(out, "  {:<44} {:>8} {:>8}", "", "RSS", "PSS");
     let _ = writeln!(
         out,
-        "  {:<44} {:>8.1} {:>8.1}",
-        "virt-launcher (all)",
-        mib(l_rss),
-        mib(l_pss)
+        "  {:<40} {:>8} {:>8} {:>10} {:>10}",
+        "", "RSS/VMI", "PSS/VMI", "RSS total", "PSS total"
     );
-    let _ = writeln!(
-        out,
-        "  {:<44} {:>8.1}",
-        "  of which guest RAM the guest touched",
-        mib(guest)
-    );
-    let _ = writeln!(
-        out,
-        "  {:<44} {:>8.1} {:>8.1}",
+    let mut row = |label: &str, rss: u64, pss: Option<u64>| {
+        let _ = writeln!(
+            out,
+            "  {label:<40} {:>8.1} {:>8} {:>10.1} {:>10}",
+            mean(rss),
+            pss.map(|p| format!("{:.1}", mean(p))).unwrap_or_default(),
+            total(rss),
+            pss.map(|p| format!("{:.1}", total(p))).unwrap_or_default(),
+        );
+    };
+    row("virt-launcher (all)", l_rss, Some(l_pss));
+    row("  of which guest RAM resident", guest, None);
+    row(
         "  virt-launcher beyond guest RAM (ours)",
-        mib(l_rss.saturating_sub(guest)),
-        mib(l_pss.saturating_sub(guest))
+        l_rss.saturating_sub(guest),
+        Some(l_pss.saturating_sub(guest)),
     );
-    let _ = writeln!(
-        out,
-        "  {:<44} {:>8.1} {:>8.1}",
-        "containerd-shim-runc-v2 (runtime's)",
-        mib(s_rss),
-        mib(s_pss)
-    );
-    let _ = writeln!(
-        out,
-        "  {:<44} {:>8.1} {:>8.1}",
-        "pause / sandbox (runtime's)",
-        mib(p_rss),
-        mib(p_pss)
-    );
-    let _ = writeln!(
-        out,
-        "  {:<44} {:>8.1} {:>8.1}",
+    row("containerd-shim-runc-v2 (runtime's)", s_rss, Some(s_pss));
+    row("pause / sandbox (runtime's)", p_rss, Some(p_pss));
+    let all_rss = l_rss + s_rss + p_rss;
+    let all_pss = l_pss + s_pss + p_pss;
+    row("all (launcher + shim + pause)", all_rss, Some(all_pss));
+    row(
         "total beyond guest RAM",
-        mib((l_rss + s_rss + p_rss).saturating_sub(guest)),
-        mib((l_pss + s_pss + p_pss).saturating_sub(guest))
+        all_rss.saturating_sub(guest),
+        Some(all_pss.saturating_sub(guest)),
     );
-    Ok(())
+    Ok(MemoryTotals {
+        launchers: launchers.len(),
+        launcher_rss: l_rss,
+        launcher_pss: l_pss,
+        guest_rss: guest,
+        all_rss,
+        all_pss,
+    })
 }
 
-fn wait_all_ready(seen: &Arc<Mutex<Seen>>, names: &[String], timeout: Duration) -> Result<()> {
+pub(crate) fn wait_all_ready(
+    seen: &Arc<Mutex<Seen>>,
+    names: &[String],
+    timeout: Duration,
+) -> Result<()> {
     wait_for("every VMI Ready", timeout, |last| {
         let s = seen.lock().unwrap_or_else(|e| e.into_inner());
         let ready = names
@@ -400,7 +464,7 @@ fn wait_all_ready(seen: &Arc<Mutex<Seen>>, names: &[String], timeout: Duration) 
     })
 }
 
-fn post_vmi(rc: &RealCluster, ns: &str, body: &str) -> Result<()> {
+pub(crate) fn post_vmi(rc: &RealCluster, ns: &str, body: &str) -> Result<()> {
     let r = rc.control_plane().request(
         "POST",
         &format!("/apis/microvirt.io/v1alpha1/namespaces/{ns}/virtualmachineinstances"),
@@ -463,7 +527,7 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
     let wall = t0.elapsed();
     thread::sleep(Duration::from_secs(3));
     let mut memory = String::new();
-    memory_report(o.guest_mib, &mut memory)?;
+    memory_report("memory per running VMI", o.guest_mib, None, &mut memory)?;
     drop((_w1, _w2));
     let shape1 = Shape {
         title: format!(
@@ -474,6 +538,8 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
         starts,
         seen: std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner())),
         wall,
+        from: "create",
+        pods_started: true,
     };
     // Free the node before the next shape.
     k.run(&[
@@ -540,6 +606,8 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
         starts: names.iter().map(|n| (n.clone(), scaled_at)).collect(),
         seen: std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner())),
         wall,
+        from: "scale",
+        pods_started: true,
     };
     k.run(&["-n", ns2.name(), "scale", "vmirs/pool", "--replicas=0"])?;
     drop(ns2);

@@ -6,6 +6,7 @@
 //! exactly the cluster the tests run on.
 
 pub mod bench;
+pub mod bench_pool;
 pub mod deploy;
 pub mod images;
 pub mod kube;

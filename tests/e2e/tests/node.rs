@@ -28,6 +28,9 @@ use microvirt_e2e::kube::{condition, condition_true, wait_for, Kubectl, TestName
 use microvirt_testsupport::RealCluster;
 use serde_json::Value;
 
+#[path = "node/pool.rs"]
+mod pool;
+
 /// Namespace of virt-handler.
 const HANDLER_NS: &str = "microvirt-node";
 /// The extended resource of the device plugin.
@@ -55,6 +58,19 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         ("bad_input_fails_clearly", bad_input),
         ("deploy_examples_run", deploy_examples),
         ("guest_reachable_through_the_pod_ip", guest_network),
+        (
+            "pool_scales_0_5_0_5_from_warm_members",
+            pool::pool_scale_from_warm,
+        ),
+        (
+            "pool_paused_and_template_change",
+            pool::pool_paused_and_template_change,
+        ),
+        (
+            "pool_member_dies_and_foreign_snapshot",
+            pool::pool_member_dies_and_foreign_snapshot,
+        ),
+        ("pool_bad_specs_refused", pool::pool_bad_specs_refused),
     ]
 }
 
