@@ -55,6 +55,12 @@ pub(crate) struct Seen {
     pub(crate) pod_running: BTreeMap<String, Duration>,
     pub(crate) vmi_running: BTreeMap<String, Duration>,
     pub(crate) vmi_ready: BTreeMap<String, Duration>,
+    /// The VMI's first watch event (a claimed VMI: the pool controller created it).
+    pub(crate) vmi_created: BTreeMap<String, Duration>,
+    /// A claim's pod patch: the launcher pod carries `control-request: claim-<uid> unpause`.
+    pub(crate) claim_requested: BTreeMap<String, Duration>,
+    /// The node agent's answer on the pod: `control-result: claim-<uid> ok`.
+    pub(crate) claim_answered: BTreeMap<String, Duration>,
 }
 
 /// A `kubectl get KIND -w -o json` stream feeding [`Seen`].
@@ -102,8 +108,22 @@ impl Watch {
                         if compute_running(&v) {
                             s.pod_running.entry(vmi.to_string()).or_insert(t);
                         }
+                        let ann = &v["metadata"]["annotations"];
+                        let claim =
+                            |key: &str| ann[key].as_str().is_some_and(|a| a.starts_with("claim-"));
+                        if claim("microvirt.io/control-request") {
+                            s.claim_requested.entry(vmi.to_string()).or_insert(t);
+                        }
+                        if claim("microvirt.io/control-result")
+                            && ann["microvirt.io/control-result"]
+                                .as_str()
+                                .is_some_and(|a| a.ends_with(" ok"))
+                        {
+                            s.claim_answered.entry(vmi.to_string()).or_insert(t);
+                        }
                     }
                 } else {
+                    s.vmi_created.entry(name.to_string()).or_insert(t);
                     if v["status"]["phase"] == "Running" {
                         s.vmi_running.entry(name.to_string()).or_insert(t);
                     }
@@ -205,6 +225,17 @@ impl Shape {
             rows.push((
                 format!("{from} -> launcher pod Running"),
                 &self.seen.pod_running,
+            ));
+        }
+        if !self.pods_started {
+            rows.push((format!("{from} -> VMI created"), &self.seen.vmi_created));
+            rows.push((
+                format!("{from} -> pod claimed (patch)"),
+                &self.seen.claim_requested,
+            ));
+            rows.push((
+                format!("{from} -> agent resumed it (answer)"),
+                &self.seen.claim_answered,
             ));
         }
         rows.push((format!("{from} -> VMI Running"), &self.seen.vmi_running));

@@ -336,20 +336,22 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
     let _ = writeln!(
         s,
         "  node memory, {n} idle warm members: {:.0} MiB RSS ({:.0} MiB PSS) launcher+shim+pause, \
-         launchers {:.0} MiB RSS of which guest RAM {:.0} MiB",
+         launchers {:.0} MiB RSS ({:.0} MiB PSS) of which guest RAM {:.0} MiB",
         mib(warm_mem.all_rss),
         mib(warm_mem.all_pss),
         mib(warm_mem.launcher_rss),
+        mib(warm_mem.launcher_pss),
         mib(warm_mem.guest_rss),
         n = warm_mem.launchers,
     );
     let _ = writeln!(
         s,
         "  node memory, {n} running cold VMIs: {:.0} MiB RSS ({:.0} MiB PSS) launcher+shim+pause, \
-         launchers {:.0} MiB RSS of which guest RAM {:.0} MiB",
+         launchers {:.0} MiB RSS ({:.0} MiB PSS) of which guest RAM {:.0} MiB",
         mib(cold_mem.all_rss),
         mib(cold_mem.all_pss),
         mib(cold_mem.launcher_rss),
+        mib(cold_mem.launcher_pss),
         mib(cold_mem.guest_rss),
         n = cold_mem.launchers,
     );
