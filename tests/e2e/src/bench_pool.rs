@@ -11,6 +11,7 @@
 //! (measured by the operator, from its claim to the VMI's Ready) is reported next to it.
 //! Rounds alternate cold and warm, so both see the same machine load.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -49,6 +50,8 @@ impl Default for PoolBenchOptions {
 
 /// How long COUNT VMIs may take to become Ready, or COUNT warm members to restore.
 const SLOW: Duration = Duration::from_secs(600);
+/// Scale-outs by one replica measured after the big one.
+const SINGLES: usize = 5;
 
 fn vmirs_json(name: &str, guest_mib: u32) -> String {
     format!(
@@ -130,7 +133,8 @@ fn wait_warm(k: &Kubectl, ns: &str, name: &str, n: usize) -> Result<Value> {
     })
 }
 
-/// Scales `kind/name` to `n` and measures scale → each new VMI Running and Ready.
+/// Scales `kind/name` to `n` and measures scale → each new VMI Running and Ready (VMIs that
+/// existed before the scale are not counted).
 fn measure_scale(
     k: &Kubectl,
     ns: &str,
@@ -140,6 +144,11 @@ fn measure_scale(
     title: String,
     pods_started: bool,
 ) -> Result<Shape> {
+    let before: Vec<String> = k
+        .list(ns, "vmi", Some(&format!("app={name}")))?
+        .iter()
+        .filter_map(|v| v["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
     let seen = Arc::new(Mutex::new(Seen::default()));
     let epoch = Instant::now();
     let w1 = Watch::start(k, ns, "vmi", epoch, seen.clone())?;
@@ -160,6 +169,7 @@ fn measure_scale(
         Ok((v.len() == n).then(|| {
             v.iter()
                 .filter_map(|v| v["metadata"]["name"].as_str().map(str::to_string))
+                .filter(|n| !before.contains(n))
                 .collect::<Vec<_>>()
         }))
     })?;
@@ -175,6 +185,62 @@ fn measure_scale(
         from: "scale",
         pods_started,
     })
+}
+
+/// Scale-outs by one, `SINGLES` times in a row: the latency of one claim (or one cold start)
+/// without the queueing of many at once. Returns the merged shape.
+fn singles(k: &Kubectl, ns: &str, kind: &str, name: &str, pods_started: bool) -> Result<Shape> {
+    let mut merged: Option<Shape> = None;
+    for i in 1..=SINGLES {
+        let s = measure_scale(k, ns, kind, name, i, String::new(), pods_started)?;
+        match &mut merged {
+            None => merged = Some(s),
+            Some(m) => {
+                m.wall += s.wall;
+                // Each scale has its own epoch: store the intervals relative to a zero start.
+                for (n, t) in &s.starts {
+                    let rel =
+                        |map: &BTreeMap<String, Duration>| map.get(n).map(|x| x.saturating_sub(*t));
+                    m.starts.insert(n.clone(), Duration::ZERO);
+                    for (dst, src) in [
+                        (&mut m.seen.vmi_created, rel(&s.seen.vmi_created)),
+                        (&mut m.seen.claim_requested, rel(&s.seen.claim_requested)),
+                        (&mut m.seen.claim_answered, rel(&s.seen.claim_answered)),
+                        (&mut m.seen.vmi_running, rel(&s.seen.vmi_running)),
+                        (&mut m.seen.vmi_ready, rel(&s.seen.vmi_ready)),
+                        (&mut m.seen.pod_running, rel(&s.seen.pod_running)),
+                    ] {
+                        if let Some(d) = src {
+                            dst.insert(n.clone(), d);
+                        }
+                    }
+                }
+            }
+        }
+        // The first one too: make its intervals relative to zero.
+        if i == 1 {
+            if let Some(m) = &mut merged {
+                let starts = std::mem::take(&mut m.starts);
+                for (n, t) in starts {
+                    for map in [
+                        &mut m.seen.vmi_created,
+                        &mut m.seen.claim_requested,
+                        &mut m.seen.claim_answered,
+                        &mut m.seen.vmi_running,
+                        &mut m.seen.vmi_ready,
+                        &mut m.seen.pod_running,
+                    ] {
+                        if let Some(x) = map.get_mut(&n) {
+                            *x = x.saturating_sub(t);
+                        }
+                    }
+                    m.starts.insert(n, Duration::ZERO);
+                }
+            }
+        }
+        thread::sleep(Duration::from_millis(500));
+    }
+    merged.context("no single scale-out measured")
 }
 
 fn ready_p50(s: &Shape) -> Option<Duration> {
@@ -260,6 +326,12 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
         }
         k.run(&["-n", ns, "scale", "vmirs/cold", "--replicas=0"])?;
         wait_empty(&k, ns)?;
+        let mut cold1 = singles(&k, ns, "vmirs", "cold", true)?;
+        cold1.title = format!(
+            "round {round}: cold VMIRS scaled by 1, {SINGLES} times (0 -> 1 -> ... -> {SINGLES})"
+        );
+        k.run(&["-n", ns, "scale", "vmirs/cold", "--replicas=0"])?;
+        wait_empty(&k, ns)?;
 
         // Warm: a pool with count warm members (captured and restored in the background, not
         // timed); memory of the idle members; scaled 0 -> count; the pool deleted.
@@ -308,6 +380,20 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
             .iter()
             .filter(|v| !v["metadata"]["annotations"]["microvirt.io/claimed-from"].is_null())
             .count();
+        // One claim at a time: back to 0, the warm members refilled, then +1 five times.
+        k.run(&["-n", ns, "scale", "vmpool/warm", "--replicas=0"])?;
+        wait_for("the pool's VMIs gone", SLOW, |last| {
+            let v = k.list(ns, "vmi", Some("app=warm"))?;
+            *last = format!("{} VMIs", v.len());
+            Ok(v.is_empty().then_some(()))
+        })?;
+        wait_warm(&k, ns, "warm", o.count)?;
+        thread::sleep(Duration::from_secs(3));
+        let mut warm1 = singles(&k, ns, "vmpool", "warm", false)?;
+        warm1.title = format!(
+            "round {round}: pool scaled by 1, {SINGLES} times (0 -> 1 -> ... -> {SINGLES})"
+        );
+        let p1 = k.get(ns, "vmpool", "warm")?.context("the pool")?;
         cold.table(&mut tables);
         warm.table(&mut tables);
         let _ = writeln!(
@@ -315,6 +401,22 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
             "  claimed from warm members: {claimed}/{}; operator's claimLatency {}",
             o.count, p["status"]["claimLatency"]
         );
+        cold1.table(&mut tables);
+        warm1.table(&mut tables);
+        let _ = writeln!(
+            tables,
+            "  operator's claimLatency (all {} claims so far) {}",
+            o.count + SINGLES,
+            p1["status"]["claimLatency"]
+        );
+        if let (Some(c), Some(w)) = (ready_p50(&cold1), ready_p50(&warm1)) {
+            summary.push(format!(
+                "round {round}: one at a time, scale -> Ready P50 cold {} / warm {} = {:.1}x",
+                ms(c),
+                ms(w),
+                c.as_secs_f64() / w.as_secs_f64().max(1e-6)
+            ));
+        }
         if let (Some(c), Some(w)) = (ready_p50(&cold), ready_p50(&warm)) {
             summary.push(format!(
                 "round {round}: scale -> Ready P50 cold {} / warm {} = {:.1}x",
