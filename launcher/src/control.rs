@@ -204,12 +204,28 @@ fn reply(w: &mut UnixStream, v: &Value) -> std::io::Result<()> {
 }
 
 fn action(ctx: &Context, a: Action, state: &str) -> Value {
+    // A resume says "running" before the vCPUs go: the first resume of a restored VM records
+    // its boot time while the VMM handles the request, and a `watch` client must not see
+    // "booted" with the old "paused" in between (the node agent would report a pause that
+    // never was). A refused request puts the old state back.
+    let before = if a == Action::Resume {
+        let old = ctx.status.lock().ok().map(|s| s.state.clone());
+        set_state(&ctx.status, state);
+        old
+    } else {
+        None
+    };
     match ctx.controller.request(a) {
         Ok(_) => {
             set_state(&ctx.status, state);
             json!({"ok": true, "state": state})
         }
-        Err(e) => json!({"ok": false, "error": e}),
+        Err(e) => {
+            if let Some(old) = before {
+                set_state(&ctx.status, &old);
+            }
+            json!({"ok": false, "error": e})
+        }
     }
 }
 

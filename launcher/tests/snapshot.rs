@@ -211,8 +211,30 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
         "ran while paused: {}",
         two.context()
     );
+    // What the node agent follows: the watch stream never says "booted" while "paused" (the
+    // resume of a restored VM records its boot time while the request runs; a watcher would
+    // report a pause that never was).
+    let mut watch = std::os::unix::net::UnixStream::connect(&s2).unwrap();
+    std::io::Write::write_all(&mut watch, b"{\"cmd\":\"watch\"}\n").unwrap();
+    watch.set_read_timeout(Some(WAIT)).unwrap();
+    let mut watch = BufReader::new(watch);
     let (out, a) = client(&["resume", "--socket", &s2.display().to_string()]);
     assert!(out.status.success(), "{a}");
+    let mut seen = Vec::new();
+    loop {
+        let mut l = String::new();
+        watch.read_line(&mut l).unwrap();
+        let v: serde_json::Value = serde_json::from_str(l.trim()).unwrap();
+        seen.push(format!("{}/{}", v["state"], v["booted"]));
+        assert!(
+            !(v["state"] == "paused" && v["booted"] == true),
+            "watch said booted while paused: {seen:?}"
+        );
+        if v["state"] == "running" && v["booted"] == true {
+            break;
+        }
+    }
+    drop(watch);
     // A snapshot of the restored VM (its RAM maps the snapshot's file: the VMM thread asks
     // `mincore` which pages it wrote), under the launcher's seccomp filters, then on.
     let snap2 = t.path("snap2");
