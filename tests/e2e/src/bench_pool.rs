@@ -4,8 +4,8 @@
 //! run on one node; and the node memory of COUNT idle warm members against COUNT running cold
 //! VMIs.
 //!
-//! Intervals run from the `kubectl scale` (as the client saw it return) to the first watch
-//! event showing each VMI Running and Ready, as in [`crate::bench`]. A cold replica pays for a
+//! Intervals run from the scale (a PUT of the scale subresource, as an autoscaler writes it)
+//! to the first watch event showing each VMI Running and Ready, as in [`crate::bench`]. A cold replica pays for a
 //! pod start and a guest boot; a claimed one for the claim's API writes, the node agent's
 //! control call and the VMI status (docs/pools.md). The pool's own `status.claimLatency`
 //! (measured by the operator, from its claim to the VMI's Ready) is reported next to it.
@@ -50,6 +50,9 @@ impl Default for PoolBenchOptions {
 
 /// How long COUNT VMIs may take to become Ready, or COUNT warm members to restore.
 const SLOW: Duration = Duration::from_secs(600);
+/// Resource names (plural) of the two kinds compared.
+const RS: &str = "virtualmachineinstancereplicasets";
+const POOLS: &str = "virtualmachinepools";
 /// Scale-outs by one replica measured after the big one.
 const SINGLES: usize = 5;
 
@@ -136,12 +139,12 @@ fn wait_warm(k: &Kubectl, ns: &str, name: &str, n: usize) -> Result<Value> {
 /// Scales `kind/name` to `n` and measures scale → each new VMI Running and Ready (VMIs that
 /// existed before the scale are not counted).
 fn measure_scale(
+    rc: &RealCluster,
     k: &Kubectl,
     ns: &str,
-    kind: &str,
+    plural: &str,
     name: &str,
     n: usize,
-    title: String,
     pods_started: bool,
 ) -> Result<Shape> {
     let before: Vec<String> = k
@@ -153,16 +156,29 @@ fn measure_scale(
     let epoch = Instant::now();
     let w1 = Watch::start(k, ns, "vmi", epoch, seen.clone())?;
     let w2 = Watch::start(k, ns, "pod", epoch, seen.clone())?;
+    // The scale subresource, written the way an autoscaler does (no kubectl start-up in the
+    // interval): read it, then PUT it with the new replica count.
+    let path = format!("/apis/microvirt.io/v1alpha1/namespaces/{ns}/{plural}/{name}/scale");
+    let r = rc.control_plane().request("GET", &path, None)?;
+    ensure!(
+        r.status == 200,
+        "reading {path}: HTTP {} {}",
+        r.status,
+        r.body
+    );
+    let mut scale: Value = serde_json::from_str(&r.body).context("the Scale object")?;
+    scale["spec"]["replicas"] = n.into();
+    let body = scale.to_string();
     thread::sleep(Duration::from_secs(1));
     let t0 = Instant::now();
     let scaled_at = epoch.elapsed();
-    k.run(&[
-        "-n",
-        ns,
-        "scale",
-        &format!("{kind}/{name}"),
-        &format!("--replicas={n}"),
-    ])?;
+    let r = rc.control_plane().request("PUT", &path, Some(&body))?;
+    ensure!(
+        r.status == 200,
+        "scaling {name}: HTTP {} {}",
+        r.status,
+        r.body
+    );
     let names = wait_for(&format!("{n} VMIs of {name}"), SLOW, |last| {
         let v = k.list(ns, "vmi", Some(&format!("app={name}")))?;
         *last = format!("{} VMIs", v.len());
@@ -178,7 +194,7 @@ fn measure_scale(
     drop((w1, w2));
     let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(Shape {
-        title,
+        title: String::new(),
         starts: names.iter().map(|n| (n.clone(), scaled_at)).collect(),
         seen,
         wall,
@@ -189,10 +205,17 @@ fn measure_scale(
 
 /// Scale-outs by one, `SINGLES` times in a row: the latency of one claim (or one cold start)
 /// without the queueing of many at once. Returns the merged shape.
-fn singles(k: &Kubectl, ns: &str, kind: &str, name: &str, pods_started: bool) -> Result<Shape> {
+fn singles(
+    rc: &RealCluster,
+    k: &Kubectl,
+    ns: &str,
+    plural: &str,
+    name: &str,
+    pods_started: bool,
+) -> Result<Shape> {
     let mut merged: Option<Shape> = None;
     for i in 1..=SINGLES {
-        let s = measure_scale(k, ns, kind, name, i, String::new(), pods_started)?;
+        let s = measure_scale(rc, k, ns, plural, name, i, pods_started)?;
         match &mut merged {
             None => merged = Some(s),
             Some(m) => {
@@ -306,15 +329,8 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
     let mut summary = Vec::new();
     for round in 1..=o.rounds {
         // Cold: a VMIRS scaled 0 -> count; memory of the running VMIs; back to 0.
-        let cold = measure_scale(
-            &k,
-            ns,
-            "vmirs",
-            "cold",
-            o.count,
-            format!("round {round}: cold VMIRS scaled 0 -> {}", o.count),
-            true,
-        )?;
+        let mut cold = measure_scale(rc, &k, ns, RS, "cold", o.count, true)?;
+        cold.title = format!("round {round}: cold VMIRS scaled 0 -> {}", o.count);
         thread::sleep(Duration::from_secs(3));
         if round == 1 {
             cold_mem = memory_report(
@@ -326,7 +342,7 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
         }
         k.run(&["-n", ns, "scale", "vmirs/cold", "--replicas=0"])?;
         wait_empty(&k, ns)?;
-        let mut cold1 = singles(&k, ns, "vmirs", "cold", true)?;
+        let mut cold1 = singles(rc, &k, ns, RS, "cold", true)?;
         cold1.title = format!(
             "round {round}: cold VMIRS scaled by 1, {SINGLES} times (0 -> 1 -> ... -> {SINGLES})"
         );
@@ -335,7 +351,7 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
 
         // Warm: a pool with count warm members (captured and restored in the background, not
         // timed); memory of the idle members; scaled 0 -> count; the pool deleted.
-        create(rc, ns, "virtualmachinepools", &pool_json("warm", o))?;
+        create(rc, ns, POOLS, &pool_json("warm", o))?;
         let t = Instant::now();
         let p = wait_warm(&k, ns, "warm", o.count)?;
         let _ = writeln!(
@@ -362,18 +378,11 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
                 &mut memory,
             )?;
         }
-        let warm = measure_scale(
-            &k,
-            ns,
-            "vmpool",
-            "warm",
-            o.count,
-            format!(
-                "round {round}: pool with {n} warm members scaled 0 -> {n}",
-                n = o.count
-            ),
-            false,
-        )?;
+        let mut warm = measure_scale(rc, &k, ns, POOLS, "warm", o.count, false)?;
+        warm.title = format!(
+            "round {round}: pool with {n} warm members scaled 0 -> {n}",
+            n = o.count
+        );
         let p = k.get(ns, "vmpool", "warm")?.context("the pool")?;
         let claimed = k
             .list(ns, "vmi", Some("app=warm"))?
@@ -389,7 +398,7 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
         })?;
         wait_warm(&k, ns, "warm", o.count)?;
         thread::sleep(Duration::from_secs(3));
-        let mut warm1 = singles(&k, ns, "vmpool", "warm", false)?;
+        let mut warm1 = singles(rc, &k, ns, POOLS, "warm", false)?;
         warm1.title = format!(
             "round {round}: pool scaled by 1, {SINGLES} times (0 -> 1 -> ... -> {SINGLES})"
         );
