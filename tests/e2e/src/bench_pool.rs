@@ -157,28 +157,38 @@ fn measure_scale(
     let w1 = Watch::start(k, ns, "vmi", epoch, seen.clone())?;
     let w2 = Watch::start(k, ns, "pod", epoch, seen.clone())?;
     // The scale subresource, written the way an autoscaler does (no kubectl start-up in the
-    // interval): read it, then PUT it with the new replica count.
+    // interval): read it, then PUT it with the new replica count (again with a fresh read if
+    // a controller's status write got in between: the interval starts at the first PUT).
     let path = format!("/apis/microvirt.io/v1alpha1/namespaces/{ns}/{plural}/{name}/scale");
-    let r = rc.control_plane().request("GET", &path, None)?;
-    ensure!(
-        r.status == 200,
-        "reading {path}: HTTP {} {}",
-        r.status,
-        r.body
-    );
-    let mut scale: Value = serde_json::from_str(&r.body).context("the Scale object")?;
-    scale["spec"]["replicas"] = n.into();
-    let body = scale.to_string();
+    let scale_body = || -> Result<String> {
+        let r = rc.control_plane().request("GET", &path, None)?;
+        ensure!(
+            r.status == 200,
+            "reading {path}: HTTP {} {}",
+            r.status,
+            r.body
+        );
+        let mut scale: Value = serde_json::from_str(&r.body).context("the Scale object")?;
+        scale["spec"]["replicas"] = n.into();
+        Ok(scale.to_string())
+    };
+    let mut body = scale_body()?;
     thread::sleep(Duration::from_secs(1));
     let t0 = Instant::now();
     let scaled_at = epoch.elapsed();
-    let r = rc.control_plane().request("PUT", &path, Some(&body))?;
-    ensure!(
-        r.status == 200,
-        "scaling {name}: HTTP {} {}",
-        r.status,
-        r.body
-    );
+    for attempt in 1.. {
+        let r = rc.control_plane().request("PUT", &path, Some(&body))?;
+        if r.status == 200 {
+            break;
+        }
+        ensure!(
+            r.status == 409 && attempt < 20,
+            "scaling {name}: HTTP {} {}",
+            r.status,
+            r.body
+        );
+        body = scale_body()?;
+    }
     let names = wait_for(&format!("{n} VMIs of {name}"), SLOW, |last| {
         let v = k.list(ns, "vmi", Some(&format!("app={name}")))?;
         *last = format!("{} VMIs", v.len());
