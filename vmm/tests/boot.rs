@@ -65,17 +65,20 @@ fn bzimage_kernel() {
     check_basic(&r, "linux64", 128, 2);
 }
 
-fn initrd_file(name: &str, len: usize) -> (std::path::PathBuf, String) {
+/// An initrd of `len` bytes in its own directory (the guard), its path and what the guest
+/// reports for it.
+fn initrd_file(name: &str, len: usize) -> (TmpDir, std::path::PathBuf, String) {
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
     let sum = data.iter().fold(0u32, |a, b| a.wrapping_add(u32::from(*b)));
-    let p = tmp(name).join("initrd.img");
+    let dir = tmp(name);
+    let p = dir.join("initrd.img");
     std::fs::write(&p, &data).unwrap();
-    (p, format!("{len} bytes sum={sum:08x}"))
+    (dir, p, format!("{len} bytes sum={sum:08x}"))
 }
 
 #[test]
 fn initrd_reaches_the_guest_both_protocols() {
-    let (p, expect) = initrd_file("initrd", 300_001);
+    let (_dir, p, expect) = initrd_file("initrd", 300_001);
     for (kernel, entry) in [(&guest().pvh, "pvh"), (&guest().linux64, "linux64")] {
         let r = boot(kernel, &["--initrd", p.to_str().unwrap()]);
         check_basic(&r, entry, 128, 1);
@@ -85,8 +88,8 @@ fn initrd_reaches_the_guest_both_protocols() {
 
 #[test]
 fn json_config_file() {
-    let (initrd, expect) = initrd_file("json", 4096);
-    let cfg = tmp("json").join("vm.json");
+    let (dir, initrd, expect) = initrd_file("json", 4096);
+    let cfg = dir.join("vm.json");
     let json = serde_json::json!({
         "kernel": guest().pvh, "initrd": initrd, "mem_mib": 64, "vcpus": 2, "cmdline": "from=json"
     });
@@ -206,7 +209,8 @@ fn second_signal_stops_a_guest_that_ignores_the_first() {
 fn serial_on_a_unix_socket() {
     use std::io::{BufRead, BufReader};
     use std::os::unix::net::UnixStream;
-    let sock = tmp("sock").join("console.sock");
+    let dir = tmp("sock");
+    let sock = dir.join("console.sock");
     let mut child = spawn(&[
         "--kernel",
         guest().pvh.to_str().unwrap(),
