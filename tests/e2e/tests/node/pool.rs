@@ -148,6 +148,22 @@ fn scale(env: &Env, ns: &str, pool_name: &str, n: u32) -> Result<()> {
     Ok(())
 }
 
+/// Sets the pool's `spec.paused`.
+fn set_paused(env: &Env, ns: &str, pool_name: &str, paused: bool) -> Result<()> {
+    let patch = format!(r#"{{"spec":{{"paused":{paused}}}}}"#);
+    env.k.run(&[
+        "-n",
+        ns,
+        "patch",
+        "vmpool",
+        pool_name,
+        "--type=merge",
+        "-p",
+        &patch,
+    ])?;
+    Ok(())
+}
+
 /// The `n=` counts of the `tick` lines in a console text.
 fn ticks(text: &str) -> Vec<u64> {
     text.lines()
@@ -342,16 +358,7 @@ pub(super) fn pool_paused_and_template_change(env: &Env) -> Result<()> {
 
         // Paused: a scale-out claims nothing and creates nothing; a dead member is not
         // replaced.
-        env.k.run(&[
-            "-n",
-            ns,
-            "patch",
-            "vmpool",
-            "roll",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"paused":true}}"#,
-        ])?;
+        set_paused(env, ns, "roll", true)?;
         wait_for("the ReplicaPaused condition", POOL_WAIT, |last| {
             let p = pool(env, ns, "roll")?;
             *last = p["status"].to_string();
@@ -377,16 +384,7 @@ pub(super) fn pool_paused_and_template_change(env: &Env) -> Result<()> {
 
         // Unpaused: the replicas are claimed (one from the remaining member), the pool
         // refills.
-        env.k.run(&[
-            "-n",
-            ns,
-            "patch",
-            "vmpool",
-            "roll",
-            "--type=merge",
-            "-p",
-            r#"{"spec":{"paused":false}}"#,
-        ])?;
+        set_paused(env, ns, "roll", false)?;
         let replicas = wait_pool_vmis(env, ns, "roll", 2)?;
         let replica_uids: BTreeSet<String> = replicas.iter().map(uid).collect();
         ensure!(
