@@ -414,11 +414,21 @@ pub(super) fn pool_paused_and_template_change(env: &Env) -> Result<()> {
             second[..second.len() - 2] != first[..first.len() - 2] && second.ends_with("-1"),
             "the new snapshot {second} is not a new template's first attempt (old {first})"
         );
-        let pods: BTreeSet<String> = all_pods(env, ns)?.iter().map(uid).collect();
-        ensure!(
-            pods.is_disjoint(&old_warm),
-            "old warm members left after the roll"
-        );
+        // The old members are deleted; they may still be terminating (grace period) when the
+        // new ones are Ready.
+        wait_for(
+            "the old warm members gone after the roll",
+            POOL_WAIT,
+            |last| {
+                let left: Vec<String> = all_pods(env, ns)?
+                    .iter()
+                    .filter(|p| old_warm.contains(&uid(p)))
+                    .map(name)
+                    .collect();
+                *last = format!("left: {left:?}");
+                Ok(left.is_empty().then_some(()))
+            },
+        )?;
         let vs = wait_pool_vmis(env, ns, "roll", 2)?;
         ensure!(
             vs.iter().map(uid).collect::<BTreeSet<_>>() == replica_uids,
