@@ -37,6 +37,8 @@ pub const MAX_RESTORE_FAILURES: i32 = 3;
 const BACKOFF_MIN: Duration = Duration::from_secs(10);
 /// Longest back-off.
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// The resolution of a pod condition's `lastTransitionTime`.
+const CONDITION_TIME_GRANULARITY: Duration = Duration::from_secs(1);
 /// How long the node agent may take to answer a snapshot request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -464,7 +466,12 @@ fn capturing(inp: &SnapshotInputs, cur: &PoolSnapshot, out: &mut SnapshotStep) {
     }
     match ready_since(b) {
         Some(since) => {
-            let booted_for = Duration::try_from(now.duration_since(since)).unwrap_or_default();
+            // Condition times are whole seconds (RFC 3339 without a fraction): the pod may have
+            // turned Ready up to a second after `since`. Counting from the end of that second
+            // never asks early; at worst it asks up to a second late.
+            let booted_for = Duration::try_from(now.duration_since(since))
+                .unwrap_or_default()
+                .saturating_sub(CONDITION_TIME_GRANULARITY);
             if booted_for >= inp.after_boot {
                 out.request = Some((builder_name, req_id));
             } else {
@@ -597,13 +604,17 @@ mod tests {
         assert!(s.request.is_none());
         assert_eq!(s.snapshot.as_ref().unwrap().node.as_deref(), Some("n1"));
 
-        // Booted 1 s ago: wait another second.
+        // Ready since second 9 (at any time within it): at second 10 it may have been
+        // Ready for only a moment, wait 2 s more; at second 11, 1 s more.
         let b = builder(Some(9), &[]);
         let s = step(&inputs(Some(&snap), Some(&b), 10));
         assert!(s.request.is_none());
-        assert_eq!(s.requeue, Some(Duration::from_secs(1)));
-        // Booted 2 s ago: request it.
+        assert_eq!(s.requeue, Some(Duration::from_secs(2)));
         let s = step(&inputs(Some(&snap), Some(&b), 11));
+        assert!(s.request.is_none());
+        assert_eq!(s.requeue, Some(Duration::from_secs(1)));
+        // Ready for at least 2 s: request it.
+        let s = step(&inputs(Some(&snap), Some(&b), 12));
         assert_eq!(
             s.request,
             Some((
