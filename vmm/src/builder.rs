@@ -1029,13 +1029,16 @@ impl Vmm {
             .machine
             .raise_pending_interrupts();
         written_overlays.0.clear();
+        log::info!(
+            "restored a snapshot taken {} ms ago; the guest's clocks advanced by that",
+            elapsed_ns / 1_000_000
+        );
         log::debug!(
-            "restored VM from {}: {} vCPU(s), {} MiB (2 MiB aligned: {}), clocks advanced by {} ms; {phases}",
+            "restored VM from {}: {} vCPU(s), {} MiB (2 MiB aligned: {}); {phases}",
             rc.dir.display(),
             st.machine.vcpus,
             st.machine.mem_mib,
             memory::huge_page_aligned(&mem),
-            elapsed_ns / 1_000_000
         );
         Ok(Vmm {
             restored: true,

@@ -17,6 +17,7 @@ pub mod net;
 pub mod netserve;
 pub mod packet;
 pub mod parse;
+pub mod pvclock;
 pub mod rng;
 pub mod serial;
 pub mod slowdisk;

@@ -187,9 +187,9 @@ fn setup_timer() -> bool {
         let idt = &mut *core::ptr::addr_of_mut!(IDT);
         for (v, g) in idt.0.iter_mut().enumerate() {
             *g = Gate::to(if v < 32 {
-                ticker_fault as usize as u64
+                ticker_fault as *const () as usize as u64
             } else {
-                ticker_irq as usize as u64
+                ticker_irq as *const () as usize as u64
             });
         }
         let base = idt as *const Idt as u64;
@@ -232,10 +232,11 @@ pub fn run(bi: &BootInfo) -> ! {
     let boot_id = seed();
     let mut rng = boot_id;
     println!(
-        "ticker: boot-id={:016x} period-ms={} timer={}",
+        "ticker: boot-id={:016x} period-ms={} timer={} tsc-khz={}",
         boot_id,
         period_ms,
-        if timer { "tsc-deadline" } else { "spin" }
+        if timer { "tsc-deadline" } else { "spin" },
+        per_ms
     );
     let period = period_ms * per_ms;
     let start = rdtsc();
