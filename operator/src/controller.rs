@@ -30,6 +30,7 @@ use crate::pool::PoolState;
 use crate::preset::PresetError;
 use crate::replicaset::VmiRef;
 
+pub mod fanout;
 pub mod pool;
 pub mod vm;
 pub mod vmi;
@@ -265,41 +266,39 @@ pub async fn run(
     let preset_api: Api<VirtualMachineInstancePreset> = api(&client, ns);
     let pool_api: Api<VirtualMachinePool> = api(&client, ns);
 
-    // Shared caches.
+    // Shared caches. Pods and VMIs are watched once each; the watch fills the cache and then
+    // triggers the controllers that read it (controller/fanout.rs), so none of them runs on a
+    // cache older than the event that woke it.
     let (pods, pod_writer) = reflector::store();
-    let pod_stream = watcher(
-        pod_api,
-        watcher::Config::default().labels(&format!("{LABEL_APP}={APP_NAME}")),
-    )
-    .backoff(WatchBackoff::new())
-    .reflect(pod_writer)
-    .touched_objects();
+    let (pod_watch, mut pod_triggers) = fanout::fan_out(
+        watcher(
+            pod_api,
+            watcher::Config::default().labels(&format!("{LABEL_APP}={APP_NAME}")),
+        )
+        .backoff(WatchBackoff::new())
+        .reflect(pod_writer),
+        2,
+        "launcher pods",
+    );
+    let (pods_for_vmi, pods_for_pool) = (pod_triggers.remove(0), pod_triggers.remove(0));
     let (presets, preset_writer) = reflector::store();
     let preset_stream = watcher(preset_api, watcher::Config::default())
         .backoff(WatchBackoff::new())
         .reflect(preset_writer)
         .touched_objects();
     let (vmis, vmi_writer) = reflector::store();
-    let vmi_stream_for_rs = watcher(vmi_api.clone(), watcher::Config::default())
-        .backoff(WatchBackoff::new())
-        .reflect(vmi_writer)
-        .touched_objects();
-    // The VM controller gets its own VMI watch (a stream feeds one controller only).
-    let vmi_stream_for_vm = watcher(vmi_api.clone(), watcher::Config::default())
-        .backoff(WatchBackoff::new())
-        .touched_objects();
-
-    // The pool controller: its own VMI watch (owned VMIs), its members' pods (by label) and
-    // the nodes its snapshots live on.
-    let vmi_stream_for_pool = watcher(vmi_api.clone(), watcher::Config::default())
-        .backoff(WatchBackoff::new())
-        .touched_objects();
-    let pool_pod_stream = watcher(
-        api::<Pod>(&client, ns),
-        watcher::Config::default().labels(microvirt_crds::pool::LABEL_POOL),
-    )
-    .backoff(WatchBackoff::new())
-    .touched_objects();
+    let (vmi_watch, mut vmi_triggers) = fanout::fan_out(
+        watcher(vmi_api.clone(), watcher::Config::default())
+            .backoff(WatchBackoff::new())
+            .reflect(vmi_writer),
+        3,
+        "VMIs",
+    );
+    let (vmis_for_rs, vmis_for_vm, vmis_for_pool) = (
+        vmi_triggers.remove(0),
+        vmi_triggers.remove(0),
+        vmi_triggers.remove(0),
+    );
     let (nodes, node_writer) = reflector::store();
     let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .backoff(WatchBackoff::new())
@@ -326,9 +325,11 @@ pub async fn run(
 
     // Presets only feed the cache.
     let preset_task = tokio::spawn(preset_stream.for_each(|_| future::ready(())));
+    let pod_task = tokio::spawn(pod_watch);
+    let vmi_task = tokio::spawn(vmi_watch);
 
     let vmi_ctrl = Controller::new(vmi_api, watcher::Config::default())
-        .owns_stream(pod_stream)
+        .owns_stream(pods_for_vmi)
         .trigger_backoff(WatchBackoff::new())
         .graceful_shutdown_on(shutdown.clone())
         .run(
@@ -346,7 +347,7 @@ pub async fn run(
             future::ready(())
         });
     let rs_ctrl = Controller::new(rs_api, watcher::Config::default())
-        .owns_stream(vmi_stream_for_rs)
+        .owns_stream(vmis_for_rs)
         .trigger_backoff(WatchBackoff::new())
         .graceful_shutdown_on(shutdown.clone())
         .run(
@@ -364,7 +365,7 @@ pub async fn run(
             future::ready(())
         });
     let vm_ctrl = Controller::new(vm_api, watcher::Config::default())
-        .owns_stream(vmi_stream_for_vm)
+        .owns_stream(vmis_for_vm)
         .trigger_backoff(WatchBackoff::new())
         .graceful_shutdown_on(shutdown.clone())
         .run(
@@ -390,8 +391,8 @@ pub async fn run(
             .touched_objects(),
         pools,
     )
-    .owns_stream(vmi_stream_for_pool)
-    .watches_stream(pool_pod_stream, |pod: Pod| pool::pool_of_pod(&pod))
+    .owns_stream(vmis_for_pool)
+    .watches_stream(pods_for_pool, |pod: Pod| pool::pool_of_pod(&pod))
     .watches_stream(node_stream, move |node: Node| {
         let name = node.name_any();
         pools_by_node
@@ -449,6 +450,8 @@ pub async fn run(
     }
     readiness.abort();
     preset_task.abort();
+    pod_task.abort();
+    vmi_task.abort();
     ready.store(false, Ordering::SeqCst);
 }
 
