@@ -52,6 +52,8 @@ impl Default for BenchOptions {
 /// Times (since the benchmark's epoch) at which each VMI (by name) was first seen in a state.
 #[derive(Default, Debug)]
 pub(crate) struct Seen {
+    /// The scale request's answer (the same for every VMI of one scale).
+    pub(crate) scale_answered: BTreeMap<String, Duration>,
     pub(crate) pod_running: BTreeMap<String, Duration>,
     pub(crate) vmi_running: BTreeMap<String, Duration>,
     pub(crate) vmi_ready: BTreeMap<String, Duration>,
@@ -225,6 +227,12 @@ impl Shape {
             rows.push((
                 format!("{from} -> launcher pod Running"),
                 &self.seen.pod_running,
+            ));
+        }
+        if !self.seen.scale_answered.is_empty() {
+            rows.push((
+                format!("{from} -> its PUT answered"),
+                &self.seen.scale_answered,
             ));
         }
         if !self.pods_started {

@@ -14,7 +14,7 @@ use base64::Engine as _;
 
 use crate::binaries::{ensure_binaries, Binaries, BinariesError};
 use crate::certs::{self, CertError};
-use crate::http::{plain_get, ApiClient, HttpError, Response};
+use crate::http::{plain_get, ApiClient, Connected, HttpError, Response};
 use crate::process::{free_port, log_tail, random_hex, signal, stop_child};
 
 /// Errors starting or driving a [`Cluster`].
@@ -445,6 +445,16 @@ impl Cluster {
             .as_ref()
             .ok_or(HttpError::Malformed("cluster not started"))?;
         Ok(client.request(method, path, body, REQUEST_TIMEOUT)?)
+    }
+
+    /// A connection to the API server with its TLS handshake done, for timing one request
+    /// without the connection set-up ([`Connected::request`]).
+    pub fn connect(&self) -> Result<Connected, ClusterError> {
+        let client = self
+            .client
+            .as_ref()
+            .ok_or(HttpError::Malformed("cluster not started"))?;
+        Ok(client.connect(REQUEST_TIMEOUT)?)
     }
 
     fn log(&self, what: &str) -> PathBuf {

@@ -84,6 +84,47 @@ impl ApiClient {
     }
 }
 
+/// A TLS connection to the API server whose handshake is done: the next request costs one
+/// round trip, as it does for a client that keeps its connection (an autoscaler).
+pub struct Connected {
+    tls: StreamOwned<ClientConnection, TcpStream>,
+    token: String,
+}
+
+impl ApiClient {
+    /// Connects and completes the TLS handshake now.
+    pub(crate) fn connect(&self, timeout: Duration) -> Result<Connected, HttpError> {
+        let tcp = connect(self.addr, timeout)?;
+        let conn = ClientConnection::new(
+            self.config.clone(),
+            ServerName::IpAddress(self.addr.ip().into()),
+        )?;
+        let mut tls = StreamOwned::new(conn, tcp);
+        while tls.conn.is_handshaking() {
+            tls.conn
+                .complete_io(&mut tls.sock)
+                .map_err(io_err("TLS handshake"))?;
+        }
+        Ok(Connected {
+            tls,
+            token: self.token.clone(),
+        })
+    }
+}
+
+impl Connected {
+    /// Sends one request on the connection (which then closes); `body` is JSON when given.
+    pub fn request(
+        mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<Response, HttpError> {
+        let auth = format!("Authorization: Bearer {}\r\n", self.token);
+        exchange(&mut self.tls, method, path, &auth, body)
+    }
+}
+
 fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, HttpError> {
     let tcp = TcpStream::connect_timeout(&addr, timeout).map_err(io_err("connecting"))?;
     tcp.set_read_timeout(Some(timeout))

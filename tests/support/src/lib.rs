@@ -92,6 +92,6 @@ pub use binaries::{
 };
 pub use certs::CertError;
 pub use cluster::{Cluster, ClusterError, ClusterOptions, FrozenApiserver};
-pub use http::{HttpError, Response};
+pub use http::{Connected, HttpError, Response};
 pub use node::{Node, NodeError, NodeOptions};
 pub use real::{RealCluster, RealClusterError, RealClusterOptions};
