@@ -156,9 +156,11 @@ fn measure_scale(
     let epoch = Instant::now();
     let w1 = Watch::start(k, ns, "vmi", epoch, seen.clone())?;
     let w2 = Watch::start(k, ns, "pod", epoch, seen.clone())?;
-    // The scale subresource, written the way an autoscaler does (no kubectl start-up in the
-    // interval): read it, then PUT it with the new replica count (again with a fresh read if
-    // a controller's status write got in between: the interval starts at the first PUT).
+    // The scale subresource (no kubectl start-up in the interval): read it, then PUT it with
+    // the new replica count and without its resourceVersion, as `kubectl scale` writes it. With
+    // the resourceVersion (an HPA's update) a pool status write in between — the refill of the
+    // previous claim — answers 409, and the read and write again doubled the interval (+~100 ms
+    // here): that measured the client's retry, not the claim.
     let path = format!("/apis/microvirt.io/v1alpha1/namespaces/{ns}/{plural}/{name}/scale");
     let scale_body = || -> Result<String> {
         let r = rc.control_plane().request("GET", &path, None)?;
@@ -170,6 +172,9 @@ fn measure_scale(
         );
         let mut scale: Value = serde_json::from_str(&r.body).context("the Scale object")?;
         scale["spec"]["replicas"] = n.into();
+        if let Some(m) = scale["metadata"].as_object_mut() {
+            m.remove("resourceVersion");
+        }
         Ok(scale.to_string())
     };
     let mut body = scale_body()?;

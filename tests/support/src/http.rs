@@ -127,6 +127,10 @@ impl Connected {
 
 fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, HttpError> {
     let tcp = TcpStream::connect_timeout(&addr, timeout).map_err(io_err("connecting"))?;
+    // Without it the request's second TCP segment waited for the API server's delayed ACK:
+    // every request took 43 ms instead of 1.5–2 ms (a configmap PUT on a quiet control plane).
+    tcp.set_nodelay(true)
+        .map_err(io_err("setting TCP_NODELAY"))?;
     tcp.set_read_timeout(Some(timeout))
         .map_err(io_err("setting timeout"))?;
     tcp.set_write_timeout(Some(timeout))
