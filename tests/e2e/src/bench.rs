@@ -357,6 +357,13 @@ fn pids() -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// Whether `pid` is a readiness probe (`virt-launcher probe ...`, exec'd by the kubelet for a
+/// moment), not a launcher.
+fn is_probe(pid: u32) -> bool {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).nth(1) == Some(b"probe".as_slice()))
+}
+
 /// Parent pid from /proc/PID/stat.
 fn ppid(pid: u32) -> Option<u32> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -401,7 +408,7 @@ pub(crate) fn memory_report(
     let launchers: Vec<u32> = all
         .iter()
         .copied()
-        .filter(|p| exe_name(*p) == "virt-launcher" && in_node_pods(*p))
+        .filter(|p| exe_name(*p) == "virt-launcher" && in_node_pods(*p) && !is_probe(*p))
         .collect();
     ensure!(!launchers.is_empty(), "no virt-launcher processes found");
     if let Some(n) = expect {
