@@ -37,6 +37,8 @@ use crate::replicaset::VmiRef;
 pub const FINALIZER: &str = "microvirt.io/pool-members";
 /// Most writes of one kind in flight at once (claims, creates).
 const PARALLEL_WRITES: usize = 32;
+/// Longest a refill waits for the pool's claims in flight.
+const REFILL_HOLD: Duration = Duration::from_secs(1);
 
 /// Reconcile one pool.
 pub async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -164,6 +166,30 @@ async fn apply(
         now: Timestamp::now(),
     });
 
+    // Claims first: the refill's new pods would compete with the claimed members' resume for
+    // the node's CPU (pod sandbox, network, container start), so they wait until this pool's
+    // claims in flight are Ready — a VMI turning Ready wakes the pool — or REFILL_HOLD passed.
+    let mut steps = p.steps.clone();
+    let mut requeue = p.requeue;
+    let claiming = steps
+        .iter()
+        .any(|s| matches!(s, Step::Claim(..) | Step::FinishClaim(..)));
+    let hold = if claiming {
+        Some(REFILL_HOLD)
+    } else {
+        ctx.pool
+            .latency
+            .oldest_in_flight(&ns, &name)
+            .map(|t| REFILL_HOLD.saturating_sub(t.elapsed()))
+            .filter(|d| !d.is_zero())
+    };
+    if let Some(h) = hold {
+        if steps.iter().any(|s| matches!(s, Step::CreateWarm(_))) {
+            steps.retain(|s| !matches!(s, Step::CreateWarm(_)));
+            requeue = Some(requeue.map_or(h, |r| r.min(h)));
+        }
+    }
+
     let run = Run {
         ctx,
         pool: &pool,
@@ -174,7 +200,7 @@ async fn apply(
         pods: &pods,
         vmis: &vmis,
     };
-    let failure = run.execute(&p.steps).await?;
+    let failure = run.execute(&steps).await?;
     set_failure(ctx, &uid, failure);
 
     for n in &p.notes {
@@ -215,7 +241,7 @@ async fn apply(
         .await?;
     }
     Ok(Action::requeue(
-        p.requeue
+        requeue
             .unwrap_or(Duration::from_secs(300))
             .max(Duration::from_millis(100)),
     ))

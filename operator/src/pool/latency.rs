@@ -50,6 +50,17 @@ impl LatencyTracker {
         Some(took)
     }
 
+    /// When the oldest claim of pool `ns/pool` whose VMI is not Ready yet started.
+    pub fn oldest_in_flight(&self, ns: &str, pool: &str) -> Option<Instant> {
+        let g = self.inner.lock().ok()?;
+        let key = format!("{ns}/{pool}");
+        g.started
+            .values()
+            .filter(|(p, _)| *p == key)
+            .map(|(_, t)| *t)
+            .min()
+    }
+
     /// The figures for pool `ns/pool` (None before its first claim).
     pub fn summary(&self, ns: &str, pool: &str) -> Option<ClaimLatency> {
         let g = self.inner.lock().ok()?;
@@ -118,6 +129,26 @@ mod tests {
         assert!(t.summary("ns", "other").is_none());
         t.forget_pool("ns", "p");
         assert!(t.summary("ns", "p").is_none());
+    }
+
+    #[test]
+    fn the_oldest_claim_in_flight_is_per_pool_and_ends_with_ready() {
+        let t = LatencyTracker::default();
+        let t0 = Instant::now();
+        assert_eq!(t.oldest_in_flight("ns", "p"), None);
+        t.claim_started("ns", "p", "a", t0 + Duration::from_millis(5));
+        t.claim_started("ns", "p", "b", t0);
+        t.claim_started("ns", "q", "c", t0);
+        t.claim_started("other", "p", "d", t0);
+        assert_eq!(t.oldest_in_flight("ns", "p"), Some(t0));
+        t.ready("ns", "b", t0 + Duration::from_millis(7));
+        assert_eq!(
+            t.oldest_in_flight("ns", "p"),
+            Some(t0 + Duration::from_millis(5))
+        );
+        t.ready("ns", "a", t0 + Duration::from_millis(9));
+        assert_eq!(t.oldest_in_flight("ns", "p"), None);
+        assert_eq!(t.oldest_in_flight("ns", "q"), Some(t0));
     }
 
     #[test]
