@@ -50,6 +50,37 @@ pub fn rdtsc() -> u64 {
     (u64::from(hi) << 32) | u64::from(lo)
 }
 
+/// CPUID `leaf` (sub-leaf 0) as EAX, EBX, ECX, EDX.
+pub fn cpuid(leaf: u32) -> [u32; 4] {
+    let (a, c, d): (u32, u32, u32);
+    let b: u64;
+    // SAFETY: CPUID has no side effects (a leaf above the maximum returns another leaf's data,
+    // which callers check); rbx is saved and restored around it (LLVM reserves it).
+    unsafe {
+        asm!(
+            "mov {tmp:r}, rbx",
+            "cpuid",
+            "xchg {tmp:r}, rbx",
+            tmp = out(reg) b,
+            inout("eax") leaf => a,
+            inout("ecx") 0u32 => c,
+            out("edx") d,
+            options(nostack, preserves_flags)
+        );
+    }
+    [a, b as u32, c, d]
+}
+
+/// Writes model-specific register `msr`. Callers only write MSRs the CPU (CPUID) offers, with
+/// values whose effects they own (a timer deadline, the kvm-clock area).
+pub fn wrmsr(msr: u32, v: u64) {
+    // SAFETY: WRMSR changes no memory Rust knows of; an MSR the CPU lacks raises #GP, which
+    // the callers rule out through CPUID first.
+    unsafe {
+        asm!("wrmsr", in("ecx") msr, in("eax") v as u32, in("edx") (v >> 32) as u32, options(nostack, preserves_flags))
+    };
+}
+
 /// Spin-loop hint.
 pub fn pause() {
     core::hint::spin_loop();

@@ -7,8 +7,9 @@
 //! `MSR_KVM_SYSTEM_TIME_NEW`, KVM fills it on the next entry with the TSC → nanoseconds scale,
 //! and the guest turns kvm-clock off again (it keeps no state in the VM a snapshot would carry).
 
-use core::arch::asm;
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
+
+use crate::io::{cpuid, wrmsr};
 
 const LEAF_KVM_SIGNATURE: u32 = 0x4000_0000;
 const LEAF_KVM_FEATURES: u32 = 0x4000_0001;
@@ -42,34 +43,6 @@ static mut TIME_INFO: TimeInfo = TimeInfo {
     flags: 0,
     pad: [0; 2],
 };
-
-fn cpuid(leaf: u32) -> [u32; 4] {
-    let (a, c, d): (u32, u32, u32);
-    let b: u64;
-    // SAFETY: CPUID has no side effects; leaves above the maximum return another leaf's data
-    // (checked by the caller through the signature); rbx is saved and restored around it
-    // (LLVM reserves it).
-    unsafe {
-        asm!(
-            "mov {tmp:r}, rbx",
-            "cpuid",
-            "xchg {tmp:r}, rbx",
-            tmp = out(reg) b,
-            inout("eax") leaf => a,
-            inout("ecx") 0u32 => c,
-            out("edx") d,
-            options(nostack, preserves_flags)
-        );
-    }
-    [a, b as u32, c, d]
-}
-
-fn wrmsr(msr: u32, v: u64) {
-    // SAFETY: only called with MSR_KVM_SYSTEM_TIME_NEW after CPUID said KVM offers it.
-    unsafe {
-        asm!("wrmsr", in("ecx") msr, in("eax") v as u32, in("edx") (v >> 32) as u32, options(nostack, preserves_flags))
-    };
-}
 
 /// The TSC frequency in kHz (TSC ticks per millisecond) KVM reports, or None when the guest
 /// does not run on KVM with kvm-clock or KVM did not answer.

@@ -25,7 +25,7 @@
 use core::arch::{asm, global_asm};
 
 use crate::bootinfo::BootInfo;
-use crate::io::{mmio_read32, mmio_write32, outb, pause, rdtsc};
+use crate::io::{cpuid, mmio_read32, mmio_write32, outb, pause, rdtsc, wrmsr};
 use crate::parse::parse_num;
 use crate::println;
 use crate::smp::tsc_per_ms;
@@ -111,22 +111,7 @@ ticker_fault:
 );
 
 fn cpuid1_ecx() -> u32 {
-    let ecx: u32;
-    // SAFETY: CPUID leaf 1 exists on every x86-64 CPU; rbx is saved and restored around it
-    // (LLVM reserves it).
-    unsafe {
-        asm!(
-            "mov {tmp:r}, rbx",
-            "cpuid",
-            "mov rbx, {tmp:r}",
-            tmp = out(reg) _,
-            inout("eax") 1u32 => _,
-            inout("ecx") 0u32 => ecx,
-            out("edx") _,
-            options(nostack, preserves_flags)
-        );
-    }
-    ecx
+    cpuid(1)[2]
 }
 
 /// A hardware random number (RDRAND), if the CPU has one and it delivers.
@@ -165,13 +150,6 @@ fn next(state: &mut u64) -> u64 {
     x ^= x >> 27;
     *state = x;
     x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-}
-
-fn wrmsr(msr: u32, v: u64) {
-    // SAFETY: writes a local APIC timer MSR the CPU advertises (checked by the caller).
-    unsafe {
-        asm!("wrmsr", in("ecx") msr, in("eax") v as u32, in("edx") (v >> 32) as u32, options(nostack, preserves_flags))
-    };
 }
 
 /// Loads an IDT whose vectors 32..255 acknowledge and return (0..31: stop), masks the legacy
