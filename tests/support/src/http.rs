@@ -73,14 +73,7 @@ impl ApiClient {
         body: Option<&str>,
         timeout: Duration,
     ) -> Result<Response, HttpError> {
-        let tcp = connect(self.addr, timeout)?;
-        let conn = ClientConnection::new(
-            self.config.clone(),
-            ServerName::IpAddress(self.addr.ip().into()),
-        )?;
-        let mut tls = StreamOwned::new(conn, tcp);
-        let auth = format!("Authorization: Bearer {}\r\n", self.token);
-        exchange(&mut tls, method, path, &auth, body)
+        self.connect(timeout)?.request(method, path, body)
     }
 }
 
