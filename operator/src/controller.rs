@@ -323,10 +323,14 @@ pub async fn run(
         pool: Arc::new(PoolState::default()),
     });
 
-    // Presets only feed the cache.
-    let preset_task = tokio::spawn(preset_stream.for_each(|_| future::ready(())));
-    let pod_task = tokio::spawn(pod_watch);
-    let vmi_task = tokio::spawn(vmi_watch);
+    // Presets only feed the cache; pods and VMIs feed theirs and trigger the controllers.
+    // The watches run inside this future (not spawned): whoever drops or aborts `run` stops
+    // them with the controllers.
+    let watches = future::join3(
+        preset_stream.for_each(|_| future::ready(())),
+        pod_watch,
+        vmi_watch,
+    );
 
     let vmi_ctrl = Controller::new(vmi_api, watcher::Config::default())
         .owns_stream(pods_for_vmi)
@@ -436,8 +440,10 @@ pub async fn run(
     });
     let controllers = future::join4(vmi_ctrl, rs_ctrl, vm_ctrl, pool_ctrl);
     tokio::pin!(controllers);
+    tokio::pin!(watches);
     tokio::select! {
         _ = &mut controllers => {}
+        _ = &mut watches => {}
         _ = shutdown => {
             tracing::info!("shutting down: controllers take no new work");
             if tokio::time::timeout(opts.drain_timeout, &mut controllers).await.is_err() {
@@ -449,9 +455,6 @@ pub async fn run(
         }
     }
     readiness.abort();
-    preset_task.abort();
-    pod_task.abort();
-    vmi_task.abort();
     ready.store(false, Ordering::SeqCst);
 }
 
