@@ -586,21 +586,11 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     handler.signal(libc::SIGTERM);
     let code = tokio::task::block_in_place(|| handler.wait_exit(WAIT));
     assert_eq!(code, Some(0), "{}", handler.log());
-    let apiserver = cluster.apiserver_pid().expect("apiserver pid") as i32;
-    /// Resumes the API server even if the test fails.
-    struct Cont(i32);
-    impl Drop for Cont {
-        fn drop(&mut self) {
-            // SAFETY: kill(2) on the test cluster's apiserver.
-            unsafe { libc::kill(self.0, libc::SIGCONT) };
-        }
-    }
-    // SAFETY: kill(2) on the test cluster's apiserver; resumed by `Cont`.
-    assert_eq!(unsafe { libc::kill(apiserver, libc::SIGSTOP) }, 0);
-    let cont = Cont(apiserver);
+    // Frozen (every thread stopped) until the guard drops, even if the test fails.
+    let frozen = tokio::task::block_in_place(|| cluster.freeze_apiserver()).expect("apiserver");
     second.signal(libc::SIGTERM);
     let code = tokio::task::block_in_place(|| second.wait_exit(WAIT));
-    drop(cont);
+    tokio::task::block_in_place(|| drop(frozen));
     assert_eq!(code, Some(0), "{}", second.log());
 }
 

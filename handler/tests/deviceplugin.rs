@@ -393,7 +393,9 @@ async fn a_second_signal_exits_at_once() {
     kubelet.registration().await;
     // Both signals become pending while the process is stopped and are handled together on
     // SIGCONT: the second one must end the process with the forced-exit status.
-    handler.signal(libc::SIGSTOP);
+    // Stopped means every thread stopped: a thread still running after a bare SIGSTOP could
+    // take the SIGTERM alone and start the graceful exit.
+    microvirt_testsupport::stop_process(handler.pid() as u32).expect("stopping virt-handler");
     handler.signal(libc::SIGTERM);
     handler.signal(libc::SIGINT);
     handler.signal(libc::SIGCONT);

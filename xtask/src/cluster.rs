@@ -3,8 +3,9 @@
 //!
 //! `up` starts a whole single-node cluster (etcd, kube-apiserver, kube-scheduler,
 //! kube-controller-manager, containerd + runc + CNI bridge and a kubelet in a network namespace
-//! of their own), imports microvirt's images into the node and applies `crds/` and `deploy/`:
-//! afterwards `kubectl apply -f deploy/examples/...` runs VMs. `--control-plane-only` starts just
+//! of their own), imports microvirt's images into the node and applies `crds/` and `deploy/`,
+//! and returns once the node can run a VMI (operator leading, virt-handler Ready, the KVM
+//! resource allocatable): afterwards `kubectl apply -f deploy/examples/...` runs VMs. `--control-plane-only` starts just
 //! etcd + kube-apiserver (no node, nothing installed). Control-plane state lives in
 //! `~/.cache/microvirt/cluster/`, the node's in `/var/lib/microvirt-node` and
 //! `/run/microvirt-node`; the processes outlive this command.
@@ -90,8 +91,9 @@ fn up(dir: &Path, control_plane_only: bool) -> Result<()> {
         );
         let rc = microvirt_e2e::start_cluster(ImageSet::ALL, true, Some(dir.to_path_buf()))?;
         eprintln!(
-            "cluster up at {}: node {} Ready, microvirt installed (namespace microvirt); logs in \
-             {} and {}; stop with `cargo xtask cluster down`",
+            "cluster up at {}: node {} Ready, microvirt installed (namespace microvirt), \
+             virt-handler Ready and devices.microvirt.io/kvm allocatable: ready for VMIs; logs \
+             in {} and {}; stop with `cargo xtask cluster down`",
             rc.server_url(),
             rc.node_name(),
             rc.control_plane().data_dir().join("logs").display(),

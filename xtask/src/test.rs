@@ -5,7 +5,8 @@
 //! 2. `cargo fmt --check` and `cargo clippy -D warnings` over the workspace (and over
 //!    `microvirt-crds` without its `kube` feature, as the launcher uses it);
 //! 3. release build of `microvm` (the end-to-end tests run it inside the test host);
-//! 4. `cargo test --workspace`: unit tests, KVM integration tests with the test guest,
+//! 4. `cargo test --workspace --no-fail-fast` (a failing test binary does not keep the later
+//!    ones from running): unit tests, KVM integration tests with the test guest,
 //!    controller tests against a real kube-apiserver + etcd, the QEMU-TCG test-host
 //!    end-to-end scenarios with real Linux guests, and the whole-system tests on a real
 //!    single-node cluster (`tests/e2e`). Slow artifacts (guest kernel, rootfs, the Kubernetes
@@ -54,16 +55,46 @@ const PACKAGES: &[&str] = &[
     "binutils",
 ];
 
-fn phase<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-    println!("\n==> {name}");
-    let t = Instant::now();
-    let r = f();
-    println!(
-        "<== {name}: {} in {:.1}s",
-        if r.is_ok() { "ok" } else { "FAILED" },
-        t.elapsed().as_secs_f64()
-    );
-    r
+/// The phases of one run, in order. Each is announced and timed; when one fails, the run
+/// stops there and says which of the later phases did not run, so a reader of a red log knows
+/// what was not checked.
+struct Phases {
+    /// Phases not started yet.
+    ahead: Vec<&'static str>,
+}
+
+impl Phases {
+    fn new(all: Vec<&'static str>) -> Self {
+        Phases { ahead: all }
+    }
+
+    fn run<T>(&mut self, name: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.ahead.retain(|p| *p != name);
+        println!("\n==> {name}");
+        let t = Instant::now();
+        let r = f();
+        println!(
+            "<== {name}: {} in {:.1}s",
+            if r.is_ok() { "ok" } else { "FAILED" },
+            t.elapsed().as_secs_f64()
+        );
+        if r.is_err() {
+            self.not_run(name);
+        }
+        r
+    }
+
+    /// Prints what `failed` leaves unchecked.
+    fn not_run(&self, failed: &str) {
+        if self.ahead.is_empty() {
+            println!("(\"{failed}\" was the last phase: every phase ran)");
+        } else {
+            println!(
+                "NOT RUN because \"{failed}\" failed: {}",
+                self.ahead.join("; ")
+            );
+        }
+    }
 }
 
 fn cargo(args: &[&str]) -> Result<()> {
@@ -79,6 +110,16 @@ fn cargo(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// `cargo test` with `--no-fail-fast`: a failing test binary does not keep the later ones from
+/// running (without it cargo stops at the first, and nothing says which binaries never ran);
+/// cargo lists the failed targets at the end (`error: N targets failed:`).
+fn cargo_test(args: &[&str]) -> Result<()> {
+    cargo(args).context(
+        "some tests failed; every test target ran, the failed ones are listed above \
+         (`error: N targets failed:`)",
+    )
+}
+
 pub fn main(args: &[String]) -> Result<()> {
     let skip_lint = args.iter().any(|a| a == "--no-lint");
     let skip_fuzz = args.iter().any(|a| a == "--no-fuzz");
@@ -89,7 +130,23 @@ pub fn main(args: &[String]) -> Result<()> {
         .collect();
     let root = crate::workspace_root();
     let total = Instant::now();
-    phase("set-up: Debian packages", || ensure_packages(PACKAGES))?;
+    const PACKAGES_PHASE: &str = "set-up: Debian packages";
+    const FMT: &str = "cargo fmt --check";
+    const CLIPPY: &str = "cargo clippy -D warnings";
+    const CLIPPY_CRDS: &str = "cargo clippy -p microvirt-crds --no-default-features";
+    const MICROVM: &str = "release build of microvm";
+    const TEST: &str = "cargo test --workspace";
+    const FUZZ: &str = "fuzzing (every target, from the committed corpus)";
+    let mut plan = vec![PACKAGES_PHASE];
+    if !skip_lint {
+        plan.extend([FMT, CLIPPY, CLIPPY_CRDS]);
+    }
+    plan.extend([MICROVM, TEST]);
+    if !skip_fuzz {
+        plan.push(FUZZ);
+    }
+    let mut phases = Phases::new(plan);
+    phases.run(PACKAGES_PHASE, || ensure_packages(PACKAGES))?;
     // The Go builds (minutes cold, cached by input hash) overlap with everything below.
     let go_builds = std::thread::spawn(|| {
         let t = Instant::now();
@@ -99,10 +156,8 @@ pub fn main(args: &[String]) -> Result<()> {
         (r, t.elapsed())
     });
     if !skip_lint {
-        phase("cargo fmt --check", || {
-            cargo(&["fmt", "--all", "--", "--check"])
-        })?;
-        phase("cargo clippy -D warnings", || {
+        phases.run(FMT, || cargo(&["fmt", "--all", "--", "--check"]))?;
+        phases.run(CLIPPY, || {
             cargo(&[
                 "clippy",
                 "--workspace",
@@ -114,32 +169,27 @@ pub fn main(args: &[String]) -> Result<()> {
         })?;
         // The launcher builds `microvirt-crds` without its `kube` feature; in the workspace
         // build above features are unified, so check that configuration on its own.
-        phase(
-            "cargo clippy -p microvirt-crds --no-default-features",
-            || {
-                cargo(&[
-                    "clippy",
-                    "-p",
-                    "microvirt-crds",
-                    "--no-default-features",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ])
-            },
-        )?;
+        phases.run(CLIPPY_CRDS, || {
+            cargo(&[
+                "clippy",
+                "-p",
+                "microvirt-crds",
+                "--no-default-features",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])
+        })?;
     }
-    let microvm = phase("release build of microvm", || {
-        crate::bench::build_release_microvm(&root)
-    })?;
+    let microvm = phases.run(MICROVM, || crate::bench::build_release_microvm(&root))?;
     std::env::set_var("MICROVIRT_MICROVM", &microvm);
-    let mut test_args = vec!["test", "--workspace"];
+    let mut test_args = vec!["test", "--workspace", "--no-fail-fast"];
     if !extra.is_empty() {
         test_args.push("--");
         test_args.extend(extra);
     }
-    let tests = phase("cargo test --workspace", || cargo(&test_args));
+    let tests = phases.run(TEST, || cargo_test(&test_args));
     match go_builds.join() {
         Ok((Ok(()), took)) => println!(
             "(background) etcd, Kubernetes components and containerd ready after {:.1}s",
@@ -150,7 +200,7 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     tests?;
     if !skip_fuzz {
-        phase("fuzzing (every target, from the committed corpus)", || {
+        phases.run(FUZZ, || {
             let summary = fuzz::run(&fuzz::Options::all(fuzz::TEST_SECS))?;
             println!("{summary}");
             Ok(())

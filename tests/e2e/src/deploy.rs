@@ -26,7 +26,8 @@ pub fn crds_dir() -> PathBuf {
 }
 
 /// Imports `images` into the node and applies `crds/` and `deploy/`; returns once the
-/// operator holds its Lease with a Ready pod.
+/// operator holds its Lease with a Ready pod and the node can run a VMI
+/// ([`wait_node_runs_vmis`]): a VMI applied right after this is scheduled at once.
 pub fn install(rc: &RealCluster, images: &[BuiltImage]) -> Result<()> {
     for i in images {
         rc.node()
@@ -48,7 +49,60 @@ pub fn install(rc: &RealCluster, images: &[BuiltImage]) -> Result<()> {
     k.run(&["apply", "-f", &ns])?;
     let deploy = deploy_dir().display().to_string();
     k.run(&["apply", "-f", &deploy])?;
-    wait_operator(&k, Duration::from_secs(180)).map(|_| ())
+    wait_operator(&k, Duration::from_secs(180))?;
+    wait_node_runs_vmis(&k, rc.node_name(), Duration::from_secs(180))
+}
+
+/// Namespace of the node agent (`virt-handler` DaemonSet).
+pub const HANDLER_NAMESPACE: &str = "microvirt-node";
+
+/// The extended resource every launcher pod requests (served by virt-handler's device plugin).
+pub const KVM_RESOURCE: &str = "devices.microvirt.io/kvm";
+
+/// Waits until `node` can run a VMI: a Ready virt-handler pod on it (the node agent that
+/// reports pause state and boot time) and a non-zero allocatable [`KVM_RESOURCE`] (its device
+/// plugin registered with the kubelet and the kubelet published it). Until then a launcher pod
+/// stays Pending (`Insufficient devices.microvirt.io/kvm`): right after the operator leads
+/// this took ~20 s.
+pub fn wait_node_runs_vmis(k: &Kubectl, node: &str, timeout: Duration) -> Result<()> {
+    wait_for("virt-handler Ready on the node", timeout, |last| {
+        let pods = k.list(
+            HANDLER_NAMESPACE,
+            "pod",
+            Some("app.kubernetes.io/name=virt-handler"),
+        )?;
+        let ready = pods
+            .iter()
+            .filter(|p| p["spec"]["nodeName"].as_str() == Some(node))
+            .filter(|p| crate::kube::condition_true(p, "Ready"))
+            .count();
+        *last = format!(
+            "{} virt-handler pod(s), {ready} Ready on {node}",
+            pods.len()
+        );
+        Ok((ready > 0).then_some(()))
+    })?;
+    wait_kvm_allocatable(k, node, timeout)
+}
+
+/// Waits until `node`'s allocatable [`KVM_RESOURCE`] is non-zero (after virt-handler, the
+/// kubelet or the device plugin restarted, too).
+pub fn wait_kvm_allocatable(k: &Kubectl, node: &str, timeout: Duration) -> Result<()> {
+    wait_for(
+        "the device plugin's resource on the node",
+        timeout,
+        |last| {
+            let n = k
+                .get("", "node", node)?
+                .context("the Node object is gone")?;
+            let a = n["status"]["allocatable"][KVM_RESOURCE]
+                .as_str()
+                .unwrap_or("0")
+                .to_string();
+            *last = format!("allocatable {KVM_RESOURCE}={a}");
+            Ok((a != "0").then_some(()))
+        },
+    )
 }
 
 /// Waits until an operator pod is Ready and the Lease names a holder.

@@ -31,10 +31,7 @@ use serde_json::Value;
 #[path = "node/pool.rs"]
 mod pool;
 
-/// Namespace of virt-handler.
-const HANDLER_NS: &str = "microvirt-node";
-/// The extended resource of the device plugin.
-const KVM_RESOURCE: &str = "devices.microvirt.io/kvm";
+use deploy::{wait_kvm_allocatable, HANDLER_NAMESPACE as HANDLER_NS};
 /// How long a VMI may take from creation to Ready on a busy 2-core machine.
 const READY: Duration = Duration::from_secs(120);
 
@@ -139,9 +136,9 @@ fn selected(args: &Arguments, name: &str) -> bool {
 
 fn start() -> Result<Env> {
     let plugin_dir = build_kubectl_virt()?;
+    // Returns once the node can run VMIs (virt-handler Ready, the KVM resource allocatable).
     let rc = microvirt_e2e::start_cluster(ImageSet::TESTS, false, None)?;
     let k = Kubectl::new(rc.kubeconfig_path());
-    wait_kvm_allocatable(&k, rc.node_name(), Duration::from_secs(120))?;
     Ok(Env { rc, k, plugin_dir })
 }
 
@@ -160,24 +157,6 @@ fn build_kubectl_virt() -> Result<PathBuf> {
         .context("cargo build -p kubectl-virt")?;
     ensure!(st.success(), "cargo build -p kubectl-virt failed ({st})");
     Ok(target.join("debug"))
-}
-
-fn wait_kvm_allocatable(k: &Kubectl, node: &str, timeout: Duration) -> Result<()> {
-    wait_for(
-        "the device plugin's resource on the node",
-        timeout,
-        |last| {
-            let n = k
-                .get("", "node", node)?
-                .context("the Node object is gone")?;
-            let a = n["status"]["allocatable"][KVM_RESOURCE]
-                .as_str()
-                .unwrap_or("0")
-                .to_string();
-            *last = format!("allocatable {KVM_RESOURCE}={a}");
-            Ok((a != "0").then_some(()))
-        },
-    )
 }
 
 /// A VMI spec booting the demo guest (from the demo kernelBoot image) with `scenario`, 32 MiB,

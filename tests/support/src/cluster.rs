@@ -15,7 +15,9 @@ use base64::Engine as _;
 use crate::binaries::{ensure_binaries, Binaries, BinariesError};
 use crate::certs::{self, CertError};
 use crate::http::{plain_get, ApiClient, Connected, HttpError, Response};
-use crate::process::{free_port, log_tail, random_hex, signal, stop_child};
+use crate::process::{
+    continue_process, free_port, log_tail, random_hex, signal, stop_child, stop_process,
+};
 
 /// Errors starting or driving a [`Cluster`].
 #[derive(Debug, thiserror::Error)]
@@ -416,10 +418,16 @@ impl Cluster {
 
     /// Freezes kube-apiserver (SIGSTOP) until the returned guard is dropped (SIGCONT): the kernel
     /// still accepts connections but nothing answers, as with a hung control plane or a network
-    /// that drops packets. `None` while kube-apiserver is stopped.
+    /// that drops packets. Returns once every apiserver thread is stopped ([`stop_process`]):
+    /// right after the signal a thread could still answer. `None` while kube-apiserver is
+    /// stopped; panics if it does not stop within [`crate::SIGNAL_ACTED_ON_WITHIN`].
     pub fn freeze_apiserver(&self) -> Option<FrozenApiserver<'_>> {
         let pid = self.apiserver_pid()?;
-        signal(pid, libc::SIGSTOP);
+        if let Err(e) = stop_process(pid) {
+            // Not frozen after all: make sure it runs before failing the test.
+            signal(pid, libc::SIGCONT);
+            panic!("freezing kube-apiserver: {e}");
+        }
         Some(FrozenApiserver {
             pid,
             _cluster: self,
@@ -600,7 +608,8 @@ fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, ClusterError>
         .map_err(io_err(format!("starting {}", bin.display())))
 }
 
-/// kube-apiserver frozen by [`Cluster::freeze_apiserver`]; dropping it lets it run again.
+/// kube-apiserver frozen by [`Cluster::freeze_apiserver`]; dropping it lets it run again, and
+/// the drop returns once the kernel has resumed every thread ([`continue_process`]).
 pub struct FrozenApiserver<'a> {
     pid: u32,
     _cluster: &'a Cluster,
@@ -608,7 +617,14 @@ pub struct FrozenApiserver<'a> {
 
 impl Drop for FrozenApiserver<'_> {
     fn drop(&mut self) {
-        signal(self.pid, libc::SIGCONT);
+        if let Err(e) = continue_process(self.pid) {
+            // A panic while already panicking aborts: only report then.
+            if std::thread::panicking() {
+                eprintln!("resuming kube-apiserver: {e}");
+            } else {
+                panic!("resuming kube-apiserver: {e}");
+            }
+        }
     }
 }
 

@@ -37,6 +37,93 @@ pub(crate) fn signal(pid: u32, sig: libc::c_int) -> bool {
     unsafe { libc::kill(pid, sig) == 0 }
 }
 
+/// The scheduler state letters (`R`, `S`, `D`, `T`, ...) of every live thread of `pid`, from
+/// `/proc/PID/task/*/stat`. Threads that exit while we read (`Z`, `X`, or gone) are left out.
+fn thread_states(pid: u32) -> io::Result<Vec<char>> {
+    let mut states = Vec::new();
+    for entry in fs::read_dir(format!("/proc/{pid}/task"))? {
+        let Ok(stat) = fs::read_to_string(entry?.path().join("stat")) else {
+            continue; // the thread ended between read_dir and here
+        };
+        // "TID (comm) S ...": comm may hold spaces and parentheses, the state follows the last ')'.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        match state {
+            Some('Z' | 'X') | None => {}
+            Some(c) => states.push(c),
+        }
+    }
+    Ok(states)
+}
+
+/// Waits until `done` holds for the thread states of `pid` (checked at least once), at most
+/// `limit`; the error names `what` and the last states seen.
+fn wait_thread_states(
+    pid: u32,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&[char]) -> bool,
+) -> io::Result<()> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let states = thread_states(pid)?;
+        if !states.is_empty() && done(&states) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("process {pid} {what} within {limit:?}; its threads' states: {states:?}"),
+            ));
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// How long [`stop_process`] and [`continue_process`] wait for the kernel to act on the signal.
+/// Delivery is asynchronous: a thread busy in the kernel or waiting for a core on a loaded
+/// machine stops only when it next returns to user mode, which takes milliseconds, or seconds
+/// on a machine whose cores are all busy.
+pub const SIGNAL_ACTED_ON_WITHIN: Duration = Duration::from_secs(30);
+
+/// Sends SIGSTOP to `pid` and returns once **every** thread of it is stopped (`T` in
+/// `/proc/PID/task/*/stat`): until then a thread can still accept a connection and answer it,
+/// so "signal sent" is not "process frozen". Fails if `pid` is gone or some thread does not
+/// stop within [`SIGNAL_ACTED_ON_WITHIN`].
+pub fn stop_process(pid: u32) -> io::Result<()> {
+    if !signal(pid, libc::SIGSTOP) {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("SIGSTOP to process {pid}: no such process"),
+        ));
+    }
+    wait_thread_states(
+        pid,
+        "did not stop after SIGSTOP",
+        SIGNAL_ACTED_ON_WITHIN,
+        |s| s.iter().all(|&c| c == 'T'),
+    )
+}
+
+/// Sends SIGCONT to `pid` and returns once no thread of it is stopped any more, i.e. the kernel
+/// has resumed it (it may still wait for a core). Fails if `pid` is gone or a thread stays
+/// stopped for [`SIGNAL_ACTED_ON_WITHIN`].
+pub fn continue_process(pid: u32) -> io::Result<()> {
+    if !signal(pid, libc::SIGCONT) {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("SIGCONT to process {pid}: no such process"),
+        ));
+    }
+    wait_thread_states(
+        pid,
+        "stayed stopped after SIGCONT",
+        SIGNAL_ACTED_ON_WITHIN,
+        |s| s.iter().all(|&c| c != 'T'),
+    )
+}
+
 /// Stops a child: SIGTERM, then SIGKILL after `grace`; always reaps it.
 pub(crate) fn stop_child(child: &mut Child, grace: Duration) {
     if let Ok(Some(_)) = child.try_wait() {
@@ -128,6 +215,26 @@ mod tests {
         assert!(pid_runs(pid, "sleep"));
         stop_child(&mut c, Duration::from_secs(5));
         assert!(!pid_runs(pid, "sleep"));
+    }
+
+    #[test]
+    fn stop_and_continue_wait_for_every_thread() {
+        // A child that is always runnable: a stop is seen only once the kernel has acted on it.
+        let mut c = Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        let pid = c.id();
+        stop_process(pid).unwrap();
+        assert!(thread_states(pid).unwrap().iter().all(|&s| s == 'T'));
+        // Stopped means stopped: it stays so until SIGCONT.
+        thread::sleep(Duration::from_millis(50));
+        assert!(thread_states(pid).unwrap().iter().all(|&s| s == 'T'));
+        continue_process(pid).unwrap();
+        assert!(thread_states(pid).unwrap().iter().all(|&s| s != 'T'));
+        stop_child(&mut c, Duration::from_secs(5));
+        let err = stop_process(pid).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
     }
 
     #[test]
