@@ -284,7 +284,17 @@ fn a_second_signal_stops_at_once() {
     let mut l = Launcher::spawn(&mut run_cmd(&vmi, &["--grace-period", "60"]));
     l.wait_for_output("halting", Duration::from_secs(20));
     l.signal(libc::SIGINT);
-    std::thread::sleep(Duration::from_millis(100));
+    // Two SIGINTs pending at once are one signal: send the second only after the launcher
+    // handled the first (a fixed pause was not enough on a busy machine).
+    let end = Instant::now() + Duration::from_secs(20);
+    while !l.stderr().contains("asking the guest to shut down") {
+        assert!(
+            Instant::now() < end,
+            "the first SIGINT was not handled; stderr:\n{}",
+            l.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     l.signal(libc::SIGINT);
     let (st, took) = l.wait(Duration::from_secs(20));
     assert_eq!(st.code(), Some(5), "stderr:\n{}", l.stderr());

@@ -217,8 +217,19 @@ impl Env {
         )));
         let start = Instant::now();
         while !ready.load(Ordering::SeqCst) {
+            // An operator that ended (an error at start-up) never gets ready: say why at once
+            // instead of waiting out the deadline.
+            if self.operator.as_ref().is_some_and(|h| h.is_finished()) {
+                let h = self.operator.take().context("operator task")?;
+                match h.await {
+                    Ok(()) => bail!(
+                        "the operator stopped before its caches were filled (its log is above)"
+                    ),
+                    Err(e) => bail!("the operator task ended before its caches were filled: {e}"),
+                }
+            }
             if start.elapsed() > Duration::from_secs(60) {
-                bail!("operator caches not ready after 60 s");
+                bail!("operator caches not ready after 60 s (the operator still runs)");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

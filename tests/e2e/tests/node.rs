@@ -501,8 +501,11 @@ fn vm_lifecycle(env: &Env) -> Result<()> {
         "a halted VM got a VMI again"
     );
 
-    // Deleting a VMI removes its pod within the grace period.
-    let grace = 10;
+    // Deleting a VMI removes its pod within the grace period: the guest shuts down when asked,
+    // so the kubelet never has to kill the launcher. The period is long so that a busy
+    // machine's slow pod clean-up still fits; a launcher that ignored the request would be
+    // killed only at its end, and the pod would be gone only after it.
+    let grace = 60;
     env.k.apply(ns, &vmi_yaml("short", "ctrlaltdel", grace))?;
     wait_ready(env, ns, "short")?;
     let t = Instant::now();

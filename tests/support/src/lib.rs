@@ -94,5 +94,5 @@ pub use certs::CertError;
 pub use cluster::{Cluster, ClusterError, ClusterOptions, FrozenApiserver};
 pub use http::{Connected, HttpError, Response};
 pub use node::{Node, NodeError, NodeOptions};
-pub use process::{continue_process, stop_process, SIGNAL_ACTED_ON_WITHIN};
+pub use process::{continue_process, signal_taken, stop_process, SIGNAL_ACTED_ON_WITHIN};
 pub use real::{RealCluster, RealClusterError, RealClusterOptions};

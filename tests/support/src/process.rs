@@ -68,13 +68,21 @@ fn wait_thread_states(
     let deadline = Instant::now() + limit;
     loop {
         let states = thread_states(pid)?;
-        if !states.is_empty() && done(&states) {
+        if states.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("process {pid} ended before it {what}"),
+            ));
+        }
+        if done(&states) {
             return Ok(());
         }
         if Instant::now() >= deadline {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("process {pid} {what} within {limit:?}; its threads' states: {states:?}"),
+                format!(
+                    "process {pid} not {what} within {limit:?}; its threads' states: {states:?}"
+                ),
             ));
         }
         thread::sleep(Duration::from_millis(2));
@@ -98,12 +106,9 @@ pub fn stop_process(pid: u32) -> io::Result<()> {
             format!("SIGSTOP to process {pid}: no such process"),
         ));
     }
-    wait_thread_states(
-        pid,
-        "did not stop after SIGSTOP",
-        SIGNAL_ACTED_ON_WITHIN,
-        |s| s.iter().all(|&c| c == 'T'),
-    )
+    wait_thread_states(pid, "stopped after SIGSTOP", SIGNAL_ACTED_ON_WITHIN, |s| {
+        s.iter().all(|&c| c == 'T')
+    })
 }
 
 /// Sends SIGCONT to `pid` and returns once no thread of it is stopped any more, i.e. the kernel
@@ -118,10 +123,60 @@ pub fn continue_process(pid: u32) -> io::Result<()> {
     }
     wait_thread_states(
         pid,
-        "stayed stopped after SIGCONT",
+        "ran again after SIGCONT",
         SIGNAL_ACTED_ON_WITHIN,
         |s| s.iter().all(|&c| c != 'T'),
     )
+}
+
+/// Sends `sig` to `pid` and returns once the process has taken it: no longer pending for the
+/// process (`ShdPnd` in `/proc/PID/status`) nor for any of its threads (`SigPnd`), i.e. a
+/// thread dequeued it and ran its handler (or the default action). Two signals of one kind
+/// sent back to back can merge into one while the first is still pending, so a test that
+/// means "a second signal" must wait for this between them. Fails if `pid` is gone, or the
+/// signal stays pending (blocked, or a stopped process) for [`SIGNAL_ACTED_ON_WITHIN`].
+pub fn signal_taken(pid: u32, sig: libc::c_int) -> io::Result<()> {
+    if !(1..=64).contains(&sig) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("no signal {sig}"),
+        ));
+    }
+    if !signal(pid, sig) {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("signal {sig} to process {pid}: no such process"),
+        ));
+    }
+    let bit = 1u64 << (sig - 1);
+    let pending = |path: String, field: &str| -> bool {
+        fs::read_to_string(path).is_ok_and(|st| {
+            st.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                .is_some_and(|mask| mask & bit != 0)
+        })
+    };
+    let deadline = Instant::now() + SIGNAL_ACTED_ON_WITHIN;
+    loop {
+        let mut any = pending(format!("/proc/{pid}/status"), "ShdPnd:");
+        for entry in fs::read_dir(format!("/proc/{pid}/task"))? {
+            let task = entry?.path().join("status");
+            any |= pending(task.display().to_string(), "SigPnd:");
+        }
+        if !any {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "signal {sig} still pending for process {pid} after {SIGNAL_ACTED_ON_WITHIN:?}"
+                ),
+            ));
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// Stops a child: SIGTERM, then SIGKILL after `grace`; always reaps it.
@@ -235,6 +290,41 @@ mod tests {
         stop_child(&mut c, Duration::from_secs(5));
         let err = stop_process(pid).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::NotFound, "{err}");
+    }
+
+    #[test]
+    fn a_taken_signal_is_no_longer_pending() {
+        // A shell that catches SIGUSR1 and stays busy.
+        let mut c = Command::new("sh")
+            .args(["-c", "trap 'n=1' USR1; while :; do :; done"])
+            .spawn()
+            .unwrap();
+        let pid = c.id();
+        let t = Instant::now();
+        while !pid_runs(pid, "trap") && t.elapsed() < Duration::from_secs(10) {
+            thread::sleep(Duration::from_millis(5));
+        }
+        signal_taken(pid, libc::SIGUSR1).unwrap();
+        assert!(pid_runs(pid, "trap"), "the caught signal ended the shell");
+        // A stopped process takes nothing: the signal stays pending until SIGCONT.
+        stop_process(pid).unwrap();
+        assert!(signal(pid, libc::SIGUSR1));
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let shd = status
+            .lines()
+            .find_map(|l| l.strip_prefix("ShdPnd:"))
+            .unwrap();
+        let bit = 1u64 << (libc::SIGUSR1 - 1);
+        assert_ne!(
+            u64::from_str_radix(shd.trim(), 16).unwrap() & bit,
+            0,
+            "{shd}"
+        );
+        continue_process(pid).unwrap();
+        signal_taken(pid, libc::SIGUSR1).unwrap();
+        stop_child(&mut c, Duration::from_secs(5));
+        assert!(signal_taken(pid, libc::SIGUSR1).is_err());
+        assert!(signal_taken(pid, 0).is_err());
     }
 
     #[test]

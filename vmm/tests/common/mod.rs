@@ -163,6 +163,10 @@ impl Live {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn signal(&self, sig: i32) {
         // SAFETY: sending a signal to our own child process.
         unsafe { libc::kill(self.child.id() as i32, sig) };
