@@ -52,6 +52,8 @@ const PACKAGES: &[&str] = &[
     "containernetworking-plugins",
     "nftables",
     "binutils",
+    // vmm/tests/acpi_iasl.rs: iasl -d decodes the ACPI tables
+    "acpica-tools",
 ];
 
 fn phase<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {

@@ -3,8 +3,9 @@
 //! - Flags: `HW_REDUCED_ACPI` (no PM1/GPE blocks, no SCI, no FACS: events come through the
 //!   GED), `PWR_BUTTON` and `SLP_BUTTON` (the power button is a control-method device, there is
 //!   no sleep button), `RESET_REG_SUP`.
-//! - `IAPC_BOOT_ARCH`: an 8042 is present (Linux otherwise never probes the i8042, and neither
-//!   Ctrl-Alt-Del nor `reboot=k` reach it), no VGA, no MSI (no PCI), no CMOS RTC.
+//! - `IAPC_BOOT_ARCH`: an 8042 is present (without it Linux never probes the i8042, and the
+//!   VMM's Ctrl-Alt-Del would not reach the guest; `reboot=k` pokes port 0x64 either way), no
+//!   VGA, no MSI (no PCI), no CMOS RTC (there is none).
 //! - `RESET_REG` / `RESET_VALUE`, `SLEEP_CONTROL_REG`, `SLEEP_STATUS_REG`: byte-wide I/O ports
 //!   of the [`AcpiPmDevice`](crate::devices::acpi::AcpiPmDevice).
 //! - `X_DSDT`: the DSDT (the 32-bit `DSDT` field stays 0).
