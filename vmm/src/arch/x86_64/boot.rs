@@ -406,6 +406,27 @@ mod tests {
     }
 
     #[test]
+    fn rsdp_reaches_both_boot_protocols() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), (4 * MIB) as usize)]).unwrap();
+        for (protocol, at) in [
+            (BootProtocol::Linux64, ZERO_PAGE_START + 0x70),
+            (BootProtocol::Pvh, PVH_INFO_START + 32),
+        ] {
+            let k = LoadedKernel {
+                protocol,
+                entry: HIGH_MEMORY_START,
+                kernel_end: 2 * MIB,
+                setup_header: None,
+            };
+            for rsdp in [Some(ACPI_TABLES_START), None] {
+                write_boot_info(&mem, &k, 4 * MIB, 10, None, rsdp).unwrap();
+                let got: u64 = mem.read_obj(GuestAddress(at)).unwrap();
+                assert_eq!(got, rsdp.unwrap_or(0), "{protocol:?}");
+            }
+        }
+    }
+
+    #[test]
     fn cmdline_limits() {
         let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), (4 * MIB) as usize)]).unwrap();
         write_cmdline(&mem, "console=ttyS0").unwrap();
