@@ -1,9 +1,13 @@
 //! Decodes the generated ACPI tables with ACPICA's disassembler (`iasl -d`, Debian
-//! `acpica-tools`): every table but the RSDP (which `iasl -d` does not take alone) must disassemble without errors, and the DSDT must name the
-//! devices the device manager placed, COM1, the i8042, the power button and the GED.
+//! `acpica-tools`): every table but the RSDP (which `iasl -d` does not take alone) must
+//! disassemble without errors, and the DSDT must name the devices the device manager placed,
+//! COM1, the i8042, the power button and the GED. ACPICA's interpreter (`acpiexec`) then
+//! evaluates `\_S5_`, the GED's `_EVT` and a device's `_CRS` from the DSDT.
 //!
 //! `cargo xtask test` installs `acpica-tools`; run alone, this test installs it when it runs
 //! as root with apt-get, and otherwise fails saying what to install.
+//!
+//! `ACPI_IASL_SHOW=DIR` prints the disassembled DSDT and writes every table to `DIR/<SIG>.dat`.
 
 mod common;
 
@@ -77,8 +81,12 @@ fn iasl_decodes_every_table() {
     let t = acpi::create(2, &mgr).unwrap();
 
     let dsdt = disassemble(&dir, "dsdt", &t.dsdt.bytes);
-    if std::env::var_os("ACPI_IASL_SHOW").is_some() {
+    if let Some(out) = std::env::var_os("ACPI_IASL_SHOW") {
         eprintln!("{dsdt}");
+        for tb in t.all() {
+            let sig = String::from_utf8_lossy(&tb.bytes[..4]).replace(' ', "_");
+            std::fs::write(Path::new(&out).join(format!("{sig}.dat")), &tb.bytes).unwrap();
+        }
     }
     assert_eq!(dsdt.matches("\"LNRO0005\"").count(), 4, "{dsdt}");
     for (i, d) in mgr.devices().iter().enumerate() {
@@ -101,6 +109,32 @@ fn iasl_decodes_every_table() {
     ] {
         assert!(dsdt.contains(needle), "{needle}: {dsdt}");
     }
+
+    // ACPICA's interpreter (acpiexec, same package) loads the DSDT and runs what a kernel runs:
+    // \_S5_ for power-off, the GED's _EVT on its interrupt, a device's _CRS.
+    let out = Command::new("acpiexec")
+        .current_dir(&*dir)
+        .args([
+            "-b",
+            "evaluate \\_S5_; execute \\_SB.GED._EVT 3; evaluate \\_SB.V003._CRS",
+            "dsdt.dat",
+        ])
+        .output()
+        .expect("running acpiexec");
+    let exec = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "acpiexec: {exec}");
+    for bad in ["AE_", "Error", "Exception"] {
+        assert!(!exec.contains(bad), "acpiexec: {bad}: {exec}");
+    }
+    assert!(
+        exec.contains("Contains 4 Elements:\n    [Integer] = 0000000000000005"),
+        "\\_S5_ = {{5, ..}}: {exec}"
+    );
+    assert!(exec.contains("Evaluating \\_SB.GED._EVT"), "{exec}");
+    assert!(
+        exec.contains("Evaluation of \\_SB.V003._CRS returned"),
+        "{exec}"
+    );
 
     let madt = disassemble(&dir, "apic", &t.madt.bytes);
     assert_eq!(
