@@ -106,8 +106,8 @@ struct Args {
     #[arg(long)]
     exit_stats: bool,
     /// Serve the control protocol (JSON lines) on this unix socket: {"cmd":"state"}, pause,
-    /// resume, shutdown, stop, and {"cmd":"snapshot","dir":"/abs/dir"} (the VM stays paused;
-    /// resume continues it).
+    /// resume, shutdown (Ctrl-Alt-Del), power-button (ACPI), stop, and
+    /// {"cmd":"snapshot","dir":"/abs/dir"} (the VM stays paused; resume continues it).
     #[arg(long, value_name = "PATH")]
     control_socket: Option<PathBuf>,
     /// Continue the VM saved in DIR (the snapshot has the kernel and command line).
