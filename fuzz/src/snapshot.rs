@@ -373,6 +373,7 @@ pub fn sample_state(overlay: bool) -> MicrovmState {
                 .iter()
                 .map(|(a, len)| (a.0, *len as u64))
                 .collect(),
+            acpi: true,
         },
         vm: VmState {
             pic_master: Blob::default(),
@@ -489,5 +490,6 @@ pub fn sample_state(overlay: bool) -> MicrovmState {
             },
         ],
         memory: DumpStats::default(),
+        acpi_pm: Some(vmm::devices::acpi::AcpiPmState { ged_pending: 1 }),
     }
 }

@@ -115,6 +115,11 @@ pub struct VmConfig {
     /// A virtio-rng device (entropy from the host), after the disks and NICs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rng: Option<RngConfig>,
+    /// ACPI tables (RSDP, XSDT, FADT, MADT, DSDT) and the ACPI power button, sleep and reset
+    /// registers; on by default. The MP table and the `virtio_mmio.device=` command-line
+    /// entries are there either way, for kernels without ACPI (see `vmm/README.md`).
+    #[serde(default = "default_true")]
+    pub acpi: bool,
 }
 
 impl VmConfig {
@@ -130,6 +135,7 @@ impl VmConfig {
             disks: Vec::new(),
             nets: Vec::new(),
             rng: None,
+            acpi: true,
         }
     }
 
@@ -187,6 +193,9 @@ mod tests {
         let round: VmConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
         assert_eq!(round, c);
         assert_eq!(c.rng, None);
+        assert!(c.acpi);
+        let off: VmConfig = serde_json::from_str(r#"{"kernel": "/k", "acpi": false}"#).unwrap();
+        assert!(!off.acpi);
         let r: VmConfig = serde_json::from_str(r#"{"kernel": "/k", "rng": {}}"#).unwrap();
         assert_eq!(r.rng, Some(RngConfig::default()));
         let round: VmConfig = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();

@@ -11,6 +11,7 @@
 //! | `resume` (or `unpause`) | run the vCPUs | `state` |
 //! | `snapshot` + `"dir": "/abs/path"` | pause if running, write a snapshot into the (absent or empty) directory, stay paused | `state`, `dir`, `ramBytes`, `touchedBytes`, `memoryBytes`, `overlayBytes`, `stateBytes`, `pausedUs`, `writeUs` |
 //! | `shutdown` (`microvm`) | Ctrl-Alt-Del to the guest | `state` |
+//! | `power-button` (`microvm`) | press the ACPI power button (refused without ACPI) | `state` |
 //! | `stop` (`microvm`) | stop the VM now | `state` |
 //!
 //! A failed snapshot answers `ok: false` with the reason; the VM then runs (or stays paused)
@@ -169,6 +170,7 @@ fn handle(conn: UnixStream, controller: &VmmController) -> io::Result<()> {
                     None => match cmd {
                         "state" | "status" => state_answer(controller.state()),
                         "shutdown" => state_answer(controller.request(Action::CtrlAltDel)),
+                        "power-button" => state_answer(controller.request(Action::PowerButton)),
                         "stop" => state_answer(controller.request(Action::Stop)),
                         other => {
                             json!({"ok": false, "error": format!("unknown command {other:?}")})

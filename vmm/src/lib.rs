@@ -1,10 +1,11 @@
 //! microvirt's virtual machine monitor: boots a guest kernel directly on KVM.
 //!
 //! Layout follows one directory per concern: `arch/` (x86_64 boot and CPU setup),
-//! `vstate/` (KVM VM, vCPUs, guest memory), `devices/` (buses, legacy and virtio
+//! `vstate/` (KVM VM, vCPUs, guest memory), `acpi/` (the ACPI tables), `devices/` (buses, legacy and virtio
 //! devices), `device_manager/` (assigns addresses and IRQs), `snapshot/` (snapshot format,
 //! save and restore; `docs/snapshot.md`).
 
+pub mod acpi;
 pub mod arch;
 pub mod builder;
 pub mod config;

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use kvm_ioctls::{Kvm, VmFd};
 
+use crate::devices::acpi::AcpiPmDevice;
 use crate::devices::legacy::i8042::I8042Device;
 use crate::devices::legacy::serial::SerialDevice;
 use crate::devices::virtio::persist::AttachedDevice;
@@ -24,6 +25,8 @@ pub struct Machine {
     pub ram: GuestRam,
     pub serial: Arc<Mutex<SerialDevice>>,
     pub i8042: Arc<Mutex<I8042Device>>,
+    /// The ACPI registers, when the VM has ACPI.
+    pub acpi_pm: Option<Arc<Mutex<AcpiPmDevice>>>,
     /// virtio devices in slot order.
     pub virtio: Vec<AttachedDevice>,
     pub info: MachineInfo,
@@ -36,7 +39,7 @@ impl Machine {
     /// virtio device with InterruptStatus bits set, a UART with an interrupt pending, an i8042
     /// with bytes for the guest). One injected by KVM's irqfd worker while the snapshot was read
     /// may not be in the saved interrupt controllers; an extra edge is harmless (the drivers
-    /// check their device's status).
+    /// check their device's status; the GED's `_EVT` reads no event).
     pub fn raise_pending_interrupts(&self) {
         for d in &self.virtio {
             let i = d.interrupt();
@@ -48,6 +51,9 @@ impl Machine {
         }
         self.serial.lock().expect("serial lock").raise_if_pending();
         self.i8042.lock().expect("i8042 lock").raise_if_pending();
+        if let Some(pm) = &self.acpi_pm {
+            pm.lock().expect("ACPI lock").raise_if_pending();
+        }
     }
 
     /// Indices of the virtio devices that are disks with a copy-on-write overlay.
@@ -115,6 +121,10 @@ impl Machine {
             i8042: self.i8042.lock().expect("i8042 lock").state(),
             devices,
             memory,
+            acpi_pm: self
+                .acpi_pm
+                .as_ref()
+                .map(|pm| pm.lock().expect("ACPI lock").state()),
         };
         let state_bytes =
             write_state(&mut w.state, &state).map_err(|e| format!("state file: {e}"))?;

@@ -61,7 +61,7 @@ enum Start {
 #[derive(clap::Args, Debug)]
 struct Args {
     /// Read the VM from a JSON file (fields: kernel, initrd, cmdline, default_cmdline, mem_mib,
-    /// vcpus, serial, disks, nets); the flags below override it.
+    /// vcpus, serial, disks, nets, rng, acpi); the flags below override it.
     #[arg(long, value_name = "FILE.json")]
     config: Option<PathBuf>,
     /// The guest kernel.
@@ -94,6 +94,10 @@ struct Args {
     /// A virtio-rng device (entropy from the host's getrandom, at most 1 MiB/s).
     #[arg(long)]
     rng: bool,
+    /// No ACPI tables (and no ACPI power button): the guest finds its CPUs in the MP table and
+    /// its virtio devices on the command line only. ACPI is on by default.
+    #[arg(long)]
+    no_acpi: bool,
     /// Log level: off, error, warn, info, debug or trace.
     #[arg(long, default_value = "info", value_name = "LEVEL")]
     log_level: log::LevelFilter,
@@ -102,15 +106,15 @@ struct Args {
     #[arg(long)]
     exit_stats: bool,
     /// Serve the control protocol (JSON lines) on this unix socket: {"cmd":"state"}, pause,
-    /// resume, shutdown, stop, and {"cmd":"snapshot","dir":"/abs/dir"} (the VM stays paused;
-    /// resume continues it).
+    /// resume, shutdown (Ctrl-Alt-Del), power-button (ACPI), stop, and
+    /// {"cmd":"snapshot","dir":"/abs/dir"} (the VM stays paused; resume continues it).
     #[arg(long, value_name = "PATH")]
     control_socket: Option<PathBuf>,
     /// Continue the VM saved in DIR (the snapshot has the kernel and command line).
     #[arg(
         long,
         value_name = "DIR",
-        conflicts_with_all = ["config", "kernel", "initrd", "cmdline", "no_default_cmdline", "rng"]
+        conflicts_with_all = ["config", "kernel", "initrd", "cmdline", "no_default_cmdline", "rng", "no_acpi"]
     )]
     restore: Option<PathBuf>,
     /// With --restore: keep the VM paused until a resume.
@@ -192,6 +196,9 @@ impl Args {
         }
         if self.rng {
             cfg.rng = Some(vmm::devices::virtio::RngConfig::default());
+        }
+        if self.no_acpi {
+            cfg.acpi = false;
         }
         if cfg.kernel.as_os_str().is_empty() {
             return Err(usage(

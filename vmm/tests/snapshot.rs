@@ -665,3 +665,46 @@ fn rng_works_after_restore() {
     clone.wait_line("the end", |l| l == "rng: end");
     assert!(clone.wait_exit(WAIT).success(), "{}", clone.context());
 }
+
+#[test]
+fn a_restored_acpi_vm_has_its_power_button_and_powers_off() {
+    let t = TempDir::new("acpi");
+    let kernel = guest().pvh.display().to_string();
+    let sock = t.path("orig.sock");
+    let mut orig = Proc::microvm(&[
+        "--kernel",
+        &kernel,
+        "--vcpus",
+        "2",
+        "--cmdline",
+        "testguest.scenario=acpi testguest.acpi_button=1",
+        "--control-socket",
+        &sock.display().to_string(),
+    ]);
+    orig.wait_line("the wait for the button", |l| {
+        l == "acpi: waiting for the power button"
+    });
+    let snap = t.path("snap");
+    snapshot(&sock, &snap);
+    drop(orig);
+    let state = std::fs::read(snap.join(vmm::snapshot::STATE_FILE)).unwrap();
+    let text = String::from_utf8_lossy(&state);
+    assert!(text.contains("\"acpi\":true"), "machine.acpi not saved");
+    let sock2 = t.path("clone.sock");
+    let mut clone = Proc::microvm(&[
+        "--restore",
+        &snap.display().to_string(),
+        "--control-socket",
+        &sock2.display().to_string(),
+    ]);
+    wait_socket(&sock2);
+    let a = control(&sock2, json!({"cmd": "power-button"}));
+    assert_eq!(a["ok"], true, "{a}");
+    clone.wait_line("the button", |l| l == "acpi: power button pressed");
+    assert!(clone.wait_exit(WAIT).success(), "{}", clone.context());
+    assert!(
+        clone.context().contains("guest powered off; VM stopped"),
+        "{}",
+        clone.context()
+    );
+}

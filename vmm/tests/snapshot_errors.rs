@@ -99,6 +99,7 @@ fn other_major_version_is_refused_and_minor_is_accepted_to_the_next_check() {
     let p = t.path("snap").join("vmstate");
     let mut b = std::fs::read(&p).unwrap();
     b[8] = 2;
+    b[10] = 0;
     std::fs::write(&p, &b).unwrap();
     has(
         &restore_fails(&t.path("snap"), &[]),

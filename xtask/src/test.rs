@@ -53,6 +53,8 @@ const PACKAGES: &[&str] = &[
     "containernetworking-plugins",
     "nftables",
     "binutils",
+    // vmm/tests/acpi_iasl.rs: iasl -d decodes the ACPI tables
+    "acpica-tools",
 ];
 
 /// The phases of one run, in order. Each is announced and timed; when one fails, the run

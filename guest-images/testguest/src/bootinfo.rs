@@ -48,6 +48,9 @@ pub struct BootInfo {
     /// Sum of all RAM entries (also those beyond `MAX_RAM_RANGES`).
     pub ram_bytes: u64,
     pub initrd: Option<Range>,
+    /// The ACPI RSDP's address the boot information gives (PVH `rsdp_paddr`, zero page
+    /// `acpi_rsdp_addr`); 0 when it gives none.
+    pub rsdp: u64,
 }
 
 impl BootInfo {
@@ -61,6 +64,7 @@ impl BootInfo {
         ram_count: 0,
         ram_bytes: 0,
         initrd: None,
+        rsdp: 0,
     };
 
     /// The command line as received (without the NUL).
@@ -132,6 +136,7 @@ impl BootInfo {
         let cmdline = phys_u64(addr + 24);
         let memmap = phys_u64(addr + 40);
         let memmap_entries = phys_u32(addr + 48) as usize;
+        bi.rsdp = phys_u64(addr + 32);
         bi.read_cmdline(cmdline);
         // hvm_memmap_table_entry: u64 addr, u64 size, u32 type, u32 reserved.
         for i in 0..memmap_entries.min(E820_MAX) {
@@ -167,6 +172,7 @@ impl BootInfo {
         let cmd_line_ptr =
             u64::from(phys_u32(addr + 0x228)) | (u64::from(phys_u32(addr + 0xc8)) << 32);
         bi.read_cmdline(cmd_line_ptr);
+        bi.rsdp = phys_u64(addr + 0x70);
         let entries = usize::from(phys_u8(addr + 0x1e8)).min(E820_MAX);
         for i in 0..entries {
             let e = addr + 0x2d0 + i as u64 * 20;

@@ -6,6 +6,7 @@
 //! `build.rs`); it is not a workspace member.
 #![no_std]
 
+pub mod acpi;
 pub mod blk;
 pub mod boot;
 pub mod bootinfo;

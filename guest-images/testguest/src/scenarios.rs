@@ -56,6 +56,7 @@ pub fn run(bi: &BootInfo) -> ! {
             crate::slowdisk::run(bi);
             reset()
         }
+        b"acpi" => crate::acpi::run(bi),
         b"halt-forever" => {
             println!("halting");
             halt_forever()

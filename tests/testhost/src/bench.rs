@@ -337,7 +337,7 @@ fn commands(o: &BenchOptions) -> (String, String, String) {
     let qemu = format!(
         "/bin/qemu-system-x86_64 -L /usr/share/qemu -M microvm,acpi=off,x-option-roms=off,rtc=off -accel kvm -cpu host -m {GUEST_MIB} -smp 1 \
          -nodefaults -no-user-config -nographic -serial stdio -monitor none -no-reboot \
-         -kernel $KERNEL -append 'console=ttyS0 reboot=t panic=1 pci=off nomodule i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce {cmdline}' \
+         -kernel $KERNEL -append 'console=ttyS0 reboot=t panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce {cmdline}' \
          {qemu_root}"
     );
     (microvm, qemu, baseline)

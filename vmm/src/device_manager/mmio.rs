@@ -5,7 +5,13 @@
 //! two-phase: [`MmioDeviceManager::peek_next`] says what the next device
 //! would get, [`MmioDeviceManager::commit`] records it once the device is
 //! fully attached, so a failed attach leaves no entry on the command line.
+//!
+//! The manager's list is the one source of what the guest is told about these devices: the
+//! kernel command line's `virtio_mmio.device=` entries ([`MmioDeviceManager::cmdline_entries`])
+//! and the DSDT's `LNRO0005` devices ([`MmioDeviceManager::append_aml`]).
 
+use acpi_tables::aml::{Device, Memory32Fixed, Name, Path, ResourceTemplate};
+use acpi_tables::Aml;
 use serde::{Deserialize, Serialize};
 
 use crate::arch::x86_64::layout::{
@@ -140,6 +146,44 @@ impl MmioDeviceManager {
                 )
             })
             .collect()
+    }
+
+    /// Appends one DSDT device per device in attach order (inside `\_SB`): `V000`, `V001`, ...
+    /// with `_HID "LNRO0005"` (virtio-mmio, as Linux's `virtio_mmio` driver matches it), `_UID`
+    /// = the index, and `_CRS`: the slot as a read-write `Memory32Fixed`, the GSI as an
+    /// edge-triggered, active-high interrupt.
+    pub fn append_aml(&self, sink: &mut Vec<u8>) {
+        for (i, d) in self.devices.iter().enumerate() {
+            // The x86_64 window is below 4 GiB and holds far fewer than 0x1000 slots; a
+            // manager made with other limits skips what a DSDT cannot name.
+            let (Ok(base), Ok(len)) = (u32::try_from(d.slot.addr), u32::try_from(d.slot.len))
+            else {
+                log::warn!(
+                    "{}: slot {:#x} is above 4 GiB; not in the DSDT",
+                    d.name,
+                    d.slot.addr
+                );
+                continue;
+            };
+            if i >= 0x1000 {
+                break;
+            }
+            Device::new(
+                Path::new(&format!("V{i:03X}")),
+                vec![
+                    &Name::new("_HID".into(), &"LNRO0005"),
+                    &Name::new("_UID".into(), &(i as u32)),
+                    &Name::new(
+                        "_CRS".into(),
+                        &ResourceTemplate::new(vec![
+                            &Memory32Fixed::new(true, base, len),
+                            &crate::acpi::dsdt::edge_interrupt(d.slot.irq),
+                        ]),
+                    ),
+                ],
+            )
+            .to_aml_bytes(sink);
+        }
     }
 }
 

@@ -18,7 +18,8 @@ use std::fmt;
 
 pub const MAGIC: &[u8; 8] = b"MVSNAPST";
 pub const FORMAT_MAJOR: u16 = 1;
-pub const FORMAT_MINOR: u16 = 0;
+/// 1.1 added `machine.acpi` and `acpi_pm` (optional).
+pub const FORMAT_MINOR: u16 = 1;
 pub const HEADER_LEN: usize = 32;
 /// A state file larger than this is not ours (the payload is tens of KiB).
 pub const MAX_PAYLOAD: u64 = 64 << 20;
@@ -183,12 +184,15 @@ mod tests {
         assert_eq!(
             e,
             FormatError::Version {
-                found: Version { major: 2, minor: 0 }
+                found: Version {
+                    major: 2,
+                    minor: FORMAT_MINOR
+                }
             }
         );
         assert_eq!(
             e.to_string(),
-            "snapshot format 2.0 is not supported (this VMM reads 1.x)"
+            format!("snapshot format 2.{FORMAT_MINOR} is not supported (this VMM reads 1.x)")
         );
         // A newer minor of the same major is read.
         let mut minor = f.clone();

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::host::HostFacts;
+use crate::devices::acpi::AcpiPmState;
 use crate::devices::legacy::i8042::I8042State;
 use crate::devices::legacy::serial::SerialState;
 use crate::devices::virtio::persist::VirtioDeviceState;
@@ -19,6 +20,10 @@ pub struct MachineInfo {
     pub cmdline: String,
     /// Guest RAM regions `(guest address, length)`, stored back to back in the memory file.
     pub memory_regions: Vec<(u64, u64)>,
+    /// Whether the VM has ACPI (the tables are in guest RAM; restore puts the ACPI registers
+    /// back on the bus). Absent in format 1.0 snapshots, which predate ACPI: false.
+    #[serde(default)]
+    pub acpi: bool,
 }
 
 /// The whole payload.
@@ -32,6 +37,9 @@ pub struct MicrovmState {
     pub i8042: I8042State,
     /// virtio devices in slot order.
     pub devices: Vec<VirtioDeviceState>,
+    /// The ACPI registers' state (events the guest has not read), when the VM has ACPI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acpi_pm: Option<AcpiPmState>,
     /// What writing the memory file did (informational).
     pub memory: DumpStats,
 }

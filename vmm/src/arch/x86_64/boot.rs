@@ -80,7 +80,9 @@ pub struct MemMapEntry {
     pub kind: u32,
 }
 
-/// The e820 / PVH memory map for `mem_size` bytes of RAM.
+/// The e820 / PVH memory map for `mem_size` bytes of RAM. The ACPI table area (the legacy
+/// BIOS area 0xe0000..0x100000) is reserved whether or not the VM has ACPI tables: a PC
+/// reserves it too, and the map stays the same for both.
 pub fn memory_map(mem_size: u64) -> Vec<MemMapEntry> {
     let low_end = mem_size.min(MMIO_GAP_START);
     let mut map = vec![
@@ -92,6 +94,11 @@ pub fn memory_map(mem_size: u64) -> Vec<MemMapEntry> {
         MemMapEntry {
             addr: EBDA_START,
             size: 0xa0000 - EBDA_START,
+            kind: E820_RESERVED,
+        },
+        MemMapEntry {
+            addr: ACPI_TABLES_START,
+            size: ACPI_TABLES_END - ACPI_TABLES_START,
             kind: E820_RESERVED,
         },
     ];
@@ -272,13 +279,15 @@ pub fn write_cmdline(mem: &GuestMemoryMmap, cmdline: &str) -> Result<(), BootErr
     Ok(())
 }
 
-/// Writes the boot information for `kernel.protocol`.
+/// Writes the boot information for `kernel.protocol`; `rsdp` is the ACPI RSDP's address when
+/// the VM has ACPI tables.
 pub fn write_boot_info(
     mem: &GuestMemoryMmap,
     kernel: &LoadedKernel,
     mem_size: u64,
     cmdline_len: usize,
     initrd: Option<(u64, u64)>,
+    rsdp: Option<u64>,
 ) -> Result<(), BootError> {
     let map = memory_map(mem_size);
     match kernel.protocol {
@@ -309,6 +318,7 @@ pub fn write_boot_info(
                 };
             }
             params.e820_entries = map.len() as u8;
+            params.acpi_rsdp_addr = rsdp.unwrap_or(0);
             mem.write_obj(params, GuestAddress(ZERO_PAGE_START))?;
         }
         BootProtocol::Pvh => {
@@ -318,6 +328,7 @@ pub fn write_boot_info(
                 cmdline_paddr: CMDLINE_START,
                 memmap_paddr: PVH_MEMMAP_START,
                 memmap_entries: map.len() as u32,
+                rsdp_paddr: rsdp.unwrap_or(0),
                 ..Default::default()
             };
             if let Some((paddr, size)) = initrd {
@@ -355,9 +366,17 @@ mod tests {
     #[test]
     fn memory_map_leaves_the_mmio_gap() {
         let small = memory_map(128 * MIB);
-        assert_eq!(small.len(), 3);
+        assert_eq!(small.len(), 4);
         assert_eq!(
             small[2],
+            MemMapEntry {
+                addr: 0xe_0000,
+                size: 0x2_0000,
+                kind: E820_RESERVED
+            }
+        );
+        assert_eq!(
+            small[3],
             MemMapEntry {
                 addr: MIB,
                 size: 127 * MIB,
@@ -384,6 +403,27 @@ mod tests {
             memory_regions(64 * MIB),
             vec![(GuestAddress(0), (64 * MIB) as usize)]
         );
+    }
+
+    #[test]
+    fn rsdp_reaches_both_boot_protocols() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), (4 * MIB) as usize)]).unwrap();
+        for (protocol, at) in [
+            (BootProtocol::Linux64, ZERO_PAGE_START + 0x70),
+            (BootProtocol::Pvh, PVH_INFO_START + 32),
+        ] {
+            let k = LoadedKernel {
+                protocol,
+                entry: HIGH_MEMORY_START,
+                kernel_end: 2 * MIB,
+                setup_header: None,
+            };
+            for rsdp in [Some(ACPI_TABLES_START), None] {
+                write_boot_info(&mem, &k, 4 * MIB, 10, None, rsdp).unwrap();
+                let got: u64 = mem.read_obj(GuestAddress(at)).unwrap();
+                assert_eq!(got, rsdp.unwrap_or(0), "{protocol:?}");
+            }
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! 0x0000_8ff0  boot stack top             0x0000_9000  PML4, 0xa000 PDPT, 0xb000.. 4 PDs
 //! 0x0002_0000  kernel command line (COMMAND_LINE_MAX bytes incl. NUL)
 //! 0x0009_fc00  MP table (EBDA, reserved in e820) up to 0xa0000
+//! 0x000e_0000  ACPI tables, RSDP first (reserved in e820) up to 0x100000
 //! 0x0010_0000  kernel load address (1 MiB)
 //! 0xc000_0000  start of the 32-bit MMIO gap (RAM above it is moved to 4 GiB)
 //! 0xc000_0000  boot-timer device (4 KiB): guest writes byte 123 -> boot-time log line
@@ -33,6 +34,10 @@ pub const COMMAND_LINE_MAX: usize = 2048;
 pub const EBDA_START: u64 = 0x9fc00;
 pub const MPTABLE_START: u64 = EBDA_START;
 pub const MPTABLE_MAX_SIZE: u64 = 0xa0000 - EBDA_START;
+/// The ACPI tables: the RSDP at the start (where a guest without boot information scans for
+/// it), the others after it; reserved in the memory map (the legacy BIOS area).
+pub const ACPI_TABLES_START: u64 = 0xe_0000;
+pub const ACPI_TABLES_END: u64 = 0x10_0000;
 pub const HIGH_MEMORY_START: u64 = 0x10_0000;
 pub const KERNEL_START: u64 = HIGH_MEMORY_START;
 pub const MMIO_GAP_START: u64 = 0xc000_0000;
@@ -51,6 +56,9 @@ pub const RAM_ABOVE_GAP_START: u64 = MMIO_GAP_END;
 /// Legacy IRQs.
 pub const SERIAL_IRQ: u32 = 4;
 pub const I8042_IRQ: u32 = 1;
+/// The ACPI Generic Event Device's interrupt (ISA IRQ 3: COM2's, which this VM does not have;
+/// outside the virtio range).
+pub const ACPI_GED_IRQ: u32 = 3;
 /// GSIs handed to virtio-mmio devices, in order.
 pub const VIRTIO_IRQ_FIRST: u32 = 5;
 pub const VIRTIO_IRQ_LAST: u32 = 23;
@@ -59,6 +67,9 @@ pub const VIRTIO_IRQ_LAST: u32 = 23;
 pub const SERIAL_PORT: u16 = 0x3f8;
 pub const I8042_PORT: u16 = 0x60;
 pub const I8042_CMD_PORT: u16 = 0x64;
+/// The ACPI platform registers (GED event, sleep control, sleep status, reset): 4 ports.
+pub const ACPI_PM_PORT: u16 = 0x600;
+pub const ACPI_PM_PORT_LEN: u16 = 4;
 
 /// Most vCPUs the MP table area and the IOAPIC routing support.
 pub const MAX_VCPUS: u8 = 32;
