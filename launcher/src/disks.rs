@@ -432,7 +432,7 @@ fn volume_disk(
         return Ok((DiskKind::EmptyDisk, d, false, false));
     }
     if let Some(ci) = &vol.cloud_init_no_cloud {
-        let id = doc.metadata.uid.as_deref().unwrap_or_else(|| doc.name());
+        let id = doc.instance_id();
         let ci_err = |source| DiskError::CloudInit {
             volume: name.into(),
             source,
