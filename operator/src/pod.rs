@@ -17,8 +17,8 @@ use kube::{Resource, ResourceExt};
 use microvirt_crds::quantity::{self, format_bytes, QuantityError};
 use microvirt_crds::refusals;
 use microvirt_crds::vmi::{
-    Interface, InterfaceBridge, InterfaceMasquerade, KernelBootContainer, Network, PodNetwork,
-    PullPolicy, VirtualMachineInstance, VirtualMachineInstanceSpec, ANNOTATION_VMI_UID,
+    Disk, Interface, InterfaceBridge, InterfaceMasquerade, KernelBootContainer, Network,
+    PodNetwork, PullPolicy, VirtualMachineInstance, VirtualMachineInstanceSpec, ANNOTATION_VMI_UID,
     DEFAULT_NETWORK_NAME, LABEL_VMI_NAME,
 };
 use serde::Serialize;
@@ -338,9 +338,39 @@ pub fn with_default_pod_interface(spec: &mut VirtualMachineInstanceSpec, binding
     }
 }
 
+/// Adds a disk for every volume that no disk names, after the VMI's own disks, as KubeVirt does
+/// (`SetDefaultVolumeDisk`): a KubeVirt manifest may list only volumes. The disk has no
+/// settings (virtio, writable); the first disk stays the root disk.
+pub fn with_default_volume_disks(spec: &mut VirtualMachineInstanceSpec) {
+    let named: BTreeSet<String> = spec
+        .domain
+        .devices
+        .iter()
+        .flat_map(|d| &d.disks)
+        .map(|d| d.name.clone())
+        .collect();
+    let missing: Vec<Disk> = spec
+        .volumes
+        .iter()
+        .filter(|v| !named.contains(&v.name))
+        .map(|v| Disk {
+            name: v.name.clone(),
+            ..Default::default()
+        })
+        .collect();
+    if !missing.is_empty() {
+        spec.domain
+            .devices
+            .get_or_insert_with(Default::default)
+            .disks
+            .extend(missing);
+    }
+}
+
 /// The spec the launcher gets: the VMI's, with the defaults the operator applies (as
-/// KubeVirt's virt-controller and webhooks do): the pod network interface
-/// ([`default_pod_interface`]), and the operator's default kernel image (and, when the VMI has
+/// KubeVirt's virt-controller and webhooks do): a disk for every volume without one
+/// ([`with_default_volume_disks`]), the pod network interface ([`default_pod_interface`]), and
+/// the operator's default kernel image (and, when the VMI has
 /// none, kernel arguments) when it names no kernelBoot container. A pod never boots the
 /// launcher's built-in demo guest: that takes an image that carries it.
 pub fn launcher_spec(
@@ -348,6 +378,7 @@ pub fn launcher_spec(
     cfg: &Config,
 ) -> Result<microvirt_crds::VirtualMachineInstanceSpec, PodError> {
     let mut spec = vmi.spec.clone();
+    with_default_volume_disks(&mut spec);
     with_default_pod_interface(&mut spec, cfg.default_network_interface);
     let has_kernel = spec
         .domain
@@ -1498,5 +1529,44 @@ mod tests {
         let err = desired_pod(&v, &Config::default(), &BlockVolumes::new()).unwrap_err();
         assert!(matches!(err, PodError::HookSidecars));
         assert_eq!(err.to_string(), refusals::HOOK_SIDECARS);
+    }
+
+    #[test]
+    fn volumes_no_disk_names_get_a_disk_as_in_kubevirt() {
+        // spec() has volumes root and scratch and no disks.
+        let mut sp = spec(Some("64Mi"), None);
+        let doc = launcher_doc(
+            &desired_pod(&vmi(sp.clone()), &Config::default(), &BlockVolumes::new()).unwrap(),
+        );
+        assert_eq!(
+            doc["spec"]["domain"]["devices"]["disks"],
+            serde_json::json!([{"name": "root"}, {"name": "scratch"}])
+        );
+        // Declared disks come first and keep their settings.
+        sp.domain.devices = Some(Devices {
+            disks: vec![Disk {
+                name: "scratch".into(),
+                serial: Some("s1".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        with_default_volume_disks(&mut sp);
+        let names: Vec<_> = sp
+            .domain
+            .devices
+            .as_ref()
+            .unwrap()
+            .disks
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect();
+        assert_eq!(names, ["scratch", "root"]);
+        assert_eq!(
+            sp.domain.devices.as_ref().unwrap().disks[0]
+                .serial
+                .as_deref(),
+            Some("s1")
+        );
     }
 }

@@ -1,7 +1,8 @@
 //! KubeVirt-style manifests (`tests/manifests/kubevirt/`, apiVersion changed to
 //! `microvirt.io/v1alpha1`) against the real API server: each is accepted, or refused with the
 //! message that names the field and says why (`microvirt_crds::refusals`), never with `unknown
-//! field`. And the operator gives a VMI without interfaces the pod network, as KubeVirt does.
+//! field`. And the operator applies KubeVirt's defaults: a VMI without interfaces gets the pod
+//! network, a volume that no disk names gets a disk.
 //!
 //! `count_kubevirt_examples` (ignored; `MICROVIRT_KUBEVIRT_EXAMPLES=<dir>` names a checkout of
 //! KubeVirt's `examples/`) counts how many of KubeVirt's own documents of microvirt's kinds are
@@ -27,6 +28,7 @@ fn manifest_dir() -> PathBuf {
 fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
     let e = match file {
         "vmi-cirros.yaml"
+        | "vmi-volumes-only.yaml"
         | "vmi-efi-q35.yaml"
         | "vmi-isolated.yaml"
         | "vmi-masquerade-ports.yaml"
@@ -155,7 +157,7 @@ async fn launcher_doc(env: &Env, vmi: &str) -> Result<serde_json::Value> {
 }
 
 #[tokio::test]
-async fn a_vmi_without_interfaces_gets_the_pod_network() -> Result<()> {
+async fn kubevirt_defaults_the_pod_network_and_a_disk_per_volume() -> Result<()> {
     let env = Env::start(shared_cluster().kubeconfig_path(), "t-kubevirt-defaults").await?;
     let yaml = std::fs::read_to_string(manifest_dir().join("vmi-cirros.yaml"))?;
     let (ok, _, err) = env.kubectl(&["create", "-f", "-"], Some(&yaml))?;
@@ -222,6 +224,16 @@ async fn a_vmi_without_interfaces_gets_the_pod_network() -> Result<()> {
     assert_eq!(st.reason.as_deref(), Some("InvalidSpec"));
     assert_eq!(st.message.as_deref(), Some(refusals::HOOK_SIDECARS));
     assert!(pods.get_opt("virt-launcher-vmi-hooked").await?.is_none());
+
+    // Volumes that no disk names get a disk each, in order, as in KubeVirt.
+    let yaml = std::fs::read_to_string(manifest_dir().join("vmi-volumes-only.yaml"))?;
+    let (ok, _, err) = env.kubectl(&["create", "-f", "-"], Some(&yaml))?;
+    assert!(ok, "{err}");
+    let doc = launcher_doc(&env, "vmi-volumes-only").await?;
+    assert_eq!(
+        doc["spec"]["domain"]["devices"]["disks"],
+        json!([{"name": "containerdisk"}, {"name": "cloudinitdisk"}])
+    );
     Ok(())
 }
 
