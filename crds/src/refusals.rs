@@ -68,3 +68,27 @@ pub const ANNOTATION_HOOK_SIDECARS: &str = "hooks.kubevirt.io/hookSidecars";
 /// The annotation [`ANNOTATION_HOOK_SIDECARS`], on a VMI template (CEL) or a VMI (the operator:
 /// a VMI's own annotations are out of reach of a CRD's CEL rules).
 pub const HOOK_SIDECARS: &str = "the annotation hooks.kubevirt.io/hookSidecars is not supported by microvirt: sidecar hooks edit a libvirt domain, which a microVM does not have";
+
+/// `disks[].cdrom`.
+pub const CDROM: &str = "cdrom disks are not supported by microvirt: a microVM has only virtio-blk; attach the image as a read-only disk (disk: {readonly: true})";
+/// `disks[].lun`.
+pub const LUN: &str =
+    "lun disks are not supported by microvirt: a microVM has no SCSI bus for LUN passthrough";
+/// `devices.filesystems`.
+pub const FILESYSTEMS: &str =
+    "filesystems are not supported by microvirt: a microVM has no virtiofs device";
+/// `interfaces[].passt`.
+pub const PASST: &str = "passt interfaces are not supported by microvirt: use masquerade or bridge";
+/// `interfaces[].binding`.
+pub const BINDING: &str =
+    "network binding plugins are not supported by microvirt: use masquerade or bridge";
+/// `networks[].pod.vmNetworkCIDR`.
+pub const VM_NETWORK_CIDR: &str = "pod.vmNetworkCIDR is not supported by microvirt yet: the guest side of masquerade is 10.0.2.0/24";
+/// `memory.hugepages`.
+pub const HUGEPAGES: &str = "memory.hugepages is not supported by microvirt: guest memory is ordinary anonymous memory of the launcher pod";
+/// `evictionStrategy` other than `None` and `LiveMigrateIfPossible`.
+pub const EVICTION_STRATEGY: &str = "evictionStrategy: microvirt has no live migration; an evicted VMI fails and its VM restarts it by its run strategy (None, or LiveMigrateIfPossible, which then means the same)";
+/// Volume sources KubeVirt has and microvirt does not: `configMap`, `secret`,
+/// `serviceAccount`, `downwardAPI`, `cloudInitConfigDrive`, `ephemeral`, `downwardMetrics`,
+/// `sysprep`, `memoryDump`.
+pub const VOLUME_SOURCE: &str = "this volume source is not supported by microvirt: a volume is a containerDisk, persistentVolumeClaim, cloudInitNoCloud or emptyDisk";

@@ -81,7 +81,10 @@ pub const NODE_AGENT_CONDITIONS: &[&str] = &[CONDITION_PAUSED];
     validation = Rule::new("!has(self.startStrategy)").message(refusals::START_STRATEGY).field_path(".startStrategy"),
     validation = Rule::new("!has(self.readinessProbe)").message(refusals::READINESS_PROBE).field_path(".readinessProbe"),
     validation = Rule::new("!has(self.livenessProbe)").message(refusals::LIVENESS_PROBE).field_path(".livenessProbe"),
-    validation = Rule::new("!has(self.accessCredentials)").message(refusals::ACCESS_CREDENTIALS).field_path(".accessCredentials")
+    validation = Rule::new("!has(self.accessCredentials)").message(refusals::ACCESS_CREDENTIALS).field_path(".accessCredentials"),
+    validation = Rule::new("!has(self.evictionStrategy) || self.evictionStrategy == 'None' || self.evictionStrategy == 'LiveMigrateIfPossible'")
+        .message(refusals::EVICTION_STRATEGY)
+        .field_path(".evictionStrategy")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineInstanceSpec {
@@ -110,6 +113,27 @@ pub struct VirtualMachineInstanceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 3600))]
     pub termination_grace_period_seconds: Option<i64>,
+    /// Host name of the guest (DHCP, cloud-init `local-hostname`) and of the launcher pod
+    /// (default: the VMI's name). With `subdomain` and a headless Service of that name,
+    /// `<hostname>.<subdomain>.<namespace>.svc` resolves to the VMI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new(DNS_LABEL_RULE).message(
+        "hostname must be a DNS label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters)"
+    ))]
+    pub hostname: Option<String>,
+    /// Subdomain of the launcher pod (a headless Service's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new(DNS_LABEL_RULE).message(
+        "subdomain must be a DNS label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters)"
+    ))]
+    pub subdomain: Option<String>,
+    /// KubeVirt's eviction strategy. `None` (what microvirt does) and `LiveMigrateIfPossible`
+    /// (the same, as nothing is migratable) are accepted; `LiveMigrate` and `External` are
+    /// refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction_strategy: Option<EvictionStrategy>,
     /// PriorityClass of the launcher pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
@@ -137,6 +161,19 @@ pub struct VirtualMachineInstanceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_object_list")]
     pub access_credentials: Option<Vec<serde_json::Value>>,
+}
+
+/// KubeVirt's eviction strategies.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum EvictionStrategy {
+    /// The VMI is stopped on eviction (microvirt's behaviour).
+    None,
+    /// Live-migrate, else block the eviction: refused.
+    LiveMigrate,
+    /// Live-migrate when possible, else as None: accepted, as None.
+    LiveMigrateIfPossible,
+    /// Block the eviction for an external controller: refused.
+    External,
 }
 
 /// KubeVirt's start strategies (refused: see [`refusals::START_STRATEGY`]).
@@ -341,7 +378,8 @@ pub struct Cpu {
     validation = Rule::new(
         "!has(self.guest) || (isQuantity(string(self.guest)) && quantity(string(self.guest)).compareTo(quantity('16Mi')) >= 0 && quantity(string(self.guest)).compareTo(quantity('1Ei')) <= 0)"
     )
-    .message("domain.memory.guest must be a quantity from 16Mi to 1Ei, e.g. 128Mi")
+    .message("domain.memory.guest must be a quantity from 16Mi to 1Ei, e.g. 128Mi"),
+    validation = Rule::new("!has(self.hugepages)").message(refusals::HUGEPAGES).field_path(".hugepages")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Memory {
@@ -349,6 +387,10 @@ pub struct Memory {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::bounded_quantity)]
     pub guest: Option<Quantity>,
+    /// Huge pages: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub hugepages: Option<serde_json::Value>,
 }
 
 /// Resource requests and limits (KubeVirt's `domain.resources`).
@@ -487,6 +529,7 @@ pub enum PullPolicy {
     validation = Rule::new("!has(self.gpus)").message(refusals::GPUS).field_path(".gpus"),
     validation = Rule::new("!has(self.hostDevices)").message(refusals::HOST_DEVICES).field_path(".hostDevices"),
     validation = Rule::new("!has(self.tpm)").message(refusals::TPM).field_path(".tpm"),
+    validation = Rule::new("!has(self.filesystems)").message(refusals::FILESYSTEMS).field_path(".filesystems"),
     validation = Rule::new("!has(self.autoattachVSOCK) || !self.autoattachVSOCK")
         .message(refusals::VSOCK)
         .field_path(".autoattachVSOCK")
@@ -539,6 +582,10 @@ pub struct Devices {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_object")]
     pub tpm: Option<serde_json::Value>,
+    /// virtiofs shares: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object_list")]
+    pub filesystems: Option<Vec<serde_json::Value>>,
 }
 
 /// The random number generator device (no settings).
@@ -552,6 +599,10 @@ pub const INSIDE_IMAGE_RULE: &str = "!self.matches('(^|/)[.][.](/|$)')";
 
 /// A disk of the guest.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.cdrom)").message(refusals::CDROM).field_path(".cdrom"),
+    validation = Rule::new("!has(self.lun)").message(refusals::LUN).field_path(".lun")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Disk {
     /// Name; must match a volume's name. A DNS label: it becomes a file name in the launcher
@@ -568,6 +619,20 @@ pub struct Disk {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 20))]
     pub serial: Option<String>,
+    /// Boot priority (1 is first). There is no firmware to boot from a disk: the disk with the
+    /// lowest `bootOrder` becomes the first disk, which is the root disk of the default kernel
+    /// (`root=/dev/vda`); disks without one follow in their order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub boot_order: Option<u32>,
+    /// A CD-ROM: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub cdrom: Option<serde_json::Value>,
+    /// A SCSI LUN: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub lun: Option<serde_json::Value>,
 }
 
 /// How a disk is attached.
@@ -596,6 +661,8 @@ pub enum DiskBus {
     validation = Rule::new("!(has(self.masquerade) && has(self.bridge))")
         .message("an interface uses either masquerade or bridge, not both"),
     validation = Rule::new("!has(self.sriov)").message(refusals::SRIOV).field_path(".sriov"),
+    validation = Rule::new("!has(self.passt)").message(refusals::PASST).field_path(".passt"),
+    validation = Rule::new("!has(self.binding)").message(refusals::BINDING).field_path(".binding"),
     validation = Rule::new("!has(self.model) || self.model == 'virtio'")
         .message(refusals::INTERFACE_MODEL)
         .field_path(".model")
@@ -627,6 +694,14 @@ pub struct Interface {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_object")]
     pub sriov: Option<serde_json::Value>,
+    /// passt binding: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub passt: Option<serde_json::Value>,
+    /// A network binding plugin: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub binding: Option<serde_json::Value>,
 }
 
 /// Masquerade binding (no fields).
@@ -668,11 +743,17 @@ pub enum Protocol {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[x_kube(
     validation = Rule::new(
-        "(has(self.containerDisk) ? 1 : 0) + (has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.cloudInitNoCloud) ? 1 : 0) + (has(self.emptyDisk) ? 1 : 0) + (has(self.dataVolume) ? 1 : 0) + (has(self.hostDisk) ? 1 : 0) == 1"
+        "(has(self.containerDisk) ? 1 : 0) + (has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.cloudInitNoCloud) ? 1 : 0) + (has(self.emptyDisk) ? 1 : 0) + (has(self.dataVolume) ? 1 : 0) + (has(self.hostDisk) ? 1 : 0) + (has(self.configMap) ? 1 : 0) + (has(self.secret) ? 1 : 0) + (has(self.serviceAccount) ? 1 : 0) + (has(self.downwardAPI) ? 1 : 0) + (has(self.cloudInitConfigDrive) ? 1 : 0) + (has(self.ephemeral) ? 1 : 0) == 1"
     )
     .message("a volume needs exactly one of containerDisk, persistentVolumeClaim, cloudInitNoCloud, emptyDisk"),
     validation = Rule::new("!has(self.dataVolume)").message(refusals::DATA_VOLUME).field_path(".dataVolume"),
-    validation = Rule::new("!has(self.hostDisk)").message(refusals::HOST_DISK).field_path(".hostDisk")
+    validation = Rule::new("!has(self.hostDisk)").message(refusals::HOST_DISK).field_path(".hostDisk"),
+    validation = Rule::new("!has(self.configMap)").message(refusals::VOLUME_SOURCE).field_path(".configMap"),
+    validation = Rule::new("!has(self.secret)").message(refusals::VOLUME_SOURCE).field_path(".secret"),
+    validation = Rule::new("!has(self.serviceAccount)").message(refusals::VOLUME_SOURCE).field_path(".serviceAccount"),
+    validation = Rule::new("!has(self.downwardAPI)").message(refusals::VOLUME_SOURCE).field_path(".downwardAPI"),
+    validation = Rule::new("!has(self.cloudInitConfigDrive)").message(refusals::VOLUME_SOURCE).field_path(".cloudInitConfigDrive"),
+    validation = Rule::new("!has(self.ephemeral)").message(refusals::VOLUME_SOURCE).field_path(".ephemeral")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Volume {
@@ -703,6 +784,34 @@ pub struct Volume {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_object")]
     pub host_disk: Option<serde_json::Value>,
+    /// KubeVirt's ConfigMap volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub config_map: Option<serde_json::Value>,
+    /// KubeVirt's Secret volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub secret: Option<serde_json::Value>,
+    /// KubeVirt's ServiceAccount token volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub service_account: Option<serde_json::Value>,
+    /// KubeVirt's downward API volume: refused (a validation rule says why).
+    #[serde(
+        rename = "downwardAPI",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub downward_api: Option<serde_json::Value>,
+    /// KubeVirt's cloud-init ConfigDrive volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub cloud_init_config_drive: Option<serde_json::Value>,
+    /// KubeVirt's ephemeral PVC volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub ephemeral: Option<serde_json::Value>,
 }
 
 /// Disk image inside a container image.
@@ -822,11 +931,20 @@ pub struct Network {
 }
 
 /// The pod network.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.vmNetworkCIDR)")
+        .message(refusals::VM_NETWORK_CIDR)
+        .field_path(".vmNetworkCIDR")
+)]
 pub struct PodNetwork {
-    /// CIDR of the guest side of masquerade (default 10.0.2.0/24).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// KubeVirt's CIDR of the guest side of masquerade: refused, not implemented yet (the
+    /// guest side is 10.0.2.0/24).
+    #[serde(
+        rename = "vmNetworkCIDR",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(length(max = 64))]
     pub vm_network_cidr: Option<String>,
 }

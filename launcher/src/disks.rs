@@ -437,7 +437,7 @@ fn volume_disk(
             volume: name.into(),
             source,
         };
-        let mut seed = NoCloudSeed::from_volume(ci, id, doc.name()).map_err(ci_err)?;
+        let mut seed = NoCloudSeed::from_volume(ci, id, doc.hostname()).map_err(ci_err)?;
         match layout {
             Layout::Pod { root, .. } => {
                 // The operator mounts the data from Secrets (ours for inline data, or the

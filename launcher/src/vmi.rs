@@ -85,6 +85,9 @@ pub struct Spec {
     pub networks: Vec<Network>,
     #[serde(default)]
     pub termination_grace_period_seconds: Option<i64>,
+    /// The guest's host name (default: the VMI's name).
+    #[serde(default)]
+    pub hostname: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -378,6 +381,16 @@ impl VmiDocument {
         self.metadata.name.as_deref().unwrap_or("vmi")
     }
 
+    /// The guest's host name (DHCP, cloud-init `local-hostname`): `spec.hostname`, else the
+    /// VMI's name.
+    pub fn hostname(&self) -> &str {
+        self.spec
+            .hostname
+            .as_deref()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| self.name())
+    }
+
     /// cloud-init's `instance-id`: `firmware.uuid` (KubeVirt's choice: stable when a VM gives
     /// every VMI the same one), else the VMI's uid, else its name.
     pub fn instance_id(&self) -> &str {
@@ -535,6 +548,13 @@ spec:
         )
         .unwrap();
         assert_eq!(doc.instance_id(), "5d30");
+        assert_eq!(doc.hostname(), "vmi");
+        let doc = VmiDocument::parse(
+            "{\"metadata\":{\"name\":\"a\"},\"spec\":{\"hostname\":\"web-1\"}}",
+            "vmi.json",
+        )
+        .unwrap();
+        assert_eq!((doc.name(), doc.hostname()), ("a", "web-1"));
         assert_eq!(
             VmiDocument::parse("{}", "vmi.json").unwrap().instance_id(),
             "vmi"

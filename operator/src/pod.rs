@@ -367,9 +367,35 @@ pub fn with_default_volume_disks(spec: &mut VirtualMachineInstanceSpec) {
     }
 }
 
+/// Orders the disks by `bootOrder` (lowest first; disks without one after them, in their
+/// order): a microVM has no firmware to boot from a disk, so the first disk, the root disk of
+/// the default kernel, is the one KubeVirt's firmware would boot.
+pub fn disks_in_boot_order(spec: &mut VirtualMachineInstanceSpec) {
+    if let Some(d) = spec.domain.devices.as_mut() {
+        d.disks.sort_by_key(|d| d.boot_order.unwrap_or(u32::MAX));
+    }
+}
+
+/// The launcher pod's host name: `spec.hostname`, else the VMI's name when it is a DNS label
+/// (as KubeVirt names its launcher pods' hosts).
+pub fn pod_hostname(vmi: &VirtualMachineInstance) -> Option<String> {
+    if let Some(h) = &vmi.spec.hostname {
+        return Some(h.clone());
+    }
+    let name = vmi.metadata.name.as_deref()?;
+    let label = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    label.then(|| name.to_string())
+}
+
 /// The spec the launcher gets: the VMI's, with the defaults the operator applies (as
 /// KubeVirt's virt-controller and webhooks do): a disk for every volume without one
-/// ([`with_default_volume_disks`]), the pod network interface ([`default_pod_interface`]), and
+/// ([`with_default_volume_disks`]), disks in boot order ([`disks_in_boot_order`]), the pod network interface ([`default_pod_interface`]), and
 /// the operator's default kernel image (and, when the VMI has
 /// none, kernel arguments) when it names no kernelBoot container. A pod never boots the
 /// launcher's built-in demo guest: that takes an image that carries it.
@@ -379,6 +405,7 @@ pub fn launcher_spec(
 ) -> Result<microvirt_crds::VirtualMachineInstanceSpec, PodError> {
     let mut spec = vmi.spec.clone();
     with_default_volume_disks(&mut spec);
+    disks_in_boot_order(&mut spec);
     with_default_pod_interface(&mut spec, cfg.default_network_interface);
     let has_kernel = spec
         .domain
@@ -778,6 +805,8 @@ pub fn desired_pod(
             ),
             node_selector: vmi.spec.node_selector.clone(),
             priority_class_name: vmi.spec.priority_class_name.clone(),
+            hostname: pod_hostname(vmi),
+            subdomain: vmi.spec.subdomain.clone(),
             scheduler_name: vmi.spec.scheduler_name.clone(),
             tolerations: vmi.spec.tolerations.clone(),
             affinity: vmi.spec.affinity.clone(),
@@ -894,6 +923,7 @@ mod tests {
                 }),
                 memory: memory.map(|m| Memory {
                     guest: Some(Quantity(m.into())),
+                    ..Default::default()
                 }),
                 ..Default::default()
             },
@@ -1265,6 +1295,7 @@ mod tests {
                     readonly: Some(true),
                 }),
                 serial: None,
+                ..Default::default()
             }],
             ..Default::default()
         });
@@ -1568,5 +1599,45 @@ mod tests {
                 .as_deref(),
             Some("s1")
         );
+    }
+
+    #[test]
+    fn boot_order_picks_the_root_disk_and_hostname_reaches_the_pod() {
+        let mut sp = spec(Some("64Mi"), None);
+        sp.domain.devices = Some(Devices {
+            disks: vec![
+                Disk {
+                    name: "scratch".into(),
+                    ..Default::default()
+                },
+                Disk {
+                    name: "root".into(),
+                    boot_order: Some(1),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        });
+        sp.subdomain = Some("web".into());
+        let v = vmi(sp.clone());
+        let pod = desired_pod(&v, &Config::default(), &BlockVolumes::new()).unwrap();
+        let doc = launcher_doc(&pod);
+        let names: Vec<&str> = doc["spec"]["domain"]["devices"]["disks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["root", "scratch"]);
+        let ps = pod.spec.unwrap();
+        assert_eq!(ps.hostname.as_deref(), Some("vm1"));
+        assert_eq!(ps.subdomain.as_deref(), Some("web"));
+
+        sp.hostname = Some("db-0".into());
+        assert_eq!(pod_hostname(&vmi(sp.clone())).as_deref(), Some("db-0"));
+        sp.hostname = None;
+        let mut dotted = vmi(sp);
+        dotted.metadata.name = Some("a.b".into());
+        assert_eq!(pod_hostname(&dotted), None);
     }
 }

@@ -29,6 +29,7 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
     let e = match file {
         "vmi-cirros.yaml"
         | "vmi-volumes-only.yaml"
+        | "vmi-hostname-bootorder.yaml"
         | "vmi-efi-q35.yaml"
         | "vmi-isolated.yaml"
         | "vmi-masquerade-ports.yaml"
@@ -58,6 +59,19 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
                 "spec.domain.devices.interfaces[0].model",
                 refusals::INTERFACE_MODEL,
             ),
+        ],
+        "vmi-unsupported-devices.yaml" => vec![
+            ("spec.evictionStrategy", refusals::EVICTION_STRATEGY),
+            ("spec.domain.memory.hugepages", refusals::HUGEPAGES),
+            ("spec.domain.devices.disks[1].cdrom", refusals::CDROM),
+            ("spec.domain.devices.disks[2].lun", refusals::LUN),
+            ("spec.domain.devices.filesystems", refusals::FILESYSTEMS),
+            ("spec.domain.devices.interfaces[0].passt", refusals::PASST),
+            (
+                "spec.networks[0].pod.vmNetworkCIDR",
+                refusals::VM_NETWORK_CIDR,
+            ),
+            ("spec.volumes[3].configMap", refusals::VOLUME_SOURCE),
         ],
         "vmi-start-paused.yaml" => vec![("spec.startStrategy", refusals::START_STRATEGY)],
         "vm-instancetype.yaml" => vec![

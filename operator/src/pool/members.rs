@@ -494,6 +494,7 @@ pub(crate) mod tests {
             guest: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
                 "256Mi".into(),
             )),
+            ..Default::default()
         });
         assert_ne!(effective_template(&q, []).unwrap().hash, a.hash);
         // Replicas and warm settings are not part of what a member is made from.
