@@ -19,6 +19,7 @@ pub mod pool;
 #[cfg(feature = "kube")]
 pub mod preset;
 pub mod quantity;
+pub mod refusals;
 #[cfg(feature = "kube")]
 pub mod schema;
 #[cfg(feature = "kube")]

@@ -13,6 +13,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::refusals;
 use crate::template::VirtualMachineInstanceTemplateSpec;
 
 /// Longest pool name: its VMIs are `<pool>-<5 characters>` and a VMI name is a label value
@@ -112,19 +113,27 @@ impl MemberRole {
 )]
 #[x_kube(
     validation = Rule::new(
-        "!has(self.selector.matchLabels) || self.selector.matchLabels.all(k, has(self.template.metadata) && has(self.template.metadata.labels) && k in self.template.metadata.labels && self.template.metadata.labels[k] == self.selector.matchLabels[k])"
+        "!has(self.template) || !has(self.selector.matchLabels) || self.selector.matchLabels.all(k, has(self.template.metadata) && has(self.template.metadata.labels) && k in self.template.metadata.labels && self.template.metadata.labels[k] == self.selector.matchLabels[k])"
     )
     .message("spec.template.metadata.labels must contain every label of spec.selector.matchLabels"),
     validation = Rule::new("has(self.selector.matchLabels) || has(self.selector.matchExpressions)")
         .message("spec.selector must not be empty"),
     validation = Rule::new(
-        "!has(self.warm) || !has(self.template.spec.volumes) || self.template.spec.volumes.all(v, !has(v.persistentVolumeClaim) && !has(v.emptyDisk))"
+        "!has(self.warm) || !has(self.template) || !has(self.template.spec.volumes) || self.template.spec.volumes.all(v, !has(v.persistentVolumeClaim) && !has(v.emptyDisk))"
     )
     .message("spec.warm needs a template without persistentVolumeClaim and emptyDisk volumes: every warm member is restored from one snapshot, so they would share one PVC, and an emptyDisk's content is not part of the snapshot (use containerDisk, whose overlay travels with the snapshot)"),
     validation = Rule::new(
-        "!has(self.warm) || !has(self.template.spec.domain.devices) || !has(self.template.spec.domain.devices.interfaces) || self.template.spec.domain.devices.interfaces.all(i, !has(i.bridge))"
+        "!has(self.warm) || !has(self.template) || !has(self.template.spec.domain.devices) || !has(self.template.spec.domain.devices.interfaces) || self.template.spec.domain.devices.interfaces.all(i, !has(i.bridge))"
     )
-    .message("spec.warm needs masquerade interfaces: with a bridge binding the restored guest would keep the pod IP of the pod the snapshot was taken in")
+    .message("spec.warm needs masquerade interfaces: with a bridge binding the restored guest would keep the pod IP of the pod the snapshot was taken in"),
+    // `template` is required by this rule rather than by the schema, so that a KubeVirt pool
+    // (virtualMachineTemplate, no template) meets the refusal below, not `Required value`.
+    validation = Rule::new("has(self.template) || has(self.virtualMachineTemplate)")
+        .message("spec.template is required")
+        .field_path(".template"),
+    validation = Rule::new("!has(self.virtualMachineTemplate)")
+        .message(refusals::POOL_VM_TEMPLATE)
+        .field_path(".virtualMachineTemplate")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachinePoolSpec {
@@ -137,6 +146,9 @@ pub struct VirtualMachinePoolSpec {
     #[schemars(schema_with = "crate::schema::label_selector")]
     pub selector: LabelSelector,
     /// Template of the pool's VMIs (a VMI template, as in a VirtualMachineInstanceReplicaSet).
+    /// Required (a validation rule says so).
+    #[serde(default)]
+    #[schemars(transform = crate::schema::no_default)]
     pub template: VirtualMachineInstanceTemplateSpec,
     /// When true the operator neither creates, claims nor deletes VMIs or warm members of this
     /// pool; it only reports status.
@@ -149,6 +161,10 @@ pub struct VirtualMachinePoolSpec {
     /// which new replicas are claimed. Without it every replica boots cold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<WarmSpec>,
+    /// KubeVirt's VirtualMachine template: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub virtual_machine_template: Option<serde_json::Value>,
 }
 
 /// How a pool scales in (KubeVirt's names; exactly one of the three).

@@ -73,3 +73,35 @@ pub fn label_selector(generator: &mut SchemaGenerator) -> Schema {
     }
     schema
 }
+
+/// `schema_with` for a KubeVirt field microvirt refuses (a CEL rule beside it names it and says
+/// why): any object is accepted by the schema, so that the refusal, not `unknown field` or
+/// pruning, is what the user meets.
+pub fn any_object(_: &mut SchemaGenerator) -> Schema {
+    serde_json::from_value(json!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    }))
+    .expect("a valid schema")
+}
+
+/// `schema_with` for a list of [`any_object`]s (at most 64).
+pub fn any_object_list(_: &mut SchemaGenerator) -> Schema {
+    serde_json::from_value(json!({
+        "type": "array",
+        "maxItems": 64,
+        "items": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": true,
+        },
+    }))
+    .expect("a valid schema")
+}
+
+/// `transform` for a field that is `#[serde(default)]` in Rust only: no `default` in the
+/// schema, so the API server does not fill it in (a validation rule requires it instead).
+pub fn no_default(schema: &mut Schema) {
+    if let Some(obj) = schema.as_object_mut() {
+        obj.remove("default");
+    }
+}

@@ -2,13 +2,21 @@
 
 use std::collections::BTreeMap;
 
+use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::refusals;
 
 use crate::vmi::VirtualMachineInstanceSpec;
 
 /// Metadata a template stamps on the VMIs it creates.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.annotations) || !('hooks.kubevirt.io/hookSidecars' in self.annotations)")
+        .message(refusals::HOOK_SIDECARS)
+        .field_path(".annotations")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateMeta {
     /// Labels of created VMIs.

@@ -4,6 +4,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::refusals;
 use crate::template::VirtualMachineInstanceTemplateSpec;
 
 #[allow(clippy::duplicated_attributes)] // repeated printcolumn(...) arguments of #[kube]
@@ -37,7 +38,12 @@ use crate::template::VirtualMachineInstanceTemplateSpec;
 )]
 #[x_kube(
     validation = Rule::new("!(has(self.running) && has(self.runStrategy))")
-        .message("set either spec.running or spec.runStrategy, not both")
+        .message("set either spec.running or spec.runStrategy, not both"),
+    validation = Rule::new("!has(self.instancetype)").message(refusals::INSTANCETYPE).field_path(".instancetype"),
+    validation = Rule::new("!has(self.preference)").message(refusals::PREFERENCE).field_path(".preference"),
+    validation = Rule::new("!has(self.dataVolumeTemplates)")
+        .message(refusals::DATA_VOLUME_TEMPLATES)
+        .field_path(".dataVolumeTemplates")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineSpec {
@@ -49,6 +55,20 @@ pub struct VirtualMachineSpec {
     pub run_strategy: Option<RunStrategy>,
     /// The VMI to run.
     pub template: VirtualMachineInstanceTemplateSpec,
+    /// KubeVirt's instancetype reference: refused, not implemented yet
+    /// (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub instancetype: Option<serde_json::Value>,
+    /// KubeVirt's preference reference: refused, not implemented yet
+    /// (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub preference: Option<serde_json::Value>,
+    /// CDI DataVolume templates: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object_list")]
+    pub data_volume_templates: Option<Vec<serde_json::Value>>,
 }
 
 /// Run strategies (KubeVirt's semantics).

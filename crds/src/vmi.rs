@@ -12,6 +12,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::refusals;
+
 /// Label key that the operator puts on launcher pods: the owning VMI's name.
 pub const LABEL_VMI_NAME: &str = "microvirt.io/vmi";
 /// Annotation key on launcher pods carrying the owning VMI's uid.
@@ -28,6 +30,9 @@ pub const ANNOTATION_CONTROL_REQUEST: &str = "microvirt.io/control-request";
 /// Annotation on launcher pods, written by the node agent when it has carried out a control
 /// request: `<id> ok` or `<id> error <message>`.
 pub const ANNOTATION_CONTROL_RESULT: &str = "microvirt.io/control-result";
+/// Name of the interface and the network a VMI gets when it declares neither (KubeVirt's
+/// `autoattachPodInterface`).
+pub const DEFAULT_NETWORK_NAME: &str = "default";
 /// VMI condition reported by the node agent (the launcher's `paused` state).
 pub const CONDITION_PAUSED: &str = "Paused";
 /// VMI conditions whose owner is the node agent (field manager `virt-handler`); the operator
@@ -71,7 +76,15 @@ pub const NODE_AGENT_CONDITIONS: &[&str] = &[CONDITION_PAUSED];
     validation = Rule::new(
         "!has(self.domain.devices) || !has(self.domain.devices.interfaces) || self.domain.devices.interfaces.all(i, has(self.networks) && self.networks.exists(n, n.name == i.name))"
     )
-    .message("every entry of spec.domain.devices.interfaces must name a network listed in spec.networks")
+    .message("every entry of spec.domain.devices.interfaces must name a network listed in spec.networks"),
+    validation = Rule::new("!has(self.resourceClaims)").message(refusals::RESOURCE_CLAIMS).field_path(".resourceClaims"),
+    validation = Rule::new("!has(self.startStrategy)").message(refusals::START_STRATEGY).field_path(".startStrategy"),
+    validation = Rule::new("!has(self.readinessProbe)").message(refusals::READINESS_PROBE).field_path(".readinessProbe"),
+    validation = Rule::new("!has(self.livenessProbe)").message(refusals::LIVENESS_PROBE).field_path(".livenessProbe"),
+    validation = Rule::new("!has(self.accessCredentials)").message(refusals::ACCESS_CREDENTIALS).field_path(".accessCredentials"),
+    validation = Rule::new("!has(self.evictionStrategy) || self.evictionStrategy == 'None' || self.evictionStrategy == 'LiveMigrateIfPossible'")
+        .message(refusals::EVICTION_STRATEGY)
+        .field_path(".evictionStrategy")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineInstanceSpec {
@@ -100,6 +113,74 @@ pub struct VirtualMachineInstanceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 3600))]
     pub termination_grace_period_seconds: Option<i64>,
+    /// Host name of the guest (DHCP, cloud-init `local-hostname`) and of the launcher pod
+    /// (default: the VMI's name). With `subdomain` and a headless Service of that name,
+    /// `<hostname>.<subdomain>.<namespace>.svc` resolves to the VMI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new(DNS_LABEL_RULE).message(
+        "hostname must be a DNS label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters)"
+    ))]
+    pub hostname: Option<String>,
+    /// Subdomain of the launcher pod (a headless Service's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new(DNS_LABEL_RULE).message(
+        "subdomain must be a DNS label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters)"
+    ))]
+    pub subdomain: Option<String>,
+    /// KubeVirt's eviction strategy. `None` (what microvirt does) and `LiveMigrateIfPossible`
+    /// (the same, as nothing is migratable) are accepted; `LiveMigrate` and `External` are
+    /// refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eviction_strategy: Option<EvictionStrategy>,
+    /// PriorityClass of the launcher pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub priority_class_name: Option<String>,
+    /// Scheduler of the launcher pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub scheduler_name: Option<String>,
+    /// KubeVirt's `startStrategy` (`Paused`): refused, not implemented yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_strategy: Option<StartStrategy>,
+    /// KubeVirt's dynamic resource allocation claims: refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object_list")]
+    pub resource_claims: Option<Vec<serde_json::Value>>,
+    /// KubeVirt's readiness probe: refused, not implemented yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub readiness_probe: Option<serde_json::Value>,
+    /// KubeVirt's liveness probe: refused, not implemented yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub liveness_probe: Option<serde_json::Value>,
+    /// KubeVirt's access credentials (SSH keys, passwords): refused, not implemented yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object_list")]
+    pub access_credentials: Option<Vec<serde_json::Value>>,
+}
+
+/// KubeVirt's eviction strategies.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum EvictionStrategy {
+    /// The VMI is stopped on eviction (microvirt's behaviour).
+    None,
+    /// Live-migrate, else block the eviction: refused.
+    LiveMigrate,
+    /// Live-migrate when possible, else as None: accepted, as None.
+    LiveMigrateIfPossible,
+    /// Block the eviction for an external controller: refused.
+    External,
+}
+
+/// KubeVirt's start strategies (refused: see [`refusals::START_STRATEGY`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum StartStrategy {
+    /// Start the VMI paused.
+    Paused,
 }
 
 /// Virtual hardware of a VMI (also the defaults a preset carries).
@@ -121,10 +202,152 @@ pub struct DomainSpec {
     /// Disks and network interfaces.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub devices: Option<Devices>,
+    /// Machine type. Accepted, no effect: a microVM has one machine (no PCI, virtio-mmio
+    /// devices), whatever the type says (`q35`, `pc`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<Machine>,
+    /// Platform features (acpi, apic, smm: accepted; hyperv: refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Features>,
+    /// Guest clock (UTC, kvm-clock; timer settings accepted without effect).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<Clock>,
+}
+
+/// Machine type (accepted, no effect).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct Machine {
+    /// KubeVirt's QEMU machine type, e.g. `q35`.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub type_: Option<String>,
+}
+
+/// Platform features.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.hyperv)").message(refusals::HYPERV).field_path(".hyperv")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Features {
+    /// Accepted, no effect: a microVM has no ACPI; the launcher powers the guest off with
+    /// Ctrl-Alt-Del (i8042) instead of an ACPI power button.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acpi: Option<FeatureState>,
+    /// Accepted, no effect: every vCPU has a local APIC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apic: Option<FeatureApic>,
+    /// Accepted, no effect: SMM is for firmware, and a microVM runs none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smm: Option<FeatureState>,
+    /// Hyper-V enlightenments: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub hyperv: Option<serde_json::Value>,
+}
+
+/// A feature that is on when present (`enabled` defaults to true).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct FeatureState {
+    /// Whether the feature is on (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+}
+
+/// The APIC feature.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FeatureApic {
+    /// Whether the feature is on (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// KubeVirt's EOI setting (no effect).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_of_interrupt: Option<bool>,
+}
+
+/// Guest clock.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.timezone)").message(refusals::TIMEZONE).field_path(".timezone"),
+    validation = Rule::new("!has(self.utc) || !has(self.utc.offsetSeconds) || self.utc.offsetSeconds == 0")
+        .message(refusals::UTC_OFFSET)
+        .field_path(".utc.offsetSeconds")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Clock {
+    /// The guest clock is UTC (the only choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub utc: Option<ClockUtc>,
+    /// KubeVirt's local-time clock: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub timezone: Option<String>,
+    /// Timers. Accepted without effect (kvm-clock is the clock source; the microVM's PIT is
+    /// KVM's, with its own tick policy; there is no HPET, RTC or Hyper-V clock), except that
+    /// kvm-clock cannot be removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timer: Option<Timers>,
+}
+
+/// UTC clock.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClockUtc {
+    /// Offset from UTC: only 0 (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset_seconds: Option<i64>,
+}
+
+/// KubeVirt's timers.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.kvm) || !has(self.kvm.present) || self.kvm.present")
+        .message(refusals::KVM_CLOCK)
+        .field_path(".kvm.present")
+)]
+pub struct Timers {
+    /// HPET.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hpet: Option<Timer>,
+    /// kvm-clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvm: Option<Timer>,
+    /// PIT.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pit: Option<Timer>,
+    /// RTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rtc: Option<Timer>,
+    /// Hyper-V reference clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hyperv: Option<Timer>,
+}
+
+/// One timer's settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Timer {
+    /// Whether the timer is present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub present: Option<bool>,
+    /// Tick policy (delay, catchup, merge, discard).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub tick_policy: Option<String>,
+    /// What the RTC tracks (guest, wall).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub track: Option<String>,
 }
 
 /// vCPU topology.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.isolateEmulatorThread) || !self.isolateEmulatorThread || (has(self.dedicatedCpuPlacement) && self.dedicatedCpuPlacement)")
+        .message(refusals::ISOLATE_EMULATOR_THREAD)
+        .field_path(".isolateEmulatorThread")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Cpu {
     /// Cores per socket (at least 1).
@@ -139,6 +362,14 @@ pub struct Cpu {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 2))]
     pub threads: Option<u32>,
+    /// Whole, exclusive CPUs for the vCPUs: the launcher pod gets a CPU request and limit of
+    /// one CPU per vCPU (Guaranteed QoS), which the kubelet's static CPU manager makes
+    /// exclusive. The vCPU threads are not pinned one to one inside that set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedicated_cpu_placement: Option<bool>,
+    /// With `dedicatedCpuPlacement`: one more whole CPU for the VMM's own threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolate_emulator_thread: Option<bool>,
 }
 
 /// Guest memory.
@@ -147,7 +378,8 @@ pub struct Cpu {
     validation = Rule::new(
         "!has(self.guest) || (isQuantity(string(self.guest)) && quantity(string(self.guest)).compareTo(quantity('16Mi')) >= 0 && quantity(string(self.guest)).compareTo(quantity('1Ei')) <= 0)"
     )
-    .message("domain.memory.guest must be a quantity from 16Mi to 1Ei, e.g. 128Mi")
+    .message("domain.memory.guest must be a quantity from 16Mi to 1Ei, e.g. 128Mi"),
+    validation = Rule::new("!has(self.hugepages)").message(refusals::HUGEPAGES).field_path(".hugepages")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Memory {
@@ -155,6 +387,10 @@ pub struct Memory {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::bounded_quantity)]
     pub guest: Option<Quantity>,
+    /// Huge pages: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub hugepages: Option<serde_json::Value>,
 }
 
 /// Resource requests and limits (KubeVirt's `domain.resources`).
@@ -185,6 +421,54 @@ pub struct Firmware {
     /// Direct kernel boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_boot: Option<KernelBoot>,
+    /// BIOS or EFI. Accepted as microvirt's one boot path: no firmware runs; the guest boots
+    /// the kernel of `kernelBoot` (or the operator's default kernel) directly. Secure Boot is
+    /// refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootloader: Option<Bootloader>,
+    /// The machine's UUID. A microVM has no SMBIOS; it is the guest's cloud-init
+    /// `instance-id` (else the VMI's uid), as in KubeVirt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub uuid: Option<String>,
+}
+
+/// BIOS or EFI (both: boot the kernel directly).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!(has(self.bios) && has(self.efi))").message(refusals::BOOTLOADER_BOTH),
+    validation = Rule::new("!has(self.efi) || (has(self.efi.secureBoot) && !self.efi.secureBoot)")
+        .message(refusals::SECURE_BOOT)
+        .field_path(".efi")
+)]
+pub struct Bootloader {
+    /// BIOS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bios: Option<Bios>,
+    /// EFI (only with `secureBoot: false`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efi: Option<Efi>,
+}
+
+/// BIOS settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Bios {
+    /// BIOS output on the serial console (no effect: the kernel's console is the serial one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_serial: Option<bool>,
+}
+
+/// EFI settings.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Efi {
+    /// Secure Boot; KubeVirt's default is true, so microvirt needs an explicit `false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_boot: Option<bool>,
+    /// Persistent EFI variables (no effect: there are none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent: Option<bool>,
 }
 
 /// Direct kernel boot: a kernel (and optional initrd) taken from a container image.
@@ -240,7 +524,16 @@ pub enum PullPolicy {
 }
 
 /// Devices of the guest.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.gpus)").message(refusals::GPUS).field_path(".gpus"),
+    validation = Rule::new("!has(self.hostDevices)").message(refusals::HOST_DEVICES).field_path(".hostDevices"),
+    validation = Rule::new("!has(self.tpm)").message(refusals::TPM).field_path(".tpm"),
+    validation = Rule::new("!has(self.filesystems)").message(refusals::FILESYSTEMS).field_path(".filesystems"),
+    validation = Rule::new("!has(self.autoattachVSOCK) || !self.autoattachVSOCK")
+        .message(refusals::VSOCK)
+        .field_path(".autoattachVSOCK")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Devices {
     /// Block devices; each names a volume.
@@ -256,6 +549,43 @@ pub struct Devices {
     /// A virtio-rng device: entropy for the guest from the host (KubeVirt's `rng: {}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rng: Option<Rng>,
+    /// When the VMI declares neither `interfaces` nor `networks`, attach the pod network with
+    /// the operator's default binding (masquerade unless `--default-network-interface`), as an
+    /// interface and a network named `default` (KubeVirt's default: true). `false`: no NIC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoattach_pod_interface: Option<bool>,
+    /// Accepted, no effect: a microVM never has a graphics device (KubeVirt's default: true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoattach_graphics_device: Option<bool>,
+    /// Accepted, no effect: the serial console always exists (it is the launcher's log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoattach_serial_console: Option<bool>,
+    /// Accepted, no effect: a microVM has no memory balloon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoattach_mem_balloon: Option<bool>,
+    /// Only `false` (the default): a microVM has no vsock device (a validation rule says why).
+    #[serde(
+        rename = "autoattachVSOCK",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub autoattach_vsock: Option<bool>,
+    /// GPU passthrough: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object_list")]
+    pub gpus: Option<Vec<serde_json::Value>>,
+    /// Host device passthrough: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object_list")]
+    pub host_devices: Option<Vec<serde_json::Value>>,
+    /// A TPM: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub tpm: Option<serde_json::Value>,
+    /// virtiofs shares: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object_list")]
+    pub filesystems: Option<Vec<serde_json::Value>>,
 }
 
 /// The random number generator device (no settings).
@@ -269,6 +599,10 @@ pub const INSIDE_IMAGE_RULE: &str = "!self.matches('(^|/)[.][.](/|$)')";
 
 /// A disk of the guest.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.cdrom)").message(refusals::CDROM).field_path(".cdrom"),
+    validation = Rule::new("!has(self.lun)").message(refusals::LUN).field_path(".lun")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Disk {
     /// Name; must match a volume's name. A DNS label: it becomes a file name in the launcher
@@ -285,6 +619,20 @@ pub struct Disk {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 20))]
     pub serial: Option<String>,
+    /// Boot priority (1 is first). There is no firmware to boot from a disk: the disk with the
+    /// lowest `bootOrder` becomes the first disk, which is the root disk of the default kernel
+    /// (`root=/dev/vda`); disks without one follow in their order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub boot_order: Option<u32>,
+    /// A CD-ROM: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub cdrom: Option<serde_json::Value>,
+    /// A SCSI LUN: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub lun: Option<serde_json::Value>,
 }
 
 /// How a disk is attached.
@@ -311,7 +659,13 @@ pub enum DiskBus {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[x_kube(
     validation = Rule::new("!(has(self.masquerade) && has(self.bridge))")
-        .message("an interface uses either masquerade or bridge, not both")
+        .message("an interface uses either masquerade or bridge, not both"),
+    validation = Rule::new("!has(self.sriov)").message(refusals::SRIOV).field_path(".sriov"),
+    validation = Rule::new("!has(self.passt)").message(refusals::PASST).field_path(".passt"),
+    validation = Rule::new("!has(self.binding)").message(refusals::BINDING).field_path(".binding"),
+    validation = Rule::new("!has(self.model) || self.model == 'virtio'")
+        .message(refusals::INTERFACE_MODEL)
+        .field_path(".model")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Interface {
@@ -332,6 +686,22 @@ pub struct Interface {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9a-fA-F]{2}[:-]){5}[0-9a-fA-F]{2}$"))]
     pub mac_address: Option<String>,
+    /// NIC model: only `virtio` (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub model: Option<String>,
+    /// SR-IOV binding: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub sriov: Option<serde_json::Value>,
+    /// passt binding: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub passt: Option<serde_json::Value>,
+    /// A network binding plugin: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub binding: Option<serde_json::Value>,
 }
 
 /// Masquerade binding (no fields).
@@ -373,9 +743,17 @@ pub enum Protocol {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[x_kube(
     validation = Rule::new(
-        "(has(self.containerDisk) ? 1 : 0) + (has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.cloudInitNoCloud) ? 1 : 0) + (has(self.emptyDisk) ? 1 : 0) == 1"
+        "(has(self.containerDisk) ? 1 : 0) + (has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.cloudInitNoCloud) ? 1 : 0) + (has(self.emptyDisk) ? 1 : 0) + (has(self.dataVolume) ? 1 : 0) + (has(self.hostDisk) ? 1 : 0) + (has(self.configMap) ? 1 : 0) + (has(self.secret) ? 1 : 0) + (has(self.serviceAccount) ? 1 : 0) + (has(self.downwardAPI) ? 1 : 0) + (has(self.cloudInitConfigDrive) ? 1 : 0) + (has(self.ephemeral) ? 1 : 0) == 1"
     )
-    .message("a volume needs exactly one of containerDisk, persistentVolumeClaim, cloudInitNoCloud, emptyDisk")
+    .message("a volume needs exactly one of containerDisk, persistentVolumeClaim, cloudInitNoCloud, emptyDisk"),
+    validation = Rule::new("!has(self.dataVolume)").message(refusals::DATA_VOLUME).field_path(".dataVolume"),
+    validation = Rule::new("!has(self.hostDisk)").message(refusals::HOST_DISK).field_path(".hostDisk"),
+    validation = Rule::new("!has(self.configMap)").message(refusals::VOLUME_SOURCE).field_path(".configMap"),
+    validation = Rule::new("!has(self.secret)").message(refusals::VOLUME_SOURCE).field_path(".secret"),
+    validation = Rule::new("!has(self.serviceAccount)").message(refusals::VOLUME_SOURCE).field_path(".serviceAccount"),
+    validation = Rule::new("!has(self.downwardAPI)").message(refusals::VOLUME_SOURCE).field_path(".downwardAPI"),
+    validation = Rule::new("!has(self.cloudInitConfigDrive)").message(refusals::VOLUME_SOURCE).field_path(".cloudInitConfigDrive"),
+    validation = Rule::new("!has(self.ephemeral)").message(refusals::VOLUME_SOURCE).field_path(".ephemeral")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Volume {
@@ -398,6 +776,42 @@ pub struct Volume {
     /// A blank disk discarded when the VMI ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub empty_disk: Option<EmptyDiskSource>,
+    /// A CDI DataVolume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub data_volume: Option<serde_json::Value>,
+    /// A disk image on the node: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub host_disk: Option<serde_json::Value>,
+    /// KubeVirt's ConfigMap volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub config_map: Option<serde_json::Value>,
+    /// KubeVirt's Secret volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub secret: Option<serde_json::Value>,
+    /// KubeVirt's ServiceAccount token volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub service_account: Option<serde_json::Value>,
+    /// KubeVirt's downward API volume: refused (a validation rule says why).
+    #[serde(
+        rename = "downwardAPI",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub downward_api: Option<serde_json::Value>,
+    /// KubeVirt's cloud-init ConfigDrive volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub cloud_init_config_drive: Option<serde_json::Value>,
+    /// KubeVirt's ephemeral PVC volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub ephemeral: Option<serde_json::Value>,
 }
 
 /// Disk image inside a container image.
@@ -498,7 +912,10 @@ pub struct EmptyDiskSource {
 }
 
 /// A network the guest attaches to.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.multus)").message(refusals::MULTUS).field_path(".multus")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Network {
     /// Name that an interface refers to.
@@ -507,14 +924,27 @@ pub struct Network {
     /// The pod network (the only kind microvirt has).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<PodNetwork>,
+    /// A Multus network: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub multus: Option<serde_json::Value>,
 }
 
 /// The pod network.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.vmNetworkCIDR)")
+        .message(refusals::VM_NETWORK_CIDR)
+        .field_path(".vmNetworkCIDR")
+)]
 pub struct PodNetwork {
-    /// CIDR of the guest side of masquerade (default 10.0.2.0/24).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// KubeVirt's CIDR of the guest side of masquerade: refused, not implemented yet (the
+    /// guest side is 10.0.2.0/24).
+    #[serde(
+        rename = "vmNetworkCIDR",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(length(max = 64))]
     pub vm_network_cidr: Option<String>,
 }

@@ -55,7 +55,7 @@ pub struct NoCloudSeed {
 }
 
 impl NoCloudSeed {
-    /// `meta-data` gets `instance-id` (the VMI's uid, else its name) and `local-hostname`
+    /// `meta-data` gets `instance-id` (`firmware.uuid`, else the VMI's uid, else its name) and `local-hostname`
     /// (the VMI's name); `network-config` is `networkData` when given.
     pub fn from_volume(
         src: &CloudInitNoCloud,

@@ -432,12 +432,12 @@ fn volume_disk(
         return Ok((DiskKind::EmptyDisk, d, false, false));
     }
     if let Some(ci) = &vol.cloud_init_no_cloud {
-        let id = doc.metadata.uid.as_deref().unwrap_or_else(|| doc.name());
+        let id = doc.instance_id();
         let ci_err = |source| DiskError::CloudInit {
             volume: name.into(),
             source,
         };
-        let mut seed = NoCloudSeed::from_volume(ci, id, doc.name()).map_err(ci_err)?;
+        let mut seed = NoCloudSeed::from_volume(ci, id, doc.hostname()).map_err(ci_err)?;
         match layout {
             Layout::Pod { root, .. } => {
                 // The operator mounts the data from Secrets (ours for inline data, or the

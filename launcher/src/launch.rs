@@ -162,7 +162,7 @@ fn setup_network(
         tap_name: "tap0".into(),
         mac,
         ports,
-        hostname: Some(doc.name().to_string()),
+        hostname: Some(doc.hostname().to_string()),
         resolv_conf: PathBuf::from(env_or("MICROVIRT_RESOLV_CONF", "/etc/resolv.conf")),
     };
     // The DHCP server only binds its port here; the launcher starts it once it has dropped

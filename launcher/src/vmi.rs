@@ -85,6 +85,9 @@ pub struct Spec {
     pub networks: Vec<Network>,
     #[serde(default)]
     pub termination_grace_period_seconds: Option<i64>,
+    /// The guest's host name (default: the VMI's name).
+    #[serde(default)]
+    pub hostname: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -129,6 +132,9 @@ pub struct Resources {
 pub struct Firmware {
     #[serde(default)]
     pub kernel_boot: Option<KernelBoot>,
+    /// The machine's UUID: the cloud-init `instance-id` (no SMBIOS in a microVM).
+    #[serde(default)]
+    pub uuid: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -375,6 +381,29 @@ impl VmiDocument {
         self.metadata.name.as_deref().unwrap_or("vmi")
     }
 
+    /// The guest's host name (DHCP, cloud-init `local-hostname`): `spec.hostname`, else the
+    /// VMI's name.
+    pub fn hostname(&self) -> &str {
+        self.spec
+            .hostname
+            .as_deref()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| self.name())
+    }
+
+    /// cloud-init's `instance-id`: `firmware.uuid` (KubeVirt's choice: stable when a VM gives
+    /// every VMI the same one), else the VMI's uid, else its name.
+    pub fn instance_id(&self) -> &str {
+        self.spec
+            .domain
+            .firmware
+            .as_ref()
+            .and_then(|f| f.uuid.as_deref())
+            .filter(|u| !u.is_empty())
+            .or(self.metadata.uid.as_deref())
+            .unwrap_or_else(|| self.name())
+    }
+
     /// Guest memory in bytes: the operator's `guestMemoryBytes`, else `domain.memory.guest`,
     /// else `domain.resources.requests.memory`, else 128 MiB.
     pub fn guest_memory_bytes(&self) -> Result<u64, VmiError> {
@@ -511,7 +540,25 @@ spec:
         assert_eq!(doc.guest_memory_bytes().unwrap(), 128 << 20);
         assert_eq!(doc.vcpus(), 1);
         assert_eq!(doc.metadata.uid.as_deref(), Some("u-1"));
+        assert_eq!(doc.instance_id(), "u-1");
         assert_eq!(doc.grace_period_seconds(), 30);
+        let doc = VmiDocument::parse(
+            "{\"metadata\":{\"uid\":\"u-1\"},\"spec\":{\"domain\":{\"firmware\":{\"uuid\":\"5d30\"}}}}",
+            "vmi.json",
+        )
+        .unwrap();
+        assert_eq!(doc.instance_id(), "5d30");
+        assert_eq!(doc.hostname(), "vmi");
+        let doc = VmiDocument::parse(
+            "{\"metadata\":{\"name\":\"a\"},\"spec\":{\"hostname\":\"web-1\"}}",
+            "vmi.json",
+        )
+        .unwrap();
+        assert_eq!((doc.name(), doc.hostname()), ("a", "web-1"));
+        assert_eq!(
+            VmiDocument::parse("{}", "vmi.json").unwrap().instance_id(),
+            "vmi"
+        );
         assert!(VmiDocument::parse("{\"kind\":\"Pod\"}", "x").is_err());
         for (doc, field) in [
             (

@@ -11,6 +11,17 @@ pub enum KvmMode {
     HostPath,
 }
 
+/// The binding of the pod network interface a VMI gets when it declares no `interfaces` and no
+/// `networks` (KubeVirt's `NetworkConfiguration.NetworkInterface`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DefaultBinding {
+    /// NAT behind the pod IP (default).
+    #[default]
+    Masquerade,
+    /// The guest takes the pod IP.
+    Bridge,
+}
+
 /// Settings the reconcilers need.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -37,6 +48,8 @@ pub struct Config {
     pub default_kernel_image: Option<String>,
     /// Kernel command line for those VMIs when they give no `kernelArgs`.
     pub default_kernel_args: String,
+    /// Binding of the pod interface added to VMIs without interfaces and networks.
+    pub default_network_interface: DefaultBinding,
 }
 
 impl Default for Config {
@@ -51,6 +64,7 @@ impl Default for Config {
             container_disk_overlay: 2 << 30,
             default_kernel_image: Some(DEFAULT_KERNEL_IMAGE.to_string()),
             default_kernel_args: DEFAULT_KERNEL_ARGS.to_string(),
+            default_network_interface: DefaultBinding::Masquerade,
         }
     }
 }

@@ -14,7 +14,8 @@ use anyhow::{Context as _, Result};
 use clap::Parser;
 use microvirt_crds::quantity::parse_bytes;
 use microvirt_operator::config::{
-    Config, KvmMode, DEFAULT_KERNEL_ARGS, DEFAULT_KERNEL_IMAGE, DEFAULT_LAUNCHER_IMAGE,
+    Config, DefaultBinding, KvmMode, DEFAULT_KERNEL_ARGS, DEFAULT_KERNEL_IMAGE,
+    DEFAULT_LAUNCHER_IMAGE,
 };
 use microvirt_operator::controller::{run, RunOptions};
 use microvirt_operator::health::{Health, Role};
@@ -58,6 +59,15 @@ struct Args {
     /// Kernel command line for those VMIs when they give no kernelArgs.
     #[arg(long, default_value = DEFAULT_KERNEL_ARGS)]
     default_kernel_args: String,
+    /// Binding of the pod network interface that VMIs without interfaces and networks get
+    /// (as KubeVirt's autoattachPodInterface).
+    #[arg(
+        long,
+        env = "MICROVIRT_DEFAULT_NETWORK_INTERFACE",
+        value_enum,
+        default_value = "masquerade"
+    )]
+    default_network_interface: DefaultBinding,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "MICROVIRT_WATCH_NAMESPACE")]
     namespace: Option<String>,
@@ -146,6 +156,7 @@ async fn operate(args: Args) -> Result<()> {
             .context("--container-disk-overlay")?,
         default_kernel_image: Some(args.default_kernel_image.clone()).filter(|s| !s.is_empty()),
         default_kernel_args: args.default_kernel_args.clone(),
+        default_network_interface: args.default_network_interface,
         ..Config::default()
     };
     let identity = args

@@ -15,12 +15,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::ByteString;
 use kube::{Resource, ResourceExt};
 use microvirt_crds::quantity::{self, format_bytes, QuantityError};
+use microvirt_crds::refusals;
 use microvirt_crds::vmi::{
-    KernelBootContainer, PullPolicy, VirtualMachineInstance, ANNOTATION_VMI_UID, LABEL_VMI_NAME,
+    Disk, Interface, InterfaceBridge, InterfaceMasquerade, KernelBootContainer, Network,
+    PodNetwork, PullPolicy, VirtualMachineInstance, VirtualMachineInstanceSpec, ANNOTATION_VMI_UID,
+    DEFAULT_NETWORK_NAME, LABEL_VMI_NAME,
 };
 use serde::Serialize;
 
-use crate::config::{Config, KvmMode, DEFAULT_KERNEL_PATH, KVM_RESOURCE};
+use crate::config::{Config, DefaultBinding, KvmMode, DEFAULT_KERNEL_PATH, KVM_RESOURCE};
 
 /// Annotation carrying the VMI document the launcher reads (through the downward API).
 pub const ANNOTATION_VMI_SPEC: &str = "microvirt.io/vmi-spec";
@@ -77,6 +80,9 @@ pub enum PodError {
          without --default-kernel-image"
     )]
     NoKernel,
+    /// The VMI asks for KubeVirt sidecar hooks (an annotation CEL rules cannot see).
+    #[error("{}", refusals::HOOK_SIDECARS)]
+    HookSidecars,
     /// cloudInitNoCloud.userDataBase64 or networkDataBase64 is not base64.
     #[error("volume {volume:?}: cloudInitNoCloud.{field} is not valid base64")]
     Base64 { volume: String, field: &'static str },
@@ -286,14 +292,121 @@ pub fn empty_disk_dir(volume: &str) -> String {
 /// Mount path of the kernel boot image.
 pub const KERNEL_BOOT_DIR: &str = "/var/run/microvirt/kernel-boot";
 
-/// The spec the launcher gets: the VMI's, with the operator's default kernel image (and, when
-/// the VMI has none, kernel arguments) filled in when it names no kernelBoot container. A pod
-/// never boots the launcher's built-in demo guest: that takes an image that carries it.
+/// The pod network interface (and its network) that a VMI without `interfaces` and `networks`
+/// gets, as in KubeVirt (`autoattachPodInterface`, default true): an interface and a network
+/// both named `default`, the network the pod network, the binding the operator's
+/// `--default-network-interface`. `None` when the VMI declares either, or turns it off with
+/// `autoattachPodInterface: false`. The one place this default is decided: the launcher
+/// document gets it ([`launcher_spec`]), the VMI status names it.
+pub fn default_pod_interface(
+    spec: &VirtualMachineInstanceSpec,
+    binding: DefaultBinding,
+) -> Option<(Interface, Network)> {
+    let devices = spec.domain.devices.as_ref();
+    let autoattach = devices
+        .and_then(|d| d.autoattach_pod_interface)
+        .unwrap_or(true);
+    let has_interfaces = devices.is_some_and(|d| !d.interfaces.is_empty());
+    if !autoattach || has_interfaces || !spec.networks.is_empty() {
+        return None;
+    }
+    let mut iface = Interface {
+        name: DEFAULT_NETWORK_NAME.into(),
+        ..Default::default()
+    };
+    match binding {
+        DefaultBinding::Masquerade => iface.masquerade = Some(InterfaceMasquerade {}),
+        DefaultBinding::Bridge => iface.bridge = Some(InterfaceBridge {}),
+    }
+    let network = Network {
+        name: DEFAULT_NETWORK_NAME.into(),
+        pod: Some(PodNetwork::default()),
+        ..Default::default()
+    };
+    Some((iface, network))
+}
+
+/// `spec` with [`default_pod_interface`] added (unchanged when it gets none).
+pub fn with_default_pod_interface(spec: &mut VirtualMachineInstanceSpec, binding: DefaultBinding) {
+    if let Some((iface, network)) = default_pod_interface(spec, binding) {
+        spec.domain
+            .devices
+            .get_or_insert_with(Default::default)
+            .interfaces
+            .push(iface);
+        spec.networks.push(network);
+    }
+}
+
+/// Adds a disk for every volume that no disk names, after the VMI's own disks, as KubeVirt does
+/// (`SetDefaultVolumeDisk`): a KubeVirt manifest may list only volumes. The disk has no
+/// settings (virtio, writable); the first disk stays the root disk.
+pub fn with_default_volume_disks(spec: &mut VirtualMachineInstanceSpec) {
+    let named: BTreeSet<String> = spec
+        .domain
+        .devices
+        .iter()
+        .flat_map(|d| &d.disks)
+        .map(|d| d.name.clone())
+        .collect();
+    let missing: Vec<Disk> = spec
+        .volumes
+        .iter()
+        .filter(|v| !named.contains(&v.name))
+        .map(|v| Disk {
+            name: v.name.clone(),
+            ..Default::default()
+        })
+        .collect();
+    if !missing.is_empty() {
+        spec.domain
+            .devices
+            .get_or_insert_with(Default::default)
+            .disks
+            .extend(missing);
+    }
+}
+
+/// Orders the disks by `bootOrder` (lowest first; disks without one after them, in their
+/// order): a microVM has no firmware to boot from a disk, so the first disk, the root disk of
+/// the default kernel, is the one KubeVirt's firmware would boot.
+pub fn disks_in_boot_order(spec: &mut VirtualMachineInstanceSpec) {
+    if let Some(d) = spec.domain.devices.as_mut() {
+        d.disks.sort_by_key(|d| d.boot_order.unwrap_or(u32::MAX));
+    }
+}
+
+/// The launcher pod's host name: `spec.hostname`, else the VMI's name when it is a DNS label
+/// (as KubeVirt names its launcher pods' hosts).
+pub fn pod_hostname(vmi: &VirtualMachineInstance) -> Option<String> {
+    if let Some(h) = &vmi.spec.hostname {
+        return Some(h.clone());
+    }
+    let name = vmi.metadata.name.as_deref()?;
+    let label = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    label.then(|| name.to_string())
+}
+
+/// The spec the launcher gets: the VMI's, with the defaults the operator applies (as
+/// KubeVirt's virt-controller and webhooks do): a disk for every volume without one
+/// ([`with_default_volume_disks`]), disks in boot order ([`disks_in_boot_order`]), the pod network interface ([`default_pod_interface`]), and
+/// the operator's default kernel image (and, when the VMI has
+/// none, kernel arguments) when it names no kernelBoot container. A pod never boots the
+/// launcher's built-in demo guest: that takes an image that carries it.
 pub fn launcher_spec(
     vmi: &VirtualMachineInstance,
     cfg: &Config,
 ) -> Result<microvirt_crds::VirtualMachineInstanceSpec, PodError> {
     let mut spec = vmi.spec.clone();
+    with_default_volume_disks(&mut spec);
+    disks_in_boot_order(&mut spec);
+    with_default_pod_interface(&mut spec, cfg.default_network_interface);
     let has_kernel = spec
         .domain
         .firmware
@@ -331,6 +444,12 @@ pub fn desired_pod(
 ) -> Result<Pod, PodError> {
     let (name, namespace, owner) = identity(vmi)?;
     let uid = owner.uid.as_str();
+    if vmi
+        .annotations()
+        .contains_key(refusals::ANNOTATION_HOOK_SIDECARS)
+    {
+        return Err(PodError::HookSidecars);
+    }
 
     let guest_memory = guest_memory_bytes(vmi, cfg)?;
     let vcpus = vmi.spec.vcpus().max(1);
@@ -403,6 +522,14 @@ pub fn desired_pod(
         if let Some(cpu) = res.limits.as_ref().and_then(|l| l.get("cpu")) {
             limits.insert("cpu".into(), cpu.clone());
         }
+    }
+    // dedicatedCpuPlacement: whole CPUs, request = limit (Guaranteed QoS, as memory already
+    // is), so that the kubelet's static CPU manager gives the pod exclusive CPUs (KubeVirt's
+    // rule); isolateEmulatorThread adds one for the VMM's own threads.
+    if let Some(cpus) = dedicated_cpus(&vmi.spec) {
+        let q = Quantity(cpus.to_string());
+        requests.insert("cpu".into(), q.clone());
+        limits.insert("cpu".into(), q);
     }
 
     let mut volumes = vec![
@@ -677,6 +804,10 @@ pub fn desired_pod(
                 vmi.spec.termination_grace_period_seconds.unwrap_or(30),
             ),
             node_selector: vmi.spec.node_selector.clone(),
+            priority_class_name: vmi.spec.priority_class_name.clone(),
+            hostname: pod_hostname(vmi),
+            subdomain: vmi.spec.subdomain.clone(),
+            scheduler_name: vmi.spec.scheduler_name.clone(),
             tolerations: vmi.spec.tolerations.clone(),
             affinity: vmi.spec.affinity.clone(),
             volumes: Some(volumes),
@@ -693,6 +824,17 @@ pub fn desired_pod(
         }),
         status: None,
     })
+}
+
+/// Whole CPUs the launcher pod requests and is limited to when the VMI asks for
+/// `dedicatedCpuPlacement` (its vCPUs, plus one with `isolateEmulatorThread`).
+pub fn dedicated_cpus(spec: &VirtualMachineInstanceSpec) -> Option<u32> {
+    let cpu = spec.domain.cpu.as_ref()?;
+    if cpu.dedicated_cpu_placement != Some(true) {
+        return None;
+    }
+    let emulator = u32::from(cpu.isolate_emulator_thread == Some(true));
+    Some(spec.vcpus().max(1).saturating_add(emulator))
 }
 
 /// The runtime directory's share of local disk: the launcher's own files plus an overlay
@@ -755,7 +897,7 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use microvirt_crds::vmi::{
-        ContainerDiskSource, Cpu, DomainSpec, EmptyDiskSource, Memory, Volume as VmiVolume,
+        ContainerDiskSource, Cpu, Devices, DomainSpec, EmptyDiskSource, Memory, Volume as VmiVolume,
     };
     use microvirt_crds::VirtualMachineInstanceSpec;
 
@@ -777,9 +919,11 @@ mod tests {
                     cores: Some(c),
                     sockets: Some(1),
                     threads: Some(1),
+                    ..Default::default()
                 }),
                 memory: memory.map(|m| Memory {
                     guest: Some(Quantity(m.into())),
+                    ..Default::default()
                 }),
                 ..Default::default()
             },
@@ -1151,6 +1295,7 @@ mod tests {
                     readonly: Some(true),
                 }),
                 serial: None,
+                ..Default::default()
             }],
             ..Default::default()
         });
@@ -1255,6 +1400,7 @@ mod tests {
                 kernel_args: Some("quiet".into()),
                 container: None,
             }),
+            ..Default::default()
         });
         let pod = desired_pod(&vmi(sp.clone()), &Config::default(), &BlockVolumes::new()).unwrap();
         assert_eq!(
@@ -1302,5 +1448,196 @@ mod tests {
             desired_pod(&v, &Config::default(), &BlockVolumes::new()),
             Err(PodError::MissingMeta("uid"))
         ));
+    }
+
+    fn launcher_doc(pod: &Pod) -> serde_json::Value {
+        let ann = pod.metadata.annotations.as_ref().unwrap();
+        serde_json::from_str(&ann[ANNOTATION_VMI_SPEC]).unwrap()
+    }
+
+    #[test]
+    fn a_vmi_without_interfaces_gets_the_pod_network_as_in_kubevirt() {
+        // spec() declares no interfaces and no networks.
+        let v = vmi(spec(Some("64Mi"), None));
+        let pod = desired_pod(&v, &Config::default(), &BlockVolumes::new()).unwrap();
+        let doc = launcher_doc(&pod);
+        assert_eq!(
+            doc["spec"]["domain"]["devices"]["interfaces"],
+            serde_json::json!([{"name": "default", "masquerade": {}}])
+        );
+        assert_eq!(
+            doc["spec"]["networks"],
+            serde_json::json!([{"name": "default", "pod": {}}])
+        );
+        // The VMI object itself is not changed.
+        assert!(v.spec.domain.devices.is_none());
+
+        // --default-network-interface=bridge.
+        let cfg = Config {
+            default_network_interface: DefaultBinding::Bridge,
+            ..Config::default()
+        };
+        let doc = launcher_doc(&desired_pod(&v, &cfg, &BlockVolumes::new()).unwrap());
+        assert_eq!(
+            doc["spec"]["domain"]["devices"]["interfaces"],
+            serde_json::json!([{"name": "default", "bridge": {}}])
+        );
+
+        // autoattachPodInterface: false: no NIC.
+        let mut sp = spec(Some("64Mi"), None);
+        sp.domain.devices = Some(Devices {
+            autoattach_pod_interface: Some(false),
+            ..Default::default()
+        });
+        let doc =
+            launcher_doc(&desired_pod(&vmi(sp), &Config::default(), &BlockVolumes::new()).unwrap());
+        assert!(doc["spec"]["domain"]["devices"].get("interfaces").is_none());
+        assert!(doc["spec"].get("networks").is_none());
+
+        // Declared interfaces and networks are kept as they are, and so is a VMI that names
+        // a network but no interface (KubeVirt adds nothing to either).
+        let mut sp = spec(Some("64Mi"), None);
+        sp.domain.devices = Some(Devices {
+            interfaces: vec![Interface {
+                name: "net0".into(),
+                bridge: Some(InterfaceBridge {}),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        sp.networks = vec![Network {
+            name: "net0".into(),
+            pod: Some(PodNetwork::default()),
+            ..Default::default()
+        }];
+        let doc = launcher_doc(
+            &desired_pod(&vmi(sp.clone()), &Config::default(), &BlockVolumes::new()).unwrap(),
+        );
+        assert_eq!(
+            doc["spec"]["domain"]["devices"]["interfaces"],
+            serde_json::json!([{"name": "net0", "bridge": {}}])
+        );
+        sp.domain.devices = None;
+        assert!(default_pod_interface(&sp, DefaultBinding::Masquerade).is_none());
+    }
+
+    #[test]
+    fn dedicated_cpus_make_a_guaranteed_pod() {
+        let mut sp = spec(Some("64Mi"), Some(2));
+        let cpu = sp.domain.cpu.as_mut().unwrap();
+        cpu.dedicated_cpu_placement = Some(true);
+        let res = |sp: &VirtualMachineInstanceSpec| {
+            let pod =
+                desired_pod(&vmi(sp.clone()), &Config::default(), &BlockVolumes::new()).unwrap();
+            let r = container(&pod).resources.clone().unwrap();
+            (
+                r.requests.unwrap()["cpu"].0.clone(),
+                r.limits.unwrap().get("cpu").map(|q| q.0.clone()),
+            )
+        };
+        assert_eq!(res(&sp), ("2".to_string(), Some("2".to_string())));
+        sp.domain.cpu.as_mut().unwrap().isolate_emulator_thread = Some(true);
+        assert_eq!(res(&sp), ("3".to_string(), Some("3".to_string())));
+        sp.domain.cpu.as_mut().unwrap().dedicated_cpu_placement = None;
+        assert_eq!(res(&sp), ("200m".to_string(), None));
+    }
+
+    #[test]
+    fn priority_class_and_scheduler_reach_the_pod_and_hooks_are_refused() {
+        let mut sp = spec(Some("64Mi"), None);
+        sp.priority_class_name = Some("high".into());
+        sp.scheduler_name = Some("other".into());
+        let mut v = vmi(sp);
+        let pod = desired_pod(&v, &Config::default(), &BlockVolumes::new()).unwrap();
+        let ps = pod.spec.unwrap();
+        assert_eq!(ps.priority_class_name.as_deref(), Some("high"));
+        assert_eq!(ps.scheduler_name.as_deref(), Some("other"));
+
+        v.metadata.annotations = Some(BTreeMap::from([(
+            refusals::ANNOTATION_HOOK_SIDECARS.to_string(),
+            "[]".to_string(),
+        )]));
+        let err = desired_pod(&v, &Config::default(), &BlockVolumes::new()).unwrap_err();
+        assert!(matches!(err, PodError::HookSidecars));
+        assert_eq!(err.to_string(), refusals::HOOK_SIDECARS);
+    }
+
+    #[test]
+    fn volumes_no_disk_names_get_a_disk_as_in_kubevirt() {
+        // spec() has volumes root and scratch and no disks.
+        let mut sp = spec(Some("64Mi"), None);
+        let doc = launcher_doc(
+            &desired_pod(&vmi(sp.clone()), &Config::default(), &BlockVolumes::new()).unwrap(),
+        );
+        assert_eq!(
+            doc["spec"]["domain"]["devices"]["disks"],
+            serde_json::json!([{"name": "root"}, {"name": "scratch"}])
+        );
+        // Declared disks come first and keep their settings.
+        sp.domain.devices = Some(Devices {
+            disks: vec![Disk {
+                name: "scratch".into(),
+                serial: Some("s1".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        with_default_volume_disks(&mut sp);
+        let names: Vec<_> = sp
+            .domain
+            .devices
+            .as_ref()
+            .unwrap()
+            .disks
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect();
+        assert_eq!(names, ["scratch", "root"]);
+        assert_eq!(
+            sp.domain.devices.as_ref().unwrap().disks[0]
+                .serial
+                .as_deref(),
+            Some("s1")
+        );
+    }
+
+    #[test]
+    fn boot_order_picks_the_root_disk_and_hostname_reaches_the_pod() {
+        let mut sp = spec(Some("64Mi"), None);
+        sp.domain.devices = Some(Devices {
+            disks: vec![
+                Disk {
+                    name: "scratch".into(),
+                    ..Default::default()
+                },
+                Disk {
+                    name: "root".into(),
+                    boot_order: Some(1),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        });
+        sp.subdomain = Some("web".into());
+        let v = vmi(sp.clone());
+        let pod = desired_pod(&v, &Config::default(), &BlockVolumes::new()).unwrap();
+        let doc = launcher_doc(&pod);
+        let names: Vec<&str> = doc["spec"]["domain"]["devices"]["disks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["root", "scratch"]);
+        let ps = pod.spec.unwrap();
+        assert_eq!(ps.hostname.as_deref(), Some("vm1"));
+        assert_eq!(ps.subdomain.as_deref(), Some("web"));
+
+        sp.hostname = Some("db-0".into());
+        assert_eq!(pod_hostname(&vmi(sp.clone())).as_deref(), Some("db-0"));
+        sp.hostname = None;
+        let mut dotted = vmi(sp);
+        dotted.metadata.name = Some("a.b".into());
+        assert_eq!(pod_hostname(&dotted), None);
     }
 }

@@ -131,6 +131,7 @@ mod tests {
     fn mem(q: &str) -> Option<Memory> {
         Some(Memory {
             guest: Some(Quantity(q.into())),
+            ..Default::default()
         })
     }
 

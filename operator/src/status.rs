@@ -311,12 +311,20 @@ pub fn desired_status(
                 .and_then(|s| s.pod_ips.as_ref())
                 .map(|v| v.iter().map(|p| p.ip.clone()).collect())
                 .unwrap_or_default();
+            // The VMI's interface, or the one the operator added (the binding does not matter
+            // here, only the name).
+            let default_iface = crate::pod::default_pod_interface(
+                &vmi.spec,
+                crate::config::DefaultBinding::Masquerade,
+            )
+            .map(|(i, _)| i);
             let iface_spec = vmi
                 .spec
                 .domain
                 .devices
                 .as_ref()
-                .and_then(|d| d.interfaces.first());
+                .and_then(|d| d.interfaces.first())
+                .or(default_iface.as_ref());
             let interfaces = if ip.is_some() || iface_spec.is_some() {
                 vec![InterfaceStatus {
                     name: iface_spec.map(|i| i.name.clone()),

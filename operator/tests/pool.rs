@@ -332,7 +332,12 @@ async fn bad_pool_specs_are_refused_with_clear_messages() -> Result<()> {
         (
             "KubeVirt's virtualMachineTemplate",
             good.replace("  template:", "  virtualMachineTemplate: {}\n  template:"),
-            "unknown field \"spec.virtualMachineTemplate\"",
+            microvirt_crds::refusals::POOL_VM_TEMPLATE,
+        ),
+        (
+            "no template",
+            format!("{}\n", good.split("  template:").next().unwrap().trim_end()),
+            "spec.template is required",
         ),
     ];
     for (what, yaml, want) in &cases {

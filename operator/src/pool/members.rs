@@ -242,6 +242,13 @@ pub fn member_pod(
     // The VMI document's name is the guest's host name (DHCP): the pool's name, for every
     // member (a restored guest keeps the name it booted with anyway).
     let mut vmi = VirtualMachineInstance::new(pool_name, tmpl.spec.clone());
+    // A restored guest must not keep the pod IP of the pod its snapshot was taken in: the pod
+    // interface a template without interfaces gets is masquerade here, whatever the
+    // operator's --default-network-interface (the CRD refuses bridge interfaces with warm).
+    crate::pod::with_default_pod_interface(
+        &mut vmi.spec,
+        crate::config::DefaultBinding::Masquerade,
+    );
     vmi.metadata.namespace = pool.namespace();
     vmi.metadata.uid = Some(pool_uid.to_string());
     // No block claims: a template with a warm section has no persistentVolumeClaim volumes
@@ -487,6 +494,7 @@ pub(crate) mod tests {
             guest: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
                 "256Mi".into(),
             )),
+            ..Default::default()
         });
         assert_ne!(effective_template(&q, []).unwrap().hash, a.hash);
         // Replicas and warm settings are not part of what a member is made from.

@@ -1,0 +1,94 @@
+//! The KubeVirt fields microvirt's CRDs accept in their schema only to refuse them, with a
+//! message that names the field and says why (instead of `unknown field`, or the field being
+//! pruned and silently dropped for clients that do not ask for strict validation). Each message
+//! is a CEL rule's `message`; the API server puts the field's path in front of it. The table of
+//! every KubeVirt field and what microvirt does with it is `docs/kubevirt-compatibility.md`.
+
+/// `interfaces[].sriov`.
+pub const SRIOV: &str = "sriov interfaces are not supported by microvirt: a microVM has no PCI bus to pass a virtual function through; use masquerade or bridge on the pod network";
+/// `interfaces[].model` other than `virtio`.
+pub const INTERFACE_MODEL: &str =
+    "interface model: microvirt emulates only virtio-net; leave model unset or set it to virtio";
+/// `networks[].multus`.
+pub const MULTUS: &str = "multus networks are not supported by microvirt: the guest has one NIC, on the pod network (pod: {})";
+/// `devices.gpus`.
+pub const GPUS: &str =
+    "gpus are not supported by microvirt: a microVM has no PCI bus to pass a GPU through";
+/// `devices.hostDevices`.
+pub const HOST_DEVICES: &str = "hostDevices are not supported by microvirt: a microVM has no PCI or USB bus to pass a host device through";
+/// `devices.tpm`.
+pub const TPM: &str = "tpm is not supported by microvirt: a microVM has no TPM device";
+/// `devices.autoattachVSOCK: true`.
+pub const VSOCK: &str =
+    "autoattachVSOCK: true is not supported by microvirt: a microVM has no vsock device";
+/// `features.hyperv`.
+pub const HYPERV: &str = "hyperv features are not supported by microvirt: it boots Linux kernels directly and cannot run Windows guests";
+/// `firmware.bootloader.efi` without `secureBoot: false`.
+pub const SECURE_BOOT: &str = "efi.secureBoot: Secure Boot is not supported by microvirt, which boots the guest kernel directly, without UEFI firmware; KubeVirt turns Secure Boot on when efi is given, so set efi.secureBoot: false";
+/// `firmware.bootloader` with both `bios` and `efi`.
+pub const BOOTLOADER_BOTH: &str = "bootloader takes bios or efi, not both";
+/// `clock.timezone`.
+pub const TIMEZONE: &str = "clock.timezone is not supported by microvirt: the guest clock (kvm-clock) is UTC; use clock.utc: {}";
+/// `clock.utc.offsetSeconds` other than 0.
+pub const UTC_OFFSET: &str = "clock.utc.offsetSeconds is not supported by microvirt: the guest clock (kvm-clock) follows the host's";
+/// `clock.timer.kvm.present: false`.
+pub const KVM_CLOCK: &str = "clock.timer.kvm.present: false is not supported by microvirt: kvm-clock is the guest's clock source";
+/// `cpu.isolateEmulatorThread` without `dedicatedCpuPlacement`.
+pub const ISOLATE_EMULATOR_THREAD: &str =
+    "cpu.isolateEmulatorThread needs cpu.dedicatedCpuPlacement: true";
+/// `volumes[].dataVolume`.
+pub const DATA_VOLUME: &str = "dataVolume volumes are not supported by microvirt: DataVolumes need CDI; put a raw disk.img into a PersistentVolumeClaim and use a persistentVolumeClaim volume";
+/// `volumes[].hostDisk`.
+pub const HOST_DISK: &str = "hostDisk volumes are not supported by microvirt: use a persistentVolumeClaim (a local or hostPath PersistentVolume holding a raw disk.img)";
+/// `spec.resourceClaims`.
+pub const RESOURCE_CLAIMS: &str = "resourceClaims are not supported by microvirt: a microVM cannot attach devices allocated by dynamic resource allocation";
+/// `spec.startStrategy`.
+pub const START_STRATEGY: &str =
+    "startStrategy: Paused is not supported by microvirt yet: the VMI would start running";
+/// `spec.readinessProbe`.
+pub const READINESS_PROBE: &str =
+    "readinessProbe is not supported by microvirt yet: the VMI is Ready when its guest has booted";
+/// `spec.livenessProbe`.
+pub const LIVENESS_PROBE: &str =
+    "livenessProbe is not supported by microvirt yet: nothing would restart a hung guest";
+/// `spec.accessCredentials`.
+pub const ACCESS_CREDENTIALS: &str = "accessCredentials are not supported by microvirt yet: put the SSH key into the cloudInitNoCloud user data (ssh_authorized_keys)";
+/// VirtualMachine `spec.instancetype`.
+pub const INSTANCETYPE: &str = "instancetype is not supported by microvirt yet: give the size in spec.template.spec.domain (cpu, memory.guest)";
+/// VirtualMachine `spec.preference`.
+pub const PREFERENCE: &str =
+    "preference is not supported by microvirt yet: give the devices in spec.template.spec.domain";
+/// VirtualMachine `spec.dataVolumeTemplates`.
+pub const DATA_VOLUME_TEMPLATES: &str = "dataVolumeTemplates are not supported by microvirt: DataVolumes need CDI; create a PersistentVolumeClaim holding a raw disk.img and use a persistentVolumeClaim volume";
+/// VirtualMachinePool `spec.virtualMachineTemplate`.
+pub const POOL_VM_TEMPLATE: &str = "virtualMachineTemplate is not supported by microvirt: its VirtualMachinePool makes VMIs from spec.template (a VMI template, as in a VirtualMachineInstanceReplicaSet); move virtualMachineTemplate.spec.template to spec.template (docs/pools.md)";
+
+/// KubeVirt's annotation naming sidecar hook containers.
+pub const ANNOTATION_HOOK_SIDECARS: &str = "hooks.kubevirt.io/hookSidecars";
+/// The annotation [`ANNOTATION_HOOK_SIDECARS`], on a VMI template (CEL) or a VMI (the operator:
+/// a VMI's own annotations are out of reach of a CRD's CEL rules).
+pub const HOOK_SIDECARS: &str = "the annotation hooks.kubevirt.io/hookSidecars is not supported by microvirt: sidecar hooks edit a libvirt domain, which a microVM does not have";
+
+/// `disks[].cdrom`.
+pub const CDROM: &str = "cdrom disks are not supported by microvirt: a microVM has only virtio-blk; attach the image as a read-only disk (disk: {readonly: true})";
+/// `disks[].lun`.
+pub const LUN: &str =
+    "lun disks are not supported by microvirt: a microVM has no SCSI bus for LUN passthrough";
+/// `devices.filesystems`.
+pub const FILESYSTEMS: &str =
+    "filesystems are not supported by microvirt: a microVM has no virtiofs device";
+/// `interfaces[].passt`.
+pub const PASST: &str = "passt interfaces are not supported by microvirt: use masquerade or bridge";
+/// `interfaces[].binding`.
+pub const BINDING: &str =
+    "network binding plugins are not supported by microvirt: use masquerade or bridge";
+/// `networks[].pod.vmNetworkCIDR`.
+pub const VM_NETWORK_CIDR: &str = "pod.vmNetworkCIDR is not supported by microvirt yet: the guest side of masquerade is 10.0.2.0/24";
+/// `memory.hugepages`.
+pub const HUGEPAGES: &str = "memory.hugepages is not supported by microvirt: guest memory is ordinary anonymous memory of the launcher pod";
+/// `evictionStrategy` other than `None` and `LiveMigrateIfPossible`.
+pub const EVICTION_STRATEGY: &str = "evictionStrategy: microvirt has no live migration; an evicted VMI fails and its VM restarts it by its run strategy (None, or LiveMigrateIfPossible, which then means the same)";
+/// Volume sources KubeVirt has and microvirt does not: `configMap`, `secret`,
+/// `serviceAccount`, `downwardAPI`, `cloudInitConfigDrive`, `ephemeral`, `downwardMetrics`,
+/// `sysprep`, `memoryDump`.
+pub const VOLUME_SOURCE: &str = "this volume source is not supported by microvirt: a volume is a containerDisk, persistentVolumeClaim, cloudInitNoCloud or emptyDisk";

@@ -1,0 +1,331 @@
+//! KubeVirt-style manifests (`tests/manifests/kubevirt/`, apiVersion changed to
+//! `microvirt.io/v1alpha1`) against the real API server: each is accepted, or refused with the
+//! message that names the field and says why (`microvirt_crds::refusals`), never with `unknown
+//! field`. And the operator applies KubeVirt's defaults: a VMI without interfaces gets the pod
+//! network, a volume that no disk names gets a disk.
+//!
+//! `count_kubevirt_examples` (ignored; `MICROVIRT_KUBEVIRT_EXAMPLES=<dir>` names a checkout of
+//! KubeVirt's `examples/`) counts how many of KubeVirt's own documents of microvirt's kinds are
+//! accepted, and prints each refusal.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use microvirt_crds::refusals;
+use microvirt_crds::{VirtualMachineInstance, VmiPhase};
+use serde_json::json;
+
+fn manifest_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/manifests/kubevirt")
+}
+
+/// What the API server does with each manifest: `[]` accepts it, else each `(path, message)`
+/// is one refusal, reported as `<path>: Invalid value: ...: <message>`.
+fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
+    let e = match file {
+        "vmi-cirros.yaml"
+        | "vmi-volumes-only.yaml"
+        | "vmi-hostname-bootorder.yaml"
+        | "vmi-efi-q35.yaml"
+        | "vmi-isolated.yaml"
+        | "vmi-masquerade-ports.yaml"
+        | "vm-priorityclass.yaml"
+        | "vmirs-cirros.yaml"
+        | "vmipreset-small.yaml" => vec![],
+        "vmi-sriov.yaml" => vec![
+            ("spec.domain.devices.interfaces[1].sriov", refusals::SRIOV),
+            ("spec.networks[1].multus", refusals::MULTUS),
+        ],
+        "vmi-multus.yaml" => vec![("spec.networks[0].multus", refusals::MULTUS)],
+        "vmi-gpu.yaml" => vec![("spec.domain.devices.gpus", refusals::GPUS)],
+        "vmi-dra.yaml" => vec![
+            ("spec.resourceClaims", refusals::RESOURCE_CLAIMS),
+            ("spec.domain.devices.gpus", refusals::GPUS),
+        ],
+        "vmi-usb.yaml" => vec![("spec.domain.devices.hostDevices", refusals::HOST_DEVICES)],
+        "vmi-host-disk.yaml" => vec![("spec.volumes[0].hostDisk", refusals::HOST_DISK)],
+        "vmi-secureboot.yaml" => {
+            vec![("spec.domain.firmware.bootloader.efi", refusals::SECURE_BOOT)]
+        }
+        "vmi-windows.yaml" => vec![
+            ("spec.domain.devices.tpm", refusals::TPM),
+            ("spec.domain.features.hyperv", refusals::HYPERV),
+            ("spec.domain.firmware.bootloader.efi", refusals::SECURE_BOOT),
+            (
+                "spec.domain.devices.interfaces[0].model",
+                refusals::INTERFACE_MODEL,
+            ),
+        ],
+        "vmi-unsupported-devices.yaml" => vec![
+            ("spec.evictionStrategy", refusals::EVICTION_STRATEGY),
+            ("spec.domain.memory.hugepages", refusals::HUGEPAGES),
+            ("spec.domain.devices.disks[1].cdrom", refusals::CDROM),
+            ("spec.domain.devices.disks[2].lun", refusals::LUN),
+            ("spec.domain.devices.filesystems", refusals::FILESYSTEMS),
+            ("spec.domain.devices.interfaces[0].passt", refusals::PASST),
+            (
+                "spec.networks[0].pod.vmNetworkCIDR",
+                refusals::VM_NETWORK_CIDR,
+            ),
+            ("spec.volumes[3].configMap", refusals::VOLUME_SOURCE),
+        ],
+        "vmi-start-paused.yaml" => vec![("spec.startStrategy", refusals::START_STRATEGY)],
+        "vm-instancetype.yaml" => vec![
+            ("spec.instancetype", refusals::INSTANCETYPE),
+            ("spec.preference", refusals::PREFERENCE),
+        ],
+        "vm-datavolume.yaml" => vec![
+            ("spec.dataVolumeTemplates", refusals::DATA_VOLUME_TEMPLATES),
+            (
+                "spec.template.spec.volumes[0].dataVolume",
+                refusals::DATA_VOLUME,
+            ),
+        ],
+        "vm-sidecar-hook.yaml" => vec![(
+            "spec.template.metadata.annotations",
+            refusals::HOOK_SIDECARS,
+        )],
+        "vmpool-kubevirt.yaml" => vec![("spec.virtualMachineTemplate", refusals::POOL_VM_TEMPLATE)],
+        _ => return None,
+    };
+    Some(e)
+}
+
+#[test]
+fn kubevirt_style_manifests_are_accepted_or_refused_with_a_reason() -> Result<()> {
+    let kc = shared_cluster().kubeconfig_path();
+    let ns = "t-kubevirt-manifests";
+    let _ = kubectl(kc, &["create", "namespace", ns], None)?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(manifest_dir())?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
+    files.sort();
+    assert!(files.len() >= 20, "manifests missing: {files:?}");
+    let mut failures = Vec::new();
+    for path in &files {
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let want =
+            expected(&file).with_context(|| format!("{file}: no expectation in expected()"))?;
+        let yaml = std::fs::read_to_string(path)?;
+        assert!(yaml.contains("apiVersion: microvirt.io/v1alpha1"), "{file}");
+        // Server-side dry run: the API server's whole validation, nothing stored; kubectl's
+        // strict field validation turns any unknown field into an error.
+        let (ok, out, err) = kubectl(
+            kc,
+            &["-n", ns, "create", "--dry-run=server", "-f", "-"],
+            Some(&yaml),
+        )?;
+        if err.contains("unknown field") {
+            failures.push(format!("{file}: unknown field: {err}"));
+            continue;
+        }
+        if want.is_empty() {
+            if !ok {
+                failures.push(format!("{file}: refused: {err}"));
+            }
+            continue;
+        }
+        if ok {
+            failures.push(format!("{file}: accepted, wanted a refusal: {out}"));
+            continue;
+        }
+        for (field, msg) in &want {
+            // `<path>: Invalid value: "<type>": <message>`.
+            let refused_here =
+                err.split(&format!("{field}: Invalid value: "))
+                    .skip(1)
+                    .any(|rest| {
+                        rest.split_once(": ")
+                            .is_some_and(|(_, m)| m.starts_with(msg))
+                    });
+            if !refused_here {
+                failures.push(format!(
+                    "{file}: wanted {field:?} refused with {msg:?}; kubectl said {err}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    Ok(())
+}
+
+async fn launcher_doc(env: &Env, vmi: &str) -> Result<serde_json::Value> {
+    let pods = env.api::<Pod>();
+    let name = format!("virt-launcher-{vmi}");
+    let pod = wait_for(&format!("pod {name}"), WAIT, || async {
+        Ok(pods.get_opt(&name).await?)
+    })
+    .await?;
+    let doc = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("microvirt.io/vmi-spec"))
+        .context("the pod has no VMI document")?;
+    Ok(serde_json::from_str(doc)?)
+}
+
+#[tokio::test]
+async fn kubevirt_defaults_the_pod_network_and_a_disk_per_volume() -> Result<()> {
+    let env = Env::start(shared_cluster().kubeconfig_path(), "t-kubevirt-defaults").await?;
+    let yaml = std::fs::read_to_string(manifest_dir().join("vmi-cirros.yaml"))?;
+    let (ok, _, err) = env.kubectl(&["create", "-f", "-"], Some(&yaml))?;
+    assert!(ok, "{err}");
+    let doc = launcher_doc(&env, "vmi-cirros").await?;
+    assert_eq!(
+        doc["spec"]["domain"]["devices"]["interfaces"],
+        json!([{"name": "default", "masquerade": {}}])
+    );
+    assert_eq!(
+        doc["spec"]["networks"],
+        json!([{"name": "default", "pod": {}}])
+    );
+    // The VMI keeps its spec; its status names the interface with the pod IP.
+    let pods = env.api::<Pod>();
+    bind(&pods, "virt-launcher-vmi-cirros", "node-1").await?;
+    mark_running(&pods, "virt-launcher-vmi-cirros", "10.9.0.7", false).await?;
+    let vmis = env.api::<VirtualMachineInstance>();
+    let v = wait_for("vmi-cirros with its interface in status", WAIT, || async {
+        let v = vmis.get("vmi-cirros").await?;
+        let named = v
+            .status
+            .as_ref()
+            .and_then(|s| s.interfaces.first())
+            .is_some_and(|i| i.ip_address.is_some());
+        Ok(named.then_some(v))
+    })
+    .await?;
+    let iface = &v.status.as_ref().unwrap().interfaces[0];
+    assert_eq!(iface.name.as_deref(), Some("default"));
+    assert_eq!(iface.ip_address.as_deref(), Some("10.9.0.7"));
+    assert!(v.spec.networks.is_empty());
+
+    // autoattachPodInterface: false: no NIC.
+    let off = yaml
+        .replace("name: vmi-cirros", "name: vmi-no-nic")
+        .replace(
+            "      rng: {}\n",
+            "      rng: {}\n      autoattachPodInterface: false\n",
+        );
+    let (ok, _, err) = env.kubectl(&["create", "-f", "-"], Some(&off))?;
+    assert!(ok, "{err}");
+    let doc = launcher_doc(&env, "vmi-no-nic").await?;
+    assert!(
+        doc["spec"]["domain"]["devices"].get("interfaces").is_none(),
+        "{doc}"
+    );
+    assert!(doc["spec"].get("networks").is_none(), "{doc}");
+
+    // A VMI's own annotations are beyond the CRD's CEL rules: the operator refuses sidecar
+    // hooks with the same message as the templates' rule.
+    let hooked = yaml.replace("name: vmi-cirros", "name: vmi-hooked").replace(
+        "  labels:\n",
+        "  annotations:\n    hooks.kubevirt.io/hookSidecars: '[{\"image\": \"registry.example/hook:v1\"}]'\n  labels:\n",
+    );
+    let (ok, _, err) = env.kubectl(&["create", "-f", "-"], Some(&hooked))?;
+    assert!(ok, "{err}");
+    let v = wait_for("vmi-hooked Failed", WAIT, || async {
+        let v = vmis.get("vmi-hooked").await?;
+        Ok((v.phase() == Some(VmiPhase::Failed)).then_some(v))
+    })
+    .await?;
+    let st = v.status.unwrap();
+    assert_eq!(st.reason.as_deref(), Some("InvalidSpec"));
+    assert_eq!(st.message.as_deref(), Some(refusals::HOOK_SIDECARS));
+    assert!(pods.get_opt("virt-launcher-vmi-hooked").await?.is_none());
+
+    // Volumes that no disk names get a disk each, in order, as in KubeVirt.
+    let yaml = std::fs::read_to_string(manifest_dir().join("vmi-volumes-only.yaml"))?;
+    let (ok, _, err) = env.kubectl(&["create", "-f", "-"], Some(&yaml))?;
+    assert!(ok, "{err}");
+    let doc = launcher_doc(&env, "vmi-volumes-only").await?;
+    assert_eq!(
+        doc["spec"]["domain"]["devices"]["disks"],
+        json!([{"name": "containerdisk"}, {"name": "cloudinitdisk"}])
+    );
+    Ok(())
+}
+
+/// Counts KubeVirt's own example documents of microvirt's kinds that the API server accepts
+/// with only the apiVersion changed, and lists the refusals.
+/// `MICROVIRT_KUBEVIRT_EXAMPLES=<kubevirt>/examples cargo test -p microvirt-operator --test
+/// kubevirt_manifests -- --ignored --nocapture count_kubevirt_examples`.
+#[test]
+#[ignore = "needs MICROVIRT_KUBEVIRT_EXAMPLES: a directory of KubeVirt's example manifests"]
+fn count_kubevirt_examples() -> Result<()> {
+    let dir = std::env::var("MICROVIRT_KUBEVIRT_EXAMPLES")
+        .context("MICROVIRT_KUBEVIRT_EXAMPLES is not set")?;
+    let kinds = [
+        "VirtualMachineInstance",
+        "VirtualMachine",
+        "VirtualMachineInstanceReplicaSet",
+        "VirtualMachineInstancePreset",
+        "VirtualMachinePool",
+    ];
+    let kc = shared_cluster().kubeconfig_path();
+    let ns = "t-kubevirt-examples";
+    let _ = kubectl(kc, &["create", "namespace", ns], None)?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"));
+    files.sort();
+    let (mut total, mut accepted) = (0, 0);
+    let mut refused = Vec::new();
+    for path in &files {
+        let text = std::fs::read_to_string(path)?;
+        for doc in text.split("\n---") {
+            let kind = doc
+                .lines()
+                .find_map(|l| l.strip_prefix("kind: "))
+                .map(str::trim);
+            let api = doc
+                .lines()
+                .find_map(|l| l.strip_prefix("apiVersion: "))
+                .map(str::trim);
+            let (Some(kind), Some(api)) = (kind, api) else {
+                continue;
+            };
+            if !kinds.contains(&kind) || !api.contains("kubevirt.io/") {
+                continue;
+            }
+            total += 1;
+            let doc = doc.replace(
+                &format!("apiVersion: {api}"),
+                "apiVersion: microvirt.io/v1alpha1",
+            );
+            let (ok, _, err) = kubectl(
+                kc,
+                &["-n", ns, "create", "--dry-run=server", "-f", "-"],
+                Some(&doc),
+            )?;
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let hooks = doc.contains(refusals::ANNOTATION_HOOK_SIDECARS)
+                && kind == "VirtualMachineInstance";
+            if ok && !hooks {
+                accepted += 1;
+                println!("accepted  {name} ({kind})");
+            } else if ok {
+                refused.push(format!(
+                    "{name} ({kind}): admitted, then Failed by the operator (InvalidSpec): {}",
+                    refusals::HOOK_SIDECARS
+                ));
+            } else {
+                refused.push(format!("{name} ({kind}): {}", err.trim()));
+            }
+        }
+    }
+    println!(
+        "\n{accepted} of {total} accepted; {} refused:",
+        refused.len()
+    );
+    for r in &refused {
+        println!("refused   {r}");
+    }
+    Ok(())
+}
