@@ -39,7 +39,8 @@ pub const MAX_ID_BYTES: usize = request::VIRTIO_BLK_ID_BYTES;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "RawBlockConfig", into = "RawBlockConfig")]
 pub struct BlockConfig {
-    /// Raw disk image (with `overlay`, the read-only base image).
+    /// Disk image (with `overlay`, the read-only base image): raw, or qcow2 when it starts with
+    /// the qcow2 magic number and is read-only (`ro`) or an overlay's base.
     pub path: PathBuf,
     /// Guest cannot write; the image is opened `O_RDONLY`.
     pub read_only: bool,

@@ -25,8 +25,10 @@ struct State {
     inflater: DecompressorOxide,
     input: Vec<u8>,
     output: Vec<u8>,
-    /// Host offset of the cluster now in `output` (`u64::MAX`: none).
-    cached: u64,
+    /// Host offset and length of the cluster now in `output` (`u64::MAX`: none). Both: two
+    /// L2 entries may name one offset with different lengths, and a read must not depend on
+    /// which came first.
+    cached: (u64, u64),
 }
 
 impl Inflater {
@@ -46,13 +48,14 @@ impl Inflater {
                 inflater: DecompressorOxide::new(),
                 input: vec![0; 2 * cs],
                 output: vec![0; cs],
-                cached: u64::MAX,
+                cached: (u64::MAX, 0),
             })
         });
-        if st.cached == off {
+        if st.cached == (off, len) {
             return Ok(&st.output);
         }
-        st.cached = u64::MAX;
+        st.cached = (u64::MAX, 0);
+        let key = (off, len);
         // The encoding bounds `len` at 2 clusters; the file may end before it (QEMU does not
         // pad the last compressed cluster).
         let len = len
@@ -76,7 +79,7 @@ impl Inflater {
                  to one cluster ({status:?} after {out} of {cs} bytes)"
             ));
         }
-        st.cached = off;
+        st.cached = key;
         Ok(&st.output)
     }
 }

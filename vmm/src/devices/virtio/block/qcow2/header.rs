@@ -13,9 +13,11 @@ pub const MAGIC: [u8; 4] = *b"QFI\xfb";
 /// Smallest and largest cluster sizes (QEMU's limits: 512 bytes to 2 MiB).
 pub const MIN_CLUSTER_BITS: u32 = 9;
 pub const MAX_CLUSTER_BITS: u32 = 21;
-/// Largest virtual size accepted (1 PiB): far beyond any cloud image, and keeps every
-/// offset computed from it far from overflowing.
-pub const MAX_VIRTUAL_SIZE: u64 = 1 << 50;
+/// Largest virtual size accepted (1 TiB), far beyond any cloud image. The size is the file's
+/// word, not its length, and a copy-on-write overlay keeps one bit per sector of it in memory
+/// (`overlay.rs`): this caps that bitmap at 256 MiB of address space (committed only where
+/// the guest writes, or read whole when an existing overlay is reopened).
+pub const MAX_VIRTUAL_SIZE: u64 = 1 << 40;
 /// Largest L1 table accepted, in bytes (QEMU's limit). The table is never read whole into
 /// memory: its entries are read page by page through the table cache.
 pub const MAX_L1_BYTES: u64 = 32 << 20;

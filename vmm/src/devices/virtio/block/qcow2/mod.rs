@@ -10,7 +10,7 @@
 //!
 //! The file is untrusted input:
 //! - `header.rs`: every field used is checked when the image is opened (cluster size 512
-//!   bytes..2 MiB, virtual size at most 1 PiB, L1 table cluster-aligned, large enough for the
+//!   bytes..2 MiB, virtual size at most 1 TiB, L1 table cluster-aligned, large enough for the
 //!   virtual size, at most 32 MiB and inside the file). Refused with a one-line reason:
 //!   backing files (a containerDisk is one standalone file), encryption, external data files,
 //!   extended L2 entries, the `corrupt` bit, unknown incompatible features, zstd compression
