@@ -25,6 +25,12 @@
 //!   nothing panics on the file's contents. A damaged table or cluster found while the guest
 //!   reads fails that request (virtio-blk IOERR); the disk keeps working.
 //!
+//! zstd-compressed images are refused, not read: the pure-Rust decoder (`ruzstd`) sizes its
+//! buffers by the window size a frame header claims (up to 100 MiB) rather than by the
+//! cluster, and the release build aborts on a panic, so a decoder fault on a hostile image
+//! would take the VMM down. `qemu-img convert -O qcow2 -c -o compression_type=zlib` (QEMU's
+//! default compression) makes such an image readable.
+//!
 //! The format is detected by the magic number "QFI\xfb" ([`is_qcow2`]), never by the file name.
 //! A guest-writable disk is never probed into a qcow2 image: a writable disk that starts with
 //! the magic is refused (see `disk::open_disk`), so a guest cannot turn its raw disk into one.
