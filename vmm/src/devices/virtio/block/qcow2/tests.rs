@@ -576,3 +576,48 @@ fn a_qcow2_base_under_an_overlay_through_the_device() {
     assert!(guest(65536) == data[..65536]);
     assert!(!dev.is_broken());
 }
+
+/// Version 3 zero clusters (`qemu-io write -z`) read as zeroes, with or without a host cluster
+/// behind them; in version 2 the flag does not exist and is an error.
+#[test]
+fn zero_clusters_read_as_zeroes() {
+    let d = TempDir::new("qcow2-zero");
+    let img = path(&d, "z.qcow2");
+    qemu_img(&[
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-o",
+        "compat=1.1",
+        s(&img),
+        "1M",
+    ]);
+    let io = |cmd: &str| {
+        let out = std::process::Command::new("qemu-io")
+            .args(["-f", "qcow2", "-c", cmd])
+            .arg(&img)
+            .output()
+            .expect("qemu-io (Debian qemu-utils)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    io("write -P 0xaa 0 256k");
+    io("write -z 64k 64k");
+    io("write -z -u 128k 64k");
+    let mut q = open(&img).unwrap();
+    let v = read(&mut q, 0, 1 << 20).unwrap();
+    assert!(v[..64 << 10].iter().all(|&b| b == 0xaa));
+    assert!(v[64 << 10..192 << 10].iter().all(|&b| b == 0));
+    assert!(v[192 << 10..256 << 10].iter().all(|&b| b == 0xaa));
+    assert!(v[256 << 10..].iter().all(|&b| b == 0));
+    // The same entry in a version 2 image is damage.
+    patch(&img, 4, &2u32.to_be_bytes());
+    let mut q = open(&img).unwrap();
+    assert!(read(&mut q, 0, 4096).is_ok());
+    let e = read(&mut q, 64 << 10, 4096).unwrap_err().to_string();
+    assert!(e.contains("zero flag, which version 2"), "{e}");
+}
