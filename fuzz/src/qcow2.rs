@@ -9,6 +9,11 @@
 //!   succeeds exactly when the same range read as 4 KiB pieces, in reverse order, does, with
 //!   the same bytes (so neither the table cache nor the inflated-cluster cache, nor the
 //!   merging of contiguous clusters, changes what a read returns); a read again gives the same;
+//! - reads agree with [`model`], a second, plain reading of the qcow2 specification (no caches,
+//!   no merging, sector by sector over the input bytes): where it finds the data the bytes are
+//!   the same, and where it finds damage outside compressed clusters the read fails (for
+//!   compressed clusters, only the bytes are compared where both inflate: two inflater calls
+//!   may disagree on where exactly a damaged stream gives up);
 //! - a read error is a qcow2 error or an I/O error, never anything else (out of range, memory);
 //! - writes are refused (the image is read-only), and the file is never modified.
 
@@ -19,6 +24,85 @@ use vmm::devices::virtio::block::qcow2::header::{MAGIC, MAX_VIRTUAL_SIZE};
 use vmm::devices::virtio::block::qcow2::Qcow2;
 
 use crate::scratch;
+
+/// What the specification says a sector holds.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Sector {
+    Data(Vec<u8>),
+    /// In a compressed cluster that inflates to this cluster (`None`: it does not).
+    Compressed(Option<Vec<u8>>),
+    /// Damage: a read of it must fail.
+    Damaged,
+}
+
+fn be64(img: &[u8], at: u64) -> Option<u64> {
+    let at = usize::try_from(at).ok()?;
+    let b = img.get(at..at.checked_add(8)?)?;
+    Some(u64::from_be_bytes(b.try_into().ok()?))
+}
+
+/// Sector `sector` of the image `img` (whose header the reader accepted): the L1 and L2
+/// entries read from the input bytes, decoded as the qcow2 specification describes them.
+pub fn model(img: &[u8], version: u32, cluster_bits: u32, l1_offset: u64, sector: u64) -> Sector {
+    const MASK: u64 = 0x00ff_ffff_ffff_fe00;
+    let cs = 1u64 << cluster_bits;
+    let len = img.len() as u64;
+    let pos = sector * 512;
+    let cluster = pos >> cluster_bits;
+    let l2_entries = cs / 8;
+    let Some(l1e) = be64(img, l1_offset + 8 * (cluster / l2_entries)) else {
+        return Sector::Damaged;
+    };
+    let l2 = l1e & MASK;
+    if l2 == 0 {
+        return Sector::Data(vec![0; 512]);
+    }
+    if l2 % cs != 0 {
+        return Sector::Damaged;
+    }
+    let Some(e) = be64(img, l2 + 8 * (cluster % l2_entries)) else {
+        return Sector::Damaged;
+    };
+    let within = (pos % cs) as usize;
+    if e & (1 << 62) != 0 {
+        let x = 62 - (cluster_bits - 8);
+        let off = e & ((1u64 << x) - 1);
+        let n = ((e >> x) & ((1u64 << (cluster_bits - 8)) - 1)) + 1;
+        if off >= len {
+            return Sector::Damaged;
+        }
+        let end = (off + n * 512 - off % 512).min(len);
+        let out = match miniz_oxide::inflate::decompress_to_vec_with_limit(
+            &img[off as usize..end as usize],
+            cs as usize,
+        ) {
+            Ok(v) => v,
+            Err(e) => e.output,
+        };
+        return Sector::Compressed(
+            (out.len() == cs as usize).then(|| out[within..within + 512].to_vec()),
+        );
+    }
+    if e & 1 != 0 {
+        return if version >= 3 {
+            Sector::Data(vec![0; 512])
+        } else {
+            Sector::Damaged
+        };
+    }
+    let off = e & MASK;
+    if off == 0 {
+        return Sector::Data(vec![0; 512]);
+    }
+    if off % cs != 0 || off >= len {
+        return Sector::Damaged;
+    }
+    let mut v = vec![0u8; 512];
+    let start = (off + within as u64).min(len) as usize;
+    let end = (start + 512).min(img.len());
+    v[..end - start].copy_from_slice(&img[start..end]);
+    Sector::Data(v)
+}
 
 /// Number of 64 KiB reads, spread evenly over the capacity.
 pub const READS: u64 = 12;
@@ -87,6 +171,33 @@ fn check(path: &Path, data: &[u8]) {
             p = start;
         }
         trace!("read {off:#x}+{len:#x}: {:?}", whole.as_ref().map(|_| ()));
+        let h = d.header().clone();
+        let sectors: Vec<Sector> = (off / SECTOR_SIZE..(off + len) / SECTOR_SIZE)
+            .map(|sec| model(data, h.version, h.cluster_bits, h.l1_offset, sec))
+            .collect();
+        match &whole {
+            Ok(w) => {
+                for (k, m) in sectors.iter().enumerate() {
+                    let got = &w[k * 512..(k + 1) * 512];
+                    let at = off + k as u64 * 512;
+                    match m {
+                        Sector::Data(v) | Sector::Compressed(Some(v)) => {
+                            assert!(got == &v[..], "sector at {at:#x} differs from the model")
+                        }
+                        Sector::Damaged => {
+                            panic!("read at {off:#x} succeeded over damage at {at:#x}")
+                        }
+                        Sector::Compressed(None) => {}
+                    }
+                }
+            }
+            Err(e) => assert!(
+                sectors
+                    .iter()
+                    .any(|m| matches!(m, Sector::Damaged | Sector::Compressed(_))),
+                "read at {off:#x} failed ({e}) where the model finds no damage"
+            ),
+        }
         match &whole {
             Ok(w) => {
                 for (start, r) in &pieces {
