@@ -57,7 +57,7 @@ pub fn model(img: &[u8], version: u32, cluster_bits: u32, l1_offset: u64, sector
     if l2 == 0 {
         return Sector::Data(vec![0; 512]);
     }
-    if l2 % cs != 0 {
+    if !l2.is_multiple_of(cs) {
         return Sector::Damaged;
     }
     let Some(e) = be64(img, l2 + 8 * (cluster % l2_entries)) else {
@@ -94,7 +94,7 @@ pub fn model(img: &[u8], version: u32, cluster_bits: u32, l1_offset: u64, sector
     if off == 0 {
         return Sector::Data(vec![0; 512]);
     }
-    if off % cs != 0 || off >= len {
+    if !off.is_multiple_of(cs) || off >= len {
         return Sector::Damaged;
     }
     let mut v = vec![0u8; 512];
