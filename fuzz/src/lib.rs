@@ -25,6 +25,7 @@ pub mod driver;
 pub mod input;
 pub mod mmio;
 pub mod net;
+pub mod qcow2;
 pub mod scratch;
 pub mod seeds;
 pub mod snapshot;
@@ -37,6 +38,7 @@ pub type Target = fn(&[u8]);
 pub const TARGETS: &[(&str, Target)] = &[
     ("blk_raw", |d| blk::run(d, blk::Backend::Raw)),
     ("blk_overlay", |d| blk::run(d, blk::Backend::Overlay)),
+    ("blk_qcow2", qcow2::run),
     ("mmio_transport", mmio::run),
     ("net_rxtx", net::run),
     ("dhcp_parse", dhcp::run),

@@ -834,4 +834,71 @@ spec:
         assert!(e.to_string().contains("/nonexistent-root/pvcs/a"), "{e}");
         assert!(e.to_string().contains("/nonexistent-devices/a"), "{e}");
     }
+
+    /// A qcow2 image of `size` virtual bytes with nothing allocated (version 3, 64 KiB
+    /// clusters): header, then the L1 table in cluster 1.
+    fn empty_qcow2(size: u64) -> Vec<u8> {
+        let mut h = vec![0u8; 65536];
+        h[0..4].copy_from_slice(b"QFI\xfb");
+        h[4..8].copy_from_slice(&3u32.to_be_bytes());
+        h[20..24].copy_from_slice(&16u32.to_be_bytes());
+        h[24..32].copy_from_slice(&size.to_be_bytes());
+        let l1 = size.div_ceil(1 << 29) as u32;
+        h[36..40].copy_from_slice(&l1.to_be_bytes());
+        h[40..48].copy_from_slice(&65536u64.to_be_bytes());
+        h[96..100].copy_from_slice(&4u32.to_be_bytes());
+        h[100..104].copy_from_slice(&104u32.to_be_bytes());
+        h.resize(65536 + 8 * l1 as usize, 0);
+        h
+    }
+
+    /// KubeVirt's packing: the qcow2 image is the file in the containerDisk's `disk/`, any
+    /// name. The VMM takes it as qcow2 by its magic number; the guest sees, and the overlay is
+    /// sized by, its virtual size, not the file's length.
+    #[test]
+    fn a_qcow2_container_disk_has_its_virtual_size() {
+        use vmm::devices::interrupt::IrqLine;
+        use vmm::devices::virtio::block::{BlockDevice, IoThreadOptions};
+        use vmm::devices::virtio::VirtioDevice;
+        let dir = std::env::temp_dir().join(format!("launcher-qcow2-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let root = dir.join("root");
+        std::fs::create_dir_all(root.join("container-disks/img/disk")).unwrap();
+        std::fs::create_dir_all(root.join("run")).unwrap();
+        let image = empty_qcow2(3 << 30);
+        std::fs::write(root.join("container-disks/img/disk/cirros.qcow2"), &image).unwrap();
+        let layout = Layout::Pod {
+            root: root.clone(),
+            pvc_devices: dir.join("dev"),
+        };
+        let scratch = root.join("run");
+        for ro in [false, true] {
+            let d = doc(&format!(
+                "spec: {{domain: {{devices: {{disks: [{{name: img, disk: {{readonly: {ro}}}}}]}}}}, \
+                 volumes: [{{name: img, containerDisk: {{image: i}}}}]}}"
+            ));
+            let p = prepare(&d, &layout, &scratch).unwrap();
+            assert!(p[0].shown.path.ends_with("disk/cirros.qcow2"));
+            assert_eq!(p[0].config.overlay.is_some(), !ro);
+            let dev = BlockDevice::from_config(
+                &p[0].config,
+                IrqLine::new(5).unwrap(),
+                IoThreadOptions::default(),
+            )
+            .unwrap();
+            let mut cap = [0u8; 8];
+            dev.read_config(0, &mut cap);
+            assert_eq!(u64::from_le_bytes(cap), (3 << 30) / 512, "ro={ro}");
+            if !ro {
+                let ovl = std::fs::metadata(scratch.join("img.overlay")).unwrap();
+                assert!(ovl.len() >= 3 << 30, "overlay of {} bytes", ovl.len());
+            }
+            drop(dev);
+        }
+        assert_eq!(
+            std::fs::read(root.join("container-disks/img/disk/cirros.qcow2")).unwrap(),
+            image
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

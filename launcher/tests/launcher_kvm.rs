@@ -806,6 +806,66 @@ impl Drop for LoopDevice {
     }
 }
 
+/// A qcow2 containerDisk (zlib-compressed clusters, made by Debian's qemu-img) under the
+/// launcher's seccomp filters: the guest reads the raw source's first 4 KiB, sees the virtual
+/// size and writes to the overlay; a second disk reads the same image read-only.
+#[test]
+fn a_qcow2_container_disk_under_the_filters() {
+    let t = TempDir::new("qcow2");
+    let raw = t.path().join("src.raw");
+    let data: Vec<u8> = (0..(3usize << 20))
+        .map(|i| {
+            if (i >> 16) % 3 == 2 {
+                0
+            } else {
+                (i / 5 % 241) as u8
+            }
+        })
+        .collect();
+    std::fs::write(&raw, &data).unwrap();
+    let img = t.path().join("cloud.qcow2");
+    let out = Command::new("qemu-img")
+        .args(["convert", "-q", "-c", "-f", "raw", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(&img)
+        .output()
+        .expect("qemu-img (Debian qemu-utils; `cargo xtask test` installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = std::fs::read(&img).unwrap();
+    let vmi = demo_vmi(
+        t.path(),
+        "qcow2",
+        "testguest.scenario=blk",
+        "    devices:\n      disks:\n        - {name: root}\n        - {name: copy, disk: {readonly: true}}\n  volumes:\n    - {name: root, containerDisk: {image: local, path: cloud.qcow2}}\n    - {name: copy, containerDisk: {image: local, path: cloud.qcow2}}\n",
+    );
+    let mut l = Launcher::spawn(&mut run_cmd(&vmi, &[]));
+    let (st, _) = l.wait(Duration::from_secs(30));
+    assert_eq!(st.code(), Some(0), "{}\n{}", l.stdout(), l.stderr());
+    let out = l.stdout();
+    let fnv = data[..4096].iter().fold(0x811c_9dc5u32, |h, &x| {
+        (h ^ u32::from(x)).wrapping_mul(0x0100_0193)
+    });
+    let sectors = data.len() / 512;
+    for line in [
+        format!("blk0: capacity={sectors} ro=0 id="),
+        format!("blk0: head status=0 fnv1a={fnv:08x}"),
+        "blk0: write-flush-read ok".to_string(),
+        format!("blk1: capacity={sectors} ro=1 id="),
+        format!("blk1: head status=0 fnv1a={fnv:08x}"),
+        "blk1: ro-write status=1".to_string(),
+    ] {
+        assert!(out.contains(&line), "missing {line:?}:\n{out}");
+    }
+    assert!(
+        std::fs::read(&img).unwrap() == before,
+        "containerDisk image modified"
+    );
+}
+
 /// A persistentVolumeClaim that is a block device (what a `volumeMode: Block` claim is) has
 /// its real size, and `devices.rng: {}` gives the guest entropy.
 #[test]

@@ -98,6 +98,87 @@ fn blk_rw_ro_overlay_and_hostile_from_the_guest() {
     // (Isolation of two VMs' overlays on one base: virtio_kvm.rs.) `d` goes with its files.
 }
 
+/// FNV-1a (32 bits), as the test guest prints it for a disk's first 4 KiB.
+fn fnv1a(b: &[u8]) -> u32 {
+    b.iter().fold(0x811c_9dc5u32, |h, &x| {
+        (h ^ u32::from(x)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// A qcow2 image (zlib-compressed, made by Debian's qemu-img) as an overlay's base and as a
+/// read-only disk: the guest reads the raw source's bytes and sees the virtual size; its
+/// writes land in the overlay, the qcow2 file is untouched.
+#[test]
+fn blk_qcow2_base_under_an_overlay_and_read_only_from_the_guest() {
+    let d = tmp("virtio-blk-qcow2");
+    let raw = d.join("src.raw");
+    let img = d.join("base.qcow2");
+    let ovl = d.join("vm.ovl");
+    let _ = fs::remove_file(&ovl);
+    // 2 MiB + 512: compressible text with holes (so some clusters are compressed, some absent).
+    let data: Vec<u8> = (0..(2 << 20) + 512)
+        .map(|i: usize| {
+            if (i / 65536) % 3 == 2 {
+                0
+            } else {
+                (i / 7 % 251) as u8
+            }
+        })
+        .collect();
+    fs::write(&raw, &data).unwrap();
+    let out = Command::new("qemu-img")
+        .args(["convert", "-q", "-c", "-f", "raw", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(&img)
+        .output()
+        .expect("qemu-img (Debian qemu-utils; `cargo xtask test` installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let before = fs::read(&img).unwrap();
+    let kernel = guest().pvh.to_str().unwrap().to_string();
+    let disk_ovl = format!("path={},overlay={},id=q-ovl", img.display(), ovl.display());
+    let disk_ro = format!("path={},ro,id=q-ro", img.display());
+    let r = run(
+        &[
+            "--kernel",
+            &kernel,
+            "--disk",
+            &disk_ovl,
+            "--disk",
+            &disk_ro,
+            "--cmdline",
+            "testguest.scenario=blk",
+        ],
+        b"",
+    );
+    r.assert_ok();
+    let sectors = data.len() / 512;
+    let head = format!("head status=0 fnv1a={:08x}", fnv1a(&data[..4096]));
+    has(&r, &format!("blk0: capacity={sectors} ro=0 id=q-ovl"));
+    has(&r, &format!("blk0: {head}"));
+    has(&r, "blk0: write-flush-read ok");
+    has(&r, &format!("blk1: capacity={sectors} ro=1 id=q-ro"));
+    has(&r, &format!("blk1: {head}"));
+    has(&r, "blk1: ro-write status=1");
+    for i in 0..2 {
+        has(&r, &format!("blk{i}: hostile status=1"));
+    }
+    assert!(fs::read(&img).unwrap() == before, "qcow2 base modified");
+    // The guest's sectors 1..=8 are in the overlay, the rest is the base's.
+    let mut o = vmm::devices::virtio::block::overlay::Overlay::open(&img, &ovl).unwrap();
+    let mut back = vec![0u8; 16384];
+    vmm::devices::virtio::block::disk::read_into(&mut o, 0, &mut back).unwrap();
+    assert!(back[..512] == data[..512]);
+    assert!(
+        back[512..9 * 512] != data[512..9 * 512],
+        "guest writes not in the overlay"
+    );
+    assert!(back[9 * 512..] == data[9 * 512..16384]);
+}
+
 /// `microvm` inside the namespace (so the TAP it creates lives there).
 #[test]
 fn rng_entropy_for_the_guest_and_no_panic_on_a_driver_mistake() {

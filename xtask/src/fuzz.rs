@@ -24,6 +24,7 @@ pub const TARGETS: &[&str] = &[
     "mmio_transport",
     "blk_raw",
     "blk_overlay",
+    "blk_qcow2",
     "net_rxtx",
     "dhcp_parse",
     "vmi_document",
@@ -57,8 +58,8 @@ impl Options {
 
 fn usage() -> &'static str {
     "usage: cargo xtask fuzz [--secs N] [--jobs N] [--sanitizer address|none] [TARGET...]\n\
-     targets (default: all): mmio_transport blk_raw blk_overlay net_rxtx dhcp_parse vmi_document \
-     snapshot_state"
+     targets (default: all): mmio_transport blk_raw blk_overlay blk_qcow2 net_rxtx dhcp_parse \
+     vmi_document snapshot_state"
 }
 
 pub fn main(args: &[String]) -> Result<()> {
@@ -184,6 +185,8 @@ fn build(sanitizer: &str, targets: &[String]) -> Result<()> {
 fn max_len(target: &str) -> usize {
     match target {
         "snapshot_state" => 16384,
+        // Images of 512-byte clusters made by qemu-img: a few KiB.
+        "blk_qcow2" => 16384,
         _ => 4096,
     }
 }

@@ -30,6 +30,8 @@ const PACKAGES: &[&str] = &[
     // KVM tests: setpriv (no-/dev/kvm-access test), ip (network namespaces, TAP)
     "util-linux",
     "iproute2",
+    // vmm qcow2 tests: images made by qemu-img
+    "qemu-utils",
     // test host and guest images
     "qemu-system-x86",
     "busybox-static",

@@ -153,6 +153,21 @@ fn exercise(i: usize, mmio: Mmio, arena: &mut DmaArena, tsc_ms: u64) -> Result<(
         other => println!("<status {}>", show(&other)),
     }
 
+    // The first 4 KiB as the disk holds them before this run writes: a checksum the host
+    // compares with the image's (FNV-1a, 32 bits).
+    let head = Buf {
+        addr: data + 4096,
+        len: 4096,
+        write: true,
+    };
+    let hd = blk.request(T_IN, 0, Some(head));
+    let mut fnv: u32 = 0x811c_9dc5;
+    for k in 0..4096u64 {
+        fnv ^= u32::from(read8(data + 4096 + k));
+        fnv = fnv.wrapping_mul(0x0100_0193);
+    }
+    println!("blk{}: head status={} fnv1a={:08x}", i, show(&hd), fnv);
+
     let len = (COUNT * SECTOR) as u32;
     let wbuf = Buf {
         addr: data,

@@ -248,3 +248,44 @@ pub fn retry_locked<T>(
         }
     }
 }
+
+/// Runs `qemu-img` (Debian `qemu-utils`) with `args`, installing the package first when it is
+/// missing and this runs as root; panics with what to do otherwise.
+pub fn qemu_img(args: &[&str]) {
+    use std::process::Command;
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        if Command::new("qemu-img").arg("--version").output().is_ok() {
+            return;
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let _ = Command::new("apt-get").args(["update", "-q"]).status();
+            let _ = Command::new("apt-get")
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .args([
+                    "install",
+                    "-y",
+                    "-q",
+                    "--no-install-recommends",
+                    "qemu-utils",
+                ])
+                .status();
+        }
+    });
+    let out = Command::new("qemu-img")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run qemu-img ({e}): the qcow2 tests need Debian's qemu-utils \
+             (apt-get install qemu-utils; `cargo xtask test` installs it)"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "qemu-img {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueT};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::disk::{DiskBackend, RawFile, SECTOR_SIZE};
+use super::disk::{DiskBackend, SECTOR_SIZE};
 use super::io_thread::{Completion, IoThread, IoThreadSetup, Job, SharedDisk};
 use super::overlay::Overlay;
 use super::request::{self, BlockContext, Popped, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG};
@@ -322,7 +322,7 @@ impl BlockDevice {
 pub(super) fn open_backend(cfg: &BlockConfig) -> Result<Box<dyn DiskBackend>, VirtioError> {
     Ok(match &cfg.overlay {
         Some(o) => Box::new(Overlay::open(&cfg.path, o)?),
-        None => Box::new(RawFile::open(&cfg.path, cfg.read_only)?),
+        None => super::disk::open_disk(&cfg.path, cfg.read_only)?,
     })
 }
 

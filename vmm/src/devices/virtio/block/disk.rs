@@ -1,5 +1,7 @@
 //! Disk backends: a raw image file, and an in-memory disk for tests,
-//! benchmarks and fuzzing. The copy-on-write overlay is in `overlay.rs`.
+//! benchmarks and fuzzing. The copy-on-write overlay is in `overlay.rs`, the read-only qcow2
+//! reader in `qcow2/`; [`open_disk`] and [`read_only_backend`] choose raw or qcow2 by the
+//! image's magic number.
 //!
 //! Backends move data straight between the file and guest memory
 //! (`pread`/`pwrite` into [`VolatileSlice`]s), without bounce buffers.
@@ -41,6 +43,9 @@ pub enum DiskError {
     NotAnOverlay,
     #[error("{0} is not supported by the file system holding the disk")]
     Unsupported(&'static str),
+    /// A qcow2 image refused when opened, or a damaged part of it met while reading.
+    #[error("{path}: qcow2: {reason}")]
+    Qcow2 { path: String, reason: String },
 }
 
 /// Storage behind a virtio-blk device. Offsets and lengths are in bytes and
@@ -288,6 +293,43 @@ pub(crate) fn open_image(path: &Path, read_only: bool) -> Result<File, DiskError
     Ok(file)
 }
 
+/// The read-only backend for the opened image `file`: qcow2 when it starts with the qcow2
+/// magic number, else raw. (Overlay bases and `ro` disks.)
+pub fn read_only_backend(file: File, path: &Path) -> Result<Box<dyn DiskBackend>, DiskError> {
+    if super::qcow2::is_qcow2(&file)? {
+        Ok(Box::new(super::qcow2::Qcow2::from_file(file, path)?))
+    } else {
+        Ok(Box::new(RawFile::from_file(file, true)?))
+    }
+}
+
+/// Opens the disk at `path` without an overlay: a read-only disk is raw or qcow2 (by its magic
+/// number), a writable disk is raw. A writable image that starts with the qcow2 magic is
+/// refused: it is not written as raw (that would corrupt the qcow2 image), and the format of a
+/// disk the guest can write is never probed (the guest could otherwise turn its raw disk into
+/// a qcow2 image that the host then interprets).
+pub fn open_disk(path: &Path, read_only: bool) -> Result<Box<dyn DiskBackend>, DiskError> {
+    let file = open_image(path, read_only)?;
+    if read_only {
+        return read_only_backend(file, path);
+    }
+    if super::qcow2::is_qcow2(&file)? {
+        return Err(DiskError::Qcow2 {
+            path: path.display().to_string(),
+            reason: "a qcow2 image is only read: use it read-only (ro) or under a copy-on-write \
+                     overlay (overlay=PATH), or convert it to raw (qemu-img convert -O raw IN OUT)"
+                .into(),
+        });
+    }
+    Ok(Box::new(RawFile::from_file(file, false)?))
+}
+
+/// Reads `buf.len()` bytes at `offset` of `disk` into a host buffer.
+pub fn read_into(disk: &mut dyn DiskBackend, offset: u64, buf: &mut [u8]) -> Result<(), DiskError> {
+    let s = GuestSlice::from(buf);
+    disk.read_at(offset, &s)
+}
+
 /// A raw disk image file. Read-only disks are opened `O_RDONLY`.
 #[derive(Debug)]
 pub struct RawFile {
@@ -302,7 +344,11 @@ impl RawFile {
     /// Open `path` (read-write unless `read_only`) and lock it (exclusive
     /// for read-write, shared for read-only).
     pub fn open(path: &Path, read_only: bool) -> Result<Self, DiskError> {
-        let file = open_image(path, read_only)?;
+        Self::from_file(open_image(path, read_only)?, read_only)
+    }
+
+    /// The raw disk in `file` (opened and locked as [`RawFile::open`] does).
+    pub fn from_file(file: File, read_only: bool) -> Result<Self, DiskError> {
         let len = image_len(&file)?;
         Ok(Self {
             file,

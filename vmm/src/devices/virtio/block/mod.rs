@@ -1,8 +1,10 @@
 //! virtio-blk: raw image files, read-only disks, FLUSH, GET_ID, DISCARD,
-//! WRITE_ZEROES and a copy-on-write overlay mode.
+//! WRITE_ZEROES, a copy-on-write overlay mode and read-only qcow2 images (overlay bases and
+//! `ro` disks).
 //!
 //! - `request.rs`: pure request parsing/processing over descriptor chains.
-//! - `disk.rs`: backends (raw file or block device, in-memory); `overlay.rs`: copy-on-write.
+//! - `disk.rs`: backends (raw file or block device, in-memory); `overlay.rs`: copy-on-write;
+//!   `qcow2/`: the read-only qcow2 reader.
 //! - `device.rs`: the [`VirtioDevice`](super::VirtioDevice) (features,
 //!   config space, activation, submitting and completing requests);
 //!   `io_thread.rs`: the per-disk thread that does the blocking disk I/O;
@@ -14,6 +16,7 @@ pub mod event_handler;
 pub mod io_thread;
 pub mod overlay;
 pub mod persist;
+pub mod qcow2;
 pub mod request;
 
 use std::fmt;
@@ -36,7 +39,8 @@ pub const MAX_ID_BYTES: usize = request::VIRTIO_BLK_ID_BYTES;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "RawBlockConfig", into = "RawBlockConfig")]
 pub struct BlockConfig {
-    /// Raw disk image (with `overlay`, the read-only base image).
+    /// Disk image (with `overlay`, the read-only base image): raw, or qcow2 when it starts with
+    /// the qcow2 magic number and is read-only (`ro`) or an overlay's base.
     pub path: PathBuf,
     /// Guest cannot write; the image is opened `O_RDONLY`.
     pub read_only: bool,

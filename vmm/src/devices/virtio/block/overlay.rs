@@ -1,9 +1,10 @@
 //! Copy-on-write overlay for stateless VMIs.
 //!
 //! Choice: a sparse per-VM overlay file with a persisted allocation bitmap
-//! (no qcow2). Reasons: no extra crate, trivially auditable, data moves
+//! (no qcow2 overlay). Reasons: no extra crate, trivially auditable, data moves
 //! with `pread`/`pwrite` straight into guest memory, and the base stays a
-//! plain raw image that any number of VMs can share.
+//! read-only image that any number of VMs can share: a raw file, or a qcow2 image
+//! (`qcow2/`, chosen by its magic number; the guest sees its virtual size).
 //!
 //! - The base image is opened `O_RDONLY` with a shared `flock`: it is never
 //!   written, and a VM that wants to write it (`path=` without overlay)
@@ -43,7 +44,7 @@ use std::path::Path;
 
 use super::disk::{
     check_range, fdatasync, image_len, lock_file, open_image, pread_exact, punch_hole, pwrite_all,
-    DiskBackend, DiskError, GuestSlice, SECTOR_SIZE,
+    read_into, read_only_backend, DiskBackend, DiskError, GuestSlice, SECTOR_SIZE,
 };
 
 const MAGIC: &[u8; 8] = b"MVOVRLY1";
@@ -53,10 +54,10 @@ const HEADER_SIZE: u64 = 4096;
 const DATA_ALIGN: u64 = 1 << 20;
 const BITMAP_PAGE: usize = 4096;
 
-/// A raw base image plus a per-VM copy-on-write overlay file.
-#[derive(Debug)]
+/// A read-only base image (raw or qcow2) plus a per-VM copy-on-write overlay file.
 pub struct Overlay {
-    base: File,
+    /// Its capacity is the overlay's.
+    base: Box<dyn DiskBackend>,
     overlay: File,
     path: String,
     capacity: u64,
@@ -79,6 +80,15 @@ pub struct BaseIdentity {
     pub ino: u64,
     pub mtime_sec: i64,
     pub mtime_nsec: u32,
+}
+
+impl std::fmt::Debug for Overlay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Overlay")
+            .field("path", &self.path)
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
 }
 
 impl BaseIdentity {
@@ -149,8 +159,6 @@ impl Overlay {
     ) -> Result<Self, DiskError> {
         let base = open_image(base_path, true)?;
         let ident = BaseIdentity::of(&base)?;
-        let base_len = ident.len;
-        let capacity = base_len / SECTOR_SIZE * SECTOR_SIZE;
         let path = overlay_path.display().to_string();
         let err = |reason: String| DiskError::Overlay {
             path: path.clone(),
@@ -164,6 +172,9 @@ impl Overlay {
                 return Err(err("overlay is the base image".into()));
             }
         }
+        // The guest sees the base's capacity: a raw file's length, a qcow2 image's virtual size.
+        let base = read_only_backend(base, base_path)?;
+        let capacity = base.capacity();
         let sectors = capacity / SECTOR_SIZE;
         let bitmap_len = round_up(sectors.div_ceil(8), BITMAP_PAGE as u64);
         let bitmap_offset = HEADER_SIZE;
@@ -306,7 +317,7 @@ impl Overlay {
     fn copy_up(&mut self, sector: u64) -> Result<(), DiskError> {
         let mut buf = [0u8; SECTOR_SIZE as usize];
         let off = sector * SECTOR_SIZE;
-        read_full_at(&self.base, &mut buf, off)?;
+        read_into(self.base.as_mut(), off, &mut buf)?;
         self.overlay.write_all_at(&buf, self.data_offset + off)?;
         self.set_allocated(sector, 1);
         Ok(())
@@ -397,7 +408,7 @@ impl DiskBackend for Overlay {
             if alloc {
                 pread_exact(&self.overlay, self.data_offset + pos, &sub)?;
             } else {
-                pread_exact(&self.base, pos, &sub)?;
+                self.base.read_at(pos, &sub)?;
             }
             pos = run_end;
         }

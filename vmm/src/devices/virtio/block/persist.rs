@@ -11,7 +11,7 @@ use std::fs::File;
 use serde::{Deserialize, Serialize};
 
 use super::device::{BlockDevice, BlockDeviceState, IoThreadOptions};
-use super::disk::{DiskBackend, RawFile};
+use super::disk::{open_disk, DiskBackend};
 use super::overlay::Overlay;
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;
@@ -51,9 +51,7 @@ impl BlockDevice {
                 Box::new(Overlay::restore(&cfg.path, o, saved).map_err(VirtioError::Disk)?)
             }
             (Some(o), None) => Box::new(Overlay::open(&cfg.path, o).map_err(VirtioError::Disk)?),
-            (None, _) => {
-                Box::new(RawFile::open(&cfg.path, cfg.read_only).map_err(VirtioError::Disk)?)
-            }
+            (None, _) => open_disk(&cfg.path, cfg.read_only).map_err(VirtioError::Disk)?,
         };
         let path = cfg.path.display().to_string();
         if disk.capacity() != state.capacity {
