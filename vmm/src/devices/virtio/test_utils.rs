@@ -230,9 +230,11 @@ pub fn thread_write_bytes() -> u64 {
 }
 
 /// Runs `open` again while it fails with [`DiskError::Locked`](super::block::DiskError), for at
-/// most 2 s. For tests that reopen a file they just closed: another test thread that spawns a
+/// most 30 s. For tests that reopen a file they just closed: another test thread that spawns a
 /// process can hold a copy of the closed descriptor — and its `flock` — from its fork until
-/// its child's exec.
+/// its child's exec. That is microseconds on a quiet machine, but the child may wait for a core
+/// on a busy one: 2 s were not enough there (`an_overlay_belongs_to_its_base` failed 2 times in
+/// about 80 runs at load 5–8), and the wait ends as soon as the lock is free.
 pub fn retry_locked<T>(
     mut open: impl FnMut() -> Result<T, super::block::DiskError>,
 ) -> Result<T, super::block::DiskError> {
@@ -240,7 +242,7 @@ pub fn retry_locked<T>(
     loop {
         match open() {
             Err(super::block::DiskError::Locked { .. })
-                if t.elapsed() < std::time::Duration::from_secs(2) =>
+                if t.elapsed() < std::time::Duration::from_secs(30) =>
             {
                 std::thread::sleep(std::time::Duration::from_millis(10))
             }
