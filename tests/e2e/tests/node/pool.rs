@@ -657,7 +657,9 @@ pub(super) fn pool_bad_specs_refused(env: &Env) -> Result<()> {
                 "  template:\n",
                 "  virtualMachineTemplate: {}\n  template:\n",
             ),
-            "unknown field \"spec.virtualMachineTemplate\"",
+            // Refused by name with what to do instead (crds/src/refusals.rs, POOL_VM_TEMPLATE).
+            "spec.virtualMachineTemplate: Invalid value: \"object\": virtualMachineTemplate is \
+             not supported by microvirt",
         ),
     ];
     for (what, yaml, msg) in cases {
