@@ -131,7 +131,8 @@ pub fn continue_process(pid: u32) -> io::Result<()> {
 
 /// Sends `sig` to `pid` and returns once the process has taken it: no longer pending for the
 /// process (`ShdPnd` in `/proc/PID/status`) nor for any of its threads (`SigPnd`), i.e. a
-/// thread dequeued it and ran its handler (or the default action). Two signals of one kind
+/// thread dequeued it and ran its handler (or the default action; a process that ended counts as
+/// having taken it). Two signals of one kind
 /// sent back to back can merge into one while the first is still pending, so a test that
 /// means "a second signal" must wait for this between them. Fails if `pid` is gone, or the
 /// signal stays pending (blocked, or a stopped process) for [`SIGNAL_ACTED_ON_WITHIN`].
@@ -159,6 +160,11 @@ pub fn signal_taken(pid: u32, sig: libc::c_int) -> io::Result<()> {
     };
     let deadline = Instant::now() + SIGNAL_ACTED_ON_WITHIN;
     loop {
+        // A process that ended (its default action, or anything else) takes nothing more, and a
+        // zombie keeps showing the signal that killed it as pending.
+        if thread_states(pid).map_or(true, |s| s.is_empty()) {
+            return Ok(());
+        }
         let mut any = pending(format!("/proc/{pid}/status"), "ShdPnd:");
         for entry in fs::read_dir(format!("/proc/{pid}/task"))? {
             let task = entry?.path().join("status");
@@ -300,9 +306,24 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = c.id();
+        // Caught means the trap is installed (SigCgt), not merely that `sh` was exec'd: a
+        // SIGUSR1 before the trap would end the shell by its default action.
+        let bit = 1u64 << (libc::SIGUSR1 - 1);
+        let caught = || {
+            fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|st| {
+                st.lines()
+                    .find_map(|l| l.strip_prefix("SigCgt:"))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                    .is_some_and(|m| m & bit != 0)
+            })
+        };
         let t = Instant::now();
-        while !pid_runs(pid, "trap") && t.elapsed() < Duration::from_secs(10) {
-            thread::sleep(Duration::from_millis(5));
+        while !caught() {
+            assert!(
+                t.elapsed() < SIGNAL_ACTED_ON_WITHIN,
+                "the trap was never installed"
+            );
+            thread::sleep(Duration::from_millis(2));
         }
         signal_taken(pid, libc::SIGUSR1).unwrap();
         assert!(pid_runs(pid, "trap"), "the caught signal ended the shell");
@@ -314,7 +335,6 @@ mod tests {
             .lines()
             .find_map(|l| l.strip_prefix("ShdPnd:"))
             .unwrap();
-        let bit = 1u64 << (libc::SIGUSR1 - 1);
         assert_ne!(
             u64::from_str_radix(shd.trim(), 16).unwrap() & bit,
             0,
@@ -322,7 +342,14 @@ mod tests {
         );
         continue_process(pid).unwrap();
         signal_taken(pid, libc::SIGUSR1).unwrap();
-        stop_child(&mut c, Duration::from_secs(5));
+        // SIGTERM is not caught: the shell ends, and that counts as taken.
+        signal_taken(pid, libc::SIGTERM).unwrap();
+        let st = c.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&st),
+            Some(libc::SIGTERM)
+        );
+        // Reaped: there is no such process any more.
         assert!(signal_taken(pid, libc::SIGUSR1).is_err());
         assert!(signal_taken(pid, 0).is_err());
     }
