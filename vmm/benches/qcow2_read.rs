@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use vmm::devices::virtio::block::disk::{open_disk, read_into, DiskBackend};
+use vmm::devices::virtio::block::disk::{read_into, DiskBackend};
+use vmm::devices::virtio::block::open::open_disk;
 
 /// 256 MiB: the host's own programs and libraries (`/usr/bin`, `/usr/lib`: data that compresses
 /// about as a system disk does), with every fourth 256 KiB stripe a hole, as a file system

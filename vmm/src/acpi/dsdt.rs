@@ -14,12 +14,13 @@
 
 use acpi_tables::aml::{
     And, Device, EISAName, Equal, Field, FieldAccessType, FieldEntry, FieldLockRule,
-    FieldUpdateRule, If, Interrupt, Local, Method, Name, Notify, OpRegion, OpRegionSpace, Package,
-    Path, ResourceTemplate, Scope, Store, IO, ONE, ZERO,
+    FieldUpdateRule, If, Local, Method, Name, Notify, OpRegion, OpRegionSpace, Package, Path,
+    ResourceTemplate, Scope, Store, IO, ONE, ZERO,
 };
 use acpi_tables::sdt::Sdt;
 use acpi_tables::Aml;
 
+use super::aml::edge_interrupt;
 use super::{OEM_ID, OEM_REVISION, OEM_TABLE_ID};
 use crate::arch::x86_64::layout::{
     ACPI_GED_IRQ, ACPI_PM_PORT, I8042_CMD_PORT, I8042_IRQ, I8042_PORT, SERIAL_IRQ, SERIAL_PORT,
@@ -31,12 +32,6 @@ use crate::devices::acpi::{EVENT_POWER_BUTTON, REG_GED_EVENT, S5_SLP_TYP};
 const DSDT_REVISION: u8 = 2;
 /// `Notify` value of a power button press (ACPI 6.5 §4.8.3.1.1).
 const NOTIFY_POWER_BUTTON: u8 = 0x80;
-
-/// An edge-triggered, active-high, exclusive interrupt the device consumes: how every line of
-/// this VM behaves (irqfd edges).
-pub fn edge_interrupt(gsi: u32) -> Interrupt {
-    Interrupt::new(true, true, false, false, gsi)
-}
 
 fn serial(sink: &mut Vec<u8>) {
     Device::new(

@@ -18,6 +18,7 @@
 //! devices ([`MmioDeviceManager::append_aml`]): the DSDT and the kernel command line come from
 //! the same list.
 
+pub mod aml;
 pub mod dsdt;
 pub mod fadt;
 pub mod madt;

@@ -177,7 +177,7 @@ impl MmioDeviceManager {
                         "_CRS".into(),
                         &ResourceTemplate::new(vec![
                             &Memory32Fixed::new(true, base, len),
-                            &crate::acpi::dsdt::edge_interrupt(d.slot.irq),
+                            &crate::acpi::aml::edge_interrupt(d.slot.irq),
                         ]),
                     ),
                 ],

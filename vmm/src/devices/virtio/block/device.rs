@@ -322,7 +322,7 @@ impl BlockDevice {
 pub(super) fn open_backend(cfg: &BlockConfig) -> Result<Box<dyn DiskBackend>, VirtioError> {
     Ok(match &cfg.overlay {
         Some(o) => Box::new(Overlay::open(&cfg.path, o)?),
-        None => super::disk::open_disk(&cfg.path, cfg.read_only)?,
+        None => super::open::open_disk(&cfg.path, cfg.read_only)?,
     })
 }
 

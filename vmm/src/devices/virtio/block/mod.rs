@@ -14,6 +14,7 @@ pub mod device;
 pub mod disk;
 pub mod event_handler;
 pub mod io_thread;
+pub mod open;
 pub mod overlay;
 pub mod persist;
 pub mod qcow2;

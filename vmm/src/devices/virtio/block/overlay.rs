@@ -44,8 +44,9 @@ use std::path::Path;
 
 use super::disk::{
     check_range, fdatasync, image_len, lock_file, open_image, pread_exact, punch_hole, pwrite_all,
-    read_into, read_only_backend, DiskBackend, DiskError, GuestSlice, SECTOR_SIZE,
+    read_into, DiskBackend, DiskError, GuestSlice, SECTOR_SIZE,
 };
+use super::open::read_only_backend;
 
 const MAGIC: &[u8; 8] = b"MVOVRLY1";
 /// 2: the header records the base's identity ([`BaseIdentity`]).

@@ -11,7 +11,8 @@ use std::fs::File;
 use serde::{Deserialize, Serialize};
 
 use super::device::{BlockDevice, BlockDeviceState, IoThreadOptions};
-use super::disk::{open_disk, DiskBackend};
+use super::disk::DiskBackend;
+use super::open::open_disk;
 use super::overlay::Overlay;
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;

@@ -33,7 +33,7 @@
 //!
 //! The format is detected by the magic number "QFI\xfb" ([`is_qcow2`]), never by the file name.
 //! A guest-writable disk is never probed into a qcow2 image: a writable disk that starts with
-//! the magic is refused (see `disk::open_disk`), so a guest cannot turn its raw disk into one.
+//! the magic is refused (see `open::open_disk`), so a guest cannot turn its raw disk into one.
 
 mod compressed;
 pub mod header;

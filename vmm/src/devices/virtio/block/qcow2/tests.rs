@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use super::header::MAGIC;
 use super::table::Mapping;
 use super::*;
-use crate::devices::virtio::block::disk::{open_disk, read_into};
+use crate::devices::virtio::block::disk::read_into;
+use crate::devices::virtio::block::open::open_disk;
 use crate::devices::virtio::test_utils::{qemu_img, TempDir};
 
 /// 9 MiB + 3 sectors: random data, compressible runs and holes (zeroes), in 20 KiB pieces that
