@@ -6,7 +6,6 @@ mod common;
 use common::*;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use vmm::devices::legacy::serial::SerialOut;
 use vmm::lifecycle::VmState;
@@ -78,14 +77,6 @@ fn without_acpi_there_is_no_rsdp_and_the_mp_table_remains() {
     assert!(r.stdout.contains("acpi: no rsdp"), "{}", r.stdout);
     assert_eq!(r.line("cpus:"), "2/2");
     assert!(r.stderr.contains("guest reset; VM stopped"), "{}", r.stderr);
-}
-
-fn wait_for(buf: &Arc<Mutex<Vec<u8>>>, text: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !String::from_utf8_lossy(&buf.lock().unwrap()).contains(text) {
-        assert!(Instant::now() < deadline, "guest never printed {text:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

@@ -2,23 +2,15 @@
 //! pause/resume (kicking vCPUs out of KVM_RUN), refused transitions, stop.
 
 mod common;
-use common::guest;
+use common::{guest, wait_for};
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vmm::builder::RunTimings;
 use vmm::devices::legacy::serial::SerialOut;
 use vmm::lifecycle::VmState;
 use vmm::{Action, BuildOptions, ExitReason, SerialConfig, VmConfig, Vmm};
-
-fn wait_for(buf: &Arc<Mutex<Vec<u8>>>, text: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !String::from_utf8_lossy(&buf.lock().unwrap()).contains(text) {
-        assert!(Instant::now() < deadline, "guest never printed {text:?}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
 
 #[test]
 fn pause_resume_ctrl_alt_del_and_stop() {

@@ -215,3 +215,13 @@ pub fn run(args: &[&str], stdin: &[u8]) -> Run {
     drop(input);
     finish(child, Duration::from_secs(20))
 }
+
+/// Waits until the serial output collected in `buf` (an embedded VMM's `SerialOut::Buffer`)
+/// contains `text`.
+pub fn wait_for(buf: &std::sync::Arc<std::sync::Mutex<Vec<u8>>>, text: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&buf.lock().unwrap()).contains(text) {
+        assert!(Instant::now() < deadline, "guest never printed {text:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
