@@ -57,6 +57,10 @@ const PACKAGES: &[&str] = &[
     "binutils",
     // vmm/tests/acpi_iasl.rs: iasl -d decodes the ACPI tables
     "acpica-tools",
+    // tests/testhost/tests/stock.rs: the stock Debian guest (a chroot with the distribution's
+    // kernel and initramfs-tools; a partitioned disk)
+    "mmdebstrap",
+    "fdisk",
 ];
 
 /// The phases of one run, in order. Each is announced and timed; when one fails, the run

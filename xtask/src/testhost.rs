@@ -13,10 +13,16 @@ pub fn main(args: &[String]) -> Result<()> {
         for s in scenarios::ALL {
             println!("{}", s.name);
         }
+        for s in scenarios::STOCK {
+            println!("{} (stock Debian kernel; not in `all`)", s.name);
+        }
         return Ok(());
     }
     let selected = scenarios::select(args)?;
-    let prep = scenarios::prepare()?;
+    let mut prep = scenarios::prepare()?;
+    if selected.iter().any(scenarios::needs_stock_guest) {
+        scenarios::add_stock_guest(&mut prep)?;
+    }
     let r = scenarios::run_suite(&prep, &selected, true)?;
     eprintln!(
         "\n[testhost] {} scenario(s) {} in {:.1} s; test host ready at {} s guest time; log {}",

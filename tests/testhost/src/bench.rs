@@ -487,6 +487,7 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
             binaries,
             with_qemu: true,
             files,
+            copies: Vec::new(),
             init: scenarios::l1_init(&body),
         },
         &initramfs,

@@ -173,6 +173,8 @@ pub struct InitramfsSpec<'a> {
     pub with_qemu: bool,
     /// Extra files: (path inside the initramfs, contents).
     pub files: Vec<(String, Vec<u8>)>,
+    /// Files copied in: (path inside the initramfs, file on this machine).
+    pub copies: Vec<(String, PathBuf)>,
     /// The init script (PID 1 of the test host).
     pub init: String,
 }
@@ -243,6 +245,9 @@ pub fn build_initramfs(spec: &InitramfsSpec<'_>, out: &Path) -> Result<(), L1Err
             cmd::mkdirs(parent)?;
         }
         cmd::write(&dest, data)?;
+    }
+    for (path, from) in &spec.copies {
+        cmd::copy(from, &stage.join(path.trim_start_matches('/')))?;
     }
     cmd::write(&stage.join("init"), spec.init.as_bytes())?;
     // The kernel opens /dev/console for init before anything is mounted.

@@ -4,7 +4,9 @@
 //! - [`l1`]: the test host's kernel (Debian, with KVM modules) and initramfs;
 //! - [`qemu`]: boots it under QEMU TCG with `-cpu max` (emulated AMD SVM), streams and bounds it;
 //! - [`scenarios`]: the end-to-end scenarios, run inside the test host or directly on hardware KVM;
-//! - [`bench`]: microvm vs QEMU `-M microvm` boot time and memory in the test host.
+//! - [`bench`]: microvm vs QEMU `-M microvm` boot time and memory in the test host;
+//! - [`stock`]: a stock Debian guest (the distribution's cloud kernel and initramfs-tools
+//!   initramfs, a partitioned root disk), built from Debian's packages and cached.
 
 pub mod bench;
 pub mod bootlog;
@@ -13,3 +15,4 @@ pub mod images;
 pub mod l1;
 pub mod qemu;
 pub mod scenarios;
+pub mod stock;

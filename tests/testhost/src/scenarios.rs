@@ -47,9 +47,23 @@ pub const ALL: &[Scenario] = &[
     scenario!("snapshot"),
 ];
 
-/// Looks a scenario up by name.
+/// The stock-kernel scenarios: Debian's own cloud kernel and initramfs-tools initramfs
+/// ([`crate::stock`]). They run in a test-host boot of their own (`tests/stock.rs`), after
+/// [`add_stock_guest`]; `all` does not include them.
+pub const STOCK: &[Scenario] = &[
+    scenario!("stock-kernel"),
+    scenario!("stock-power-button"),
+    scenario!("stock-no-acpi"),
+];
+
+/// Looks a scenario up by name (in [`ALL`] and [`STOCK`]).
 pub fn find(name: &str) -> Option<Scenario> {
-    ALL.iter().copied().find(|s| s.name == name)
+    ALL.iter().chain(STOCK).copied().find(|s| s.name == name)
+}
+
+/// `true` when `sc` needs [`add_stock_guest`].
+pub fn needs_stock_guest(sc: &Scenario) -> bool {
+    STOCK.iter().any(|s| s.name == sc.name)
 }
 
 /// Errors from running scenarios.
@@ -67,6 +81,8 @@ pub enum ScenarioError {
     Unknown(String),
     #[error("the test-host kernel was not prepared (Prepared::l1 is None outside direct mode)")]
     NoTestHostKernel,
+    #[error(transparent)]
+    Stock(#[from] crate::stock::StockError),
     #[error("cargo build of {bin} failed:\n{tail}")]
     Build { bin: String, tail: String },
 }
@@ -268,6 +284,9 @@ pub struct Prepared {
     pub l1: Option<L1Kernel>,
     pub direct: bool,
     pub workdir: PathBuf,
+    /// More guest files for the scenarios: `(environment variable, file here)`; in the test
+    /// host the file is copied to `/guest/extra/` and the variable names that copy.
+    pub guest_files: Vec<(String, PathBuf)>,
 }
 
 /// Packages the test host needs on this machine.
@@ -291,7 +310,21 @@ pub fn prepare() -> Result<Prepared, ScenarioError> {
         l1,
         direct,
         workdir,
+        guest_files: Vec::new(),
     })
+}
+
+/// Builds (or finds cached) the stock Debian guest and adds its files to `prep`
+/// (`$STOCK_VMLINUZ`, `$STOCK_INITRD`, `$STOCK_DISK` in the scenarios).
+pub fn add_stock_guest(prep: &mut Prepared) -> Result<crate::stock::StockGuest, ScenarioError> {
+    let g = crate::stock::build()?;
+    prep.guest_files.extend(g.guest_files());
+    Ok(g)
+}
+
+/// The path of a [`Prepared::guest_files`] entry inside the test host.
+fn guest_file_path(var: &str) -> String {
+    format!("/guest/extra/{}", var.to_ascii_lowercase())
 }
 
 /// The generated test-host init: load KVM, then run `body` (shell), then power off.
@@ -369,7 +402,15 @@ pub fn run_suite(
             )
         })
         .collect();
-    let init = l1_init(&scenarios_body(scenarios, "/scenarios"));
+    let exports: String = prep
+        .guest_files
+        .iter()
+        .map(|(var, _)| format!("export {var}={}\n", guest_file_path(var)))
+        .collect();
+    let init = l1_init(&format!(
+        "{exports}{}",
+        scenarios_body(scenarios, "/scenarios")
+    ));
     let initramfs = prep.workdir.join("l1.cpio");
     eprintln!("[testhost] building the test-host initramfs");
     l1::build_initramfs(
@@ -379,6 +420,11 @@ pub fn run_suite(
             binaries: vec![prep.microvm.clone()],
             with_qemu: false,
             files,
+            copies: prep
+                .guest_files
+                .iter()
+                .map(|(var, path)| (guest_file_path(var), path.clone()))
+                .collect(),
             init,
         },
         &initramfs,
@@ -435,8 +481,13 @@ fn run_direct(
     }
     let body = scenarios_body(scenarios, &dir.to_string_lossy())
         .replace("/tmp/work-", &format!("{}/work-", dir.display()));
+    let exports: String = prep
+        .guest_files
+        .iter()
+        .map(|(var, path)| format!("export {var}={}\n", cmd::quote(path)))
+        .collect();
     let script = format!(
-        "export MICROVM={m} VMLINUX={v} BZIMAGE={b} ROOTFS={r} INITRD={i}\n{body}\necho \"{DONE_MARKER}\"\n",
+        "export MICROVM={m} VMLINUX={v} BZIMAGE={b} ROOTFS={r} INITRD={i}\n{exports}{body}\necho \"{DONE_MARKER}\"\n",
         m = cmd::quote(&prep.microvm),
         v = cmd::quote(&prep.images.vmlinux),
         b = cmd::quote(&prep.images.bzimage),
@@ -472,15 +523,21 @@ fn run_direct(
     })
 }
 
-/// Resolves scenario names (`all` or empty → every scenario).
+/// Resolves scenario names (`all` or empty → every scenario of [`ALL`]; `stock` → every
+/// scenario of [`STOCK`]).
 pub fn select(names: &[String]) -> Result<Vec<Scenario>, ScenarioError> {
     if names.is_empty() || names.iter().any(|n| n == "all") {
         return Ok(ALL.to_vec());
     }
-    names
-        .iter()
-        .map(|n| find(n).ok_or_else(|| ScenarioError::Unknown(n.clone())))
-        .collect()
+    let mut out = Vec::new();
+    for n in names {
+        if n == "stock" {
+            out.extend_from_slice(STOCK);
+        } else {
+            out.push(find(n).ok_or_else(|| ScenarioError::Unknown(n.clone()))?);
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -518,7 +575,10 @@ mod tests {
     fn every_scenario_script_is_selectable() {
         assert_eq!(select(&[]).expect("all").len(), ALL.len());
         assert!(select(&["nope".into()]).is_err());
-        for sc in ALL {
+        assert_eq!(select(&["stock".into()]).expect("stock").len(), STOCK.len());
+        assert!(STOCK.iter().all(needs_stock_guest));
+        assert!(!ALL.iter().any(needs_stock_guest));
+        for sc in ALL.iter().chain(STOCK) {
             assert!(sc.script.contains("vm "), "{} never runs a VM", sc.name);
         }
         let init = l1_init(&scenarios_body(&ALL[..1], "/scenarios"));

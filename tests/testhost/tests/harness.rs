@@ -26,6 +26,7 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
             binaries: Vec::new(),
             with_qemu: false,
             files: Vec::new(),
+            copies: Vec::new(),
             init: scenarios::l1_init(body),
         },
         &initramfs,

@@ -1,0 +1,347 @@
+//! A stock distribution guest, built from Debian's packages only: bookworm's
+//! `linux-image-cloud-amd64` kernel, an initramfs made by initramfs-tools for it, and a small
+//! busybox root (`guest-images/stock/init`) on the first partition of a partitioned raw disk.
+//!
+//! The kernel and initramfs come out of a minimal chroot made with `mmdebstrap` (root mode)
+//! with the kernel package, `initramfs-tools`, `busybox` and `zstd` installed: the kernel's
+//! postinst runs `update-initramfs` as on any Debian system (`MODULES=most`, zstd). Only
+//! `/boot/vmlinuz-*`, `/boot/initrd.img-*`, the kernel config and two modules the
+//! power-button scenario loads (`button.ko`, `evdev.ko`) are kept, under
+//! `~/.cache/microvirt/stock/<kernel package>_<version>-<hash>/`, keyed by the kernel
+//! package's version, initramfs-tools' version and this recipe. The disk is cached next to it,
+//! keyed by the init script, busybox-static's version and the kernel directory.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::cmd::{self, CmdError};
+
+/// The root file system's `/sbin/init`.
+pub const STOCK_INIT: &[u8] = include_bytes!("../../../guest-images/stock/init");
+/// Bump when the recipe below changes what it produces.
+const RECIPE_VERSION: &[u8] = b"microvirt-stock-v1";
+/// The Debian metapackage whose kernel is booted.
+pub const META_PACKAGE: &str = "linux-image-cloud-amd64";
+/// The suite the chroot is made from.
+pub const SUITE: &str = "bookworm";
+/// Packages this machine needs to build the guest.
+pub const HOST_PACKAGES: &[&str] = &["mmdebstrap", "fdisk", "e2fsprogs", "busybox-static"];
+/// Size of the root file system (the partition); the disk has 1 MiB before it.
+pub const ROOTFS_MIB: u64 = 16;
+/// The MBR disk identifier: partition 1 is `PARTUUID=6d766d31-01`.
+pub const DISK_ID: &str = "0x6d766d31";
+/// Modules copied onto the root (paths below `/lib/modules/<release>/`).
+const MODULES: &[(&str, &str)] = &[
+    ("button", "kernel/drivers/acpi/button.ko"),
+    ("evdev", "kernel/drivers/input/evdev.ko"),
+];
+
+/// Errors while building the stock guest.
+#[derive(Debug, thiserror::Error)]
+pub enum StockError {
+    #[error(transparent)]
+    Cmd(#[from] CmdError),
+    #[error("cannot find the kernel package behind {META_PACKAGE} in `apt-cache depends`")]
+    NoKernelPackage,
+    #[error("no candidate version of {0} in `apt-cache policy`")]
+    NoCandidate(String),
+    #[error("{0} not found in the chroot")]
+    Missing(PathBuf),
+}
+
+/// The built guest.
+#[derive(Debug, Clone)]
+pub struct StockGuest {
+    /// Debian's kernel package (e.g. `linux-image-6.1.0-57-cloud-amd64`) and its version.
+    pub kernel_package: String,
+    pub kernel_version: String,
+    /// `uname -r` of the kernel.
+    pub release: String,
+    /// bzImage.
+    pub vmlinuz: PathBuf,
+    /// The initramfs-tools initramfs.
+    pub initrd: PathBuf,
+    /// The kernel's config.
+    pub config: PathBuf,
+    /// Raw disk, MBR, partition 1 = ext4 root.
+    pub disk: PathBuf,
+}
+
+impl StockGuest {
+    /// `(environment variable, file)` of each piece, as the scenarios expect them
+    /// ([`crate::scenarios::Prepared::guest_files`]).
+    pub fn guest_files(&self) -> Vec<(String, PathBuf)> {
+        vec![
+            ("STOCK_VMLINUZ".into(), self.vmlinuz.clone()),
+            ("STOCK_INITRD".into(), self.initrd.clone()),
+            ("STOCK_DISK".into(), self.disk.clone()),
+        ]
+    }
+}
+
+fn progress(msg: &str) {
+    eprintln!("[stock] {msg}");
+}
+
+/// The kernel package behind the metapackage and its candidate version, and initramfs-tools'
+/// candidate version, from this machine's apt lists.
+fn resolve() -> Result<(String, String, String), StockError> {
+    let deps = cmd::output(Command::new("apt-cache").args(["depends", META_PACKAGE]))?;
+    let pkg = deps
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends: "))
+        .find(|p| p.starts_with("linux-image-"))
+        .map(str::to_string)
+        .ok_or(StockError::NoKernelPackage)?;
+    let version = candidate(&pkg)?;
+    let itools = candidate("initramfs-tools")?;
+    Ok((pkg, version, itools))
+}
+
+fn candidate(pkg: &str) -> Result<String, StockError> {
+    let out = cmd::output(Command::new("apt-cache").args(["policy", pkg]))?;
+    out.lines()
+        .filter_map(|l| l.trim().strip_prefix("Candidate: "))
+        .map(str::trim)
+        .find(|v| *v != "(none)")
+        .map(str::to_string)
+        .ok_or_else(|| StockError::NoCandidate(pkg.into()))
+}
+
+/// The mmdebstrap command line (without the target directory).
+fn mmdebstrap_args(pkg: &str, version: &str) -> Vec<String> {
+    vec![
+        "--variant=essential".into(),
+        format!("--include={pkg}={version},initramfs-tools,busybox,zstd"),
+        "--dpkgopt=path-exclude=/usr/share/doc/*".into(),
+        "--dpkgopt=path-exclude=/usr/share/man/*".into(),
+        "--dpkgopt=path-exclude=/usr/share/locale/*".into(),
+        "--quiet".into(),
+        SUITE.into(),
+    ]
+}
+
+/// Builds (or finds cached) the stock guest. Installs the host packages it needs first.
+pub fn build() -> Result<StockGuest, StockError> {
+    cmd::ensure_packages(HOST_PACKAGES)?;
+    let (pkg, version, itools) = match resolve() {
+        Ok(r) => r,
+        Err(_) => {
+            // Lists never fetched (a fresh machine): fetch them once.
+            let _ = cmd::run(Command::new("apt-get").args(["update", "-q"]));
+            resolve()?
+        }
+    };
+    let boot = boot_files(&pkg, &version, &itools).or_else(|e| {
+        // The mirror may have moved past this machine's lists: refresh them and try again.
+        progress(&format!("{e}; apt-get update and one more try"));
+        let _ = cmd::run(Command::new("apt-get").args(["update", "-q"]));
+        let (pkg, version, itools) = resolve()?;
+        boot_files(&pkg, &version, &itools)
+    })?;
+    let disk = disk(&boot)?;
+    Ok(StockGuest { disk, ..boot })
+}
+
+/// The kernel, initramfs, config and modules, from an mmdebstrap chroot (cached).
+fn boot_files(pkg: &str, version: &str, itools: &str) -> Result<StockGuest, StockError> {
+    let args = mmdebstrap_args(pkg, version);
+    let key = cmd::sha256_hex(&[RECIPE_VERSION, itools.as_bytes(), args.join(" ").as_bytes()])?;
+    let dir = cmd::cache_root()
+        .join("stock")
+        .join(format!("{pkg}_{version}-{}", &key[..12]));
+    let done = dir.join("done");
+    let _lock = if done.exists() {
+        None
+    } else {
+        Some(cmd::CacheLock::acquire(
+            &cmd::cache_root().join("stock.lock"),
+            "building the stock Debian guest",
+        )?)
+    };
+    if !done.exists() {
+        let t = std::time::Instant::now();
+        progress(&format!(
+            "mmdebstrap {SUITE} with {pkg} {version}, initramfs-tools {itools} (~1-2 min) ..."
+        ));
+        cmd::remove_dir(&dir)?;
+        cmd::mkdirs(&dir)?;
+        let chroot = dir.join("chroot");
+        let r = cmd::run(Command::new("mmdebstrap").args(&args).arg(&chroot))
+            .map_err(StockError::from)
+            .and_then(|()| take_from_chroot(&chroot, &dir));
+        // The chroot is ~300 MB and nothing else needs it.
+        let _ = cmd::remove_dir(&chroot);
+        r?;
+        cmd::write(&done, b"")?;
+        progress(&format!(
+            "built in {:.0} s: {}",
+            t.elapsed().as_secs_f64(),
+            dir.display()
+        ));
+    }
+    let release = String::from_utf8_lossy(&cmd::read(&dir.join("release"))?)
+        .trim()
+        .to_string();
+    Ok(StockGuest {
+        kernel_package: pkg.into(),
+        kernel_version: version.into(),
+        release,
+        vmlinuz: dir.join("vmlinuz"),
+        initrd: dir.join("initrd.img"),
+        config: dir.join("config"),
+        disk: PathBuf::new(),
+    })
+}
+
+/// Copies the boot files and modules out of the chroot into `dir`.
+fn take_from_chroot(chroot: &Path, dir: &Path) -> Result<(), StockError> {
+    let boot = chroot.join("boot");
+    let vmlinuz = std::fs::read_dir(&boot)
+        .map_err(|source| CmdError::Io {
+            what: "listing",
+            path: boot.clone(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("vmlinuz-"))
+        })
+        .ok_or_else(|| StockError::Missing(boot.join("vmlinuz-*")))?;
+    let release = vmlinuz
+        .file_name()
+        .map(|n| {
+            n.to_string_lossy()
+                .trim_start_matches("vmlinuz-")
+                .to_string()
+        })
+        .unwrap_or_default();
+    let initrd = boot.join(format!("initrd.img-{release}"));
+    if !initrd.exists() {
+        return Err(StockError::Missing(initrd));
+    }
+    cmd::copy(&vmlinuz, &dir.join("vmlinuz"))?;
+    cmd::copy(&initrd, &dir.join("initrd.img"))?;
+    cmd::copy(&boot.join(format!("config-{release}")), &dir.join("config"))?;
+    let moddir = chroot.join("lib/modules").join(&release);
+    for (name, rel) in MODULES {
+        let plain = moddir.join(rel);
+        let xz = moddir.join(format!("{rel}.xz"));
+        if !plain.exists() && xz.exists() {
+            cmd::run(Command::new("xz").arg("-d").arg("-k").arg(&xz))?;
+        }
+        if !plain.exists() {
+            return Err(StockError::Missing(plain));
+        }
+        cmd::copy(&plain, &dir.join(format!("{name}.ko")))?;
+    }
+    // What went into the initramfs, for the record.
+    let versions = cmd::output(
+        Command::new("dpkg-query")
+            .arg(format!(
+                "--admindir={}",
+                chroot.join("var/lib/dpkg").display()
+            ))
+            .args(["-W", "-f=${Package} ${Version}\n"]),
+    )?;
+    cmd::write(&dir.join("versions"), versions)?;
+    cmd::write(&dir.join("release"), &release)?;
+    Ok(())
+}
+
+/// The partitioned raw disk (cached): MBR, partition 1 from 1 MiB, ext4 with busybox-static,
+/// the init and the two modules.
+fn disk(boot: &StockGuest) -> Result<PathBuf, StockError> {
+    let busybox = cmd::dpkg_version("busybox-static")?;
+    let kdir = boot
+        .vmlinuz
+        .parent()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let key = cmd::sha256_hex(&[
+        RECIPE_VERSION,
+        STOCK_INIT,
+        busybox.as_bytes(),
+        kdir.as_bytes(),
+    ])?;
+    let dir = cmd::cache_root()
+        .join("stock")
+        .join(format!("disk-{}", &key[..16]));
+    let img = dir.join("disk.img");
+    if dir.join("done").exists() {
+        return Ok(img);
+    }
+    let _lock = cmd::CacheLock::acquire(
+        &cmd::cache_root().join("stock.lock"),
+        "building the stock guest's disk",
+    )?;
+    if dir.join("done").exists() {
+        return Ok(img);
+    }
+    progress("building the root disk (MBR, ext4 on partition 1)");
+    cmd::remove_dir(&dir)?;
+    let stage = dir.join("stage");
+    for d in [
+        "bin",
+        "dev",
+        "proc",
+        "sys",
+        "tmp",
+        "run",
+        "root",
+        "lib/modules",
+    ] {
+        cmd::mkdirs(&stage.join(d))?;
+    }
+    std::os::unix::fs::symlink("bin", stage.join("sbin")).map_err(|source| CmdError::Io {
+        what: "symlinking",
+        path: stage.join("sbin"),
+        source,
+    })?;
+    cmd::copy(Path::new("/bin/busybox"), &stage.join("bin/busybox"))?;
+    let applets = cmd::output(Command::new("/bin/busybox").arg("--list"))?;
+    for a in applets.lines().map(str::trim) {
+        if a.is_empty() || a == "busybox" || a == "init" || a.contains('/') {
+            continue;
+        }
+        let _ = std::os::unix::fs::symlink("busybox", stage.join("bin").join(a));
+    }
+    cmd::write(&stage.join("bin/init"), STOCK_INIT)?;
+    for (name, _) in MODULES {
+        let ko = boot.vmlinuz.with_file_name(format!("{name}.ko"));
+        cmd::copy(&ko, &stage.join("lib/modules").join(format!("{name}.ko")))?;
+    }
+    cmd::sh(&format!(
+        "chmod 0755 {}",
+        cmd::quote(&stage.join("bin/init"))
+    ))?;
+    let fs = dir.join("root.ext4");
+    cmd::run(
+        Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-L", "stock-root", "-E", "root_owner=0:0", "-d"])
+            .arg(&stage)
+            .arg(&fs)
+            .arg(format!("{ROOTFS_MIB}M")),
+    )?;
+    let sectors = ROOTFS_MIB * 2048;
+    cmd::run(
+        Command::new("truncate")
+            .arg("-s")
+            .arg(format!("{}M", ROOTFS_MIB + 1))
+            .arg(&img),
+    )?;
+    cmd::sh(&format!(
+        "printf 'label: dos\\nlabel-id: {DISK_ID}\\nunit: sectors\\n\\nstart=2048, size={sectors}, type=83\\n' | sfdisk -q {img}",
+        img = cmd::quote(&img)
+    ))?;
+    cmd::sh(&format!(
+        "dd if={fs} of={img} bs=1M seek=1 conv=notrunc status=none",
+        fs = cmd::quote(&fs),
+        img = cmd::quote(&img)
+    ))?;
+    cmd::remove_dir(&stage)?;
+    let _ = std::fs::remove_file(&fs);
+    cmd::write(&dir.join("done"), b"")?;
+    Ok(img)
+}
