@@ -6,7 +6,7 @@
 //! then restores of a Linux guest (only those with `--snapshot-only`, none with `--boot-only`).
 
 use anyhow::{bail, Result};
-use microvirt_testhost::{bench, scenarios};
+use microvirt_testhost::{bench, scenarios, stock};
 
 pub fn main(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "--list") {
@@ -192,5 +192,63 @@ pub fn bench_main(args: &[String]) -> Result<()> {
         }
     }
     eprintln!("[bench] test-host console log: {}", r.log.display());
+    Ok(())
+}
+
+/// `cargo xtask bench-stock [RUNS]`: Debian's stock cloud kernel and initramfs-tools initramfs
+/// (tests/testhost/src/stock.rs) under microvm and under QEMU `-M microvm,acpi=on`, RUNS boots
+/// each (default 3), interleaved, in one test-host boot; medians of start → the root's init and
+/// start → exit after the S5 power-off.
+pub fn bench_stock_main(args: &[String]) -> Result<()> {
+    let runs: usize = match args.first() {
+        Some(n) => n
+            .parse()
+            .map_err(|_| anyhow::anyhow!("bench-stock [RUNS]: {n:?} is not a number"))?,
+        None => 3,
+    };
+    let guest = stock::build()?;
+    let prep = scenarios::prepare()?;
+    let (samples, console) = stock::bench(
+        &prep,
+        &guest,
+        runs,
+        std::env::var_os("MICROVIRT_VERBOSE").is_some(),
+    )?;
+    let median = |v: &mut Vec<f64>| -> String {
+        if v.is_empty() {
+            return "-".into();
+        }
+        v.sort_by(f64::total_cmp);
+        format!("{:.1}", v[v.len() / 2])
+    };
+    println!(
+        "{} {} ({}), 512 MiB, 2 vCPUs, {runs} runs each; test-host seconds (log {}):",
+        guest.kernel_package,
+        guest.kernel_version,
+        guest.release,
+        console.log.display()
+    );
+    println!("| VMM | start -> init (runs) | median | start -> exit (median) | guest uptime at init (median) |");
+    println!("|---|---|---|---|---|");
+    for vmm in ["microvm", "qemu"] {
+        let s: Vec<_> = samples.iter().filter(|s| s.vmm == vmm).collect();
+        let each: Vec<String> = s
+            .iter()
+            .map(|s| s.init_secs.map_or("-".into(), |v| format!("{v:.1}")))
+            .collect();
+        let mut init: Vec<f64> = s.iter().filter_map(|s| s.init_secs).collect();
+        let mut exit: Vec<f64> = s.iter().filter_map(|s| s.exit_secs).collect();
+        let mut up: Vec<f64> = s.iter().filter_map(|s| s.guest_uptime_at_init).collect();
+        println!(
+            "| {vmm} | {} | {} | {} | {} |",
+            each.join(", "),
+            median(&mut init),
+            median(&mut exit),
+            median(&mut up)
+        );
+    }
+    if samples.len() < 2 * runs || samples.iter().any(|s| s.init_secs.is_none()) {
+        bail!("a boot never reached the root's init; see the log");
+    }
     Ok(())
 }

@@ -345,3 +345,186 @@ fn disk(boot: &StockGuest) -> Result<PathBuf, StockError> {
     cmd::write(&dir.join("done"), b"")?;
     Ok(img)
 }
+
+/// One boot of the stock guest in [`bench`] (test-host seconds from the VMM's start).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StockSample {
+    /// `microvm` or `qemu`.
+    pub vmm: String,
+    pub run: usize,
+    /// Start → the root's `microvirt: init up` line.
+    pub init_secs: Option<f64>,
+    /// Start → the VMM's exit after the guest's S5 power-off.
+    pub exit_secs: Option<f64>,
+    /// The guest's own uptime at its init line (kernel + initramfs).
+    pub guest_uptime_at_init: Option<f64>,
+}
+
+/// The test-host shell that boots the stock guest `runs` times under `microvm` and under QEMU
+/// `-M microvm,acpi=on`, interleaved, with the same kernel, initramfs, disks, NIC, memory,
+/// vCPUs and command line (microvm's defaults, given to QEMU too without the
+/// `virtio_mmio.device=` entries), and prints `T VMM RUN init|end SECS [UPTIME]` lines.
+pub fn bench_body(runs: usize) -> String {
+    let defaults = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce";
+    format!(
+        r#"export WORK=/tmp/stock-bench; mkdir -p $WORK; cd $WORK
+dd if=/dev/zero of=data.img bs=1M count=4 2>/dev/null
+tunctl -t sbtap0 >/dev/null; ip link set sbtap0 up
+now() {{ cut -d' ' -f1 /proc/uptime; }}
+# stamp VMM RUN: the console, prefixed, and a T line at the guest's init
+stamp() {{ while IFS= read -r l; do case "$l" in *"microvirt: init up"*) echo "T $1 $2 init $(awk -v a=$(now) -v b=$t0 'BEGIN{{print a-b}}') ${{l##* }}";; esac; echo "[$1$2] $l"; done; }}
+for i in $(seq 1 {runs}); do
+	cp "$STOCK_DISK" root.img
+	t0=$(now)
+	/bin/microvm --kernel "$STOCK_VMLINUZ" --initrd "$STOCK_INITRD" --mem-mib 512 --vcpus 2 \
+		--disk path=root.img --disk path=data.img,ro --net tap=sbtap0,mac=06:00:0a:00:04:02 \
+		--cmdline "root=/dev/vda1 ro quiet" 2>&1 | stamp microvm $i
+	echo "T microvm $i end $(awk -v a=$(now) -v b=$t0 'BEGIN{{print a-b}}')"
+	cp "$STOCK_DISK" root.img
+	t0=$(now)
+	/bin/qemu-system-x86_64 -L /usr/share/qemu -M microvm,acpi=on,x-option-roms=off,rtc=off -accel kvm -cpu host \
+		-m 512 -smp 2 -nodefaults -no-user-config -nographic -serial stdio -monitor none -no-reboot \
+		-kernel "$STOCK_VMLINUZ" -initrd "$STOCK_INITRD" -append "{defaults} root=/dev/vda1 ro quiet" \
+		-drive id=d0,file=root.img,format=raw,if=none -device virtio-blk-device,drive=d0 \
+		-drive id=d1,file=data.img,format=raw,if=none,readonly=on -device virtio-blk-device,drive=d1 \
+		-netdev tap,id=n0,ifname=sbtap0,script=no,downscript=no -device virtio-net-device,netdev=n0,mac=06:00:0a:00:04:02 \
+		2>&1 | stamp qemu $i
+	echo "T qemu $i end $(awk -v a=$(now) -v b=$t0 'BEGIN{{print a-b}}')"
+done
+ip link del sbtap0 2>/dev/null
+"#
+    )
+}
+
+/// Parses the `T ...` lines of [`bench_body`]'s output.
+pub fn parse_bench(lines: &[String]) -> Vec<StockSample> {
+    let mut out: Vec<StockSample> = Vec::new();
+    for l in lines {
+        let Some(rest) = l
+            .split_once("] T ")
+            .map(|(_, r)| r)
+            .or(l.strip_prefix("T "))
+        else {
+            continue;
+        };
+        let w: Vec<&str> = rest.split_whitespace().collect();
+        let (Some(vmm), Some(run), Some(what), Some(secs)) = (
+            w.first(),
+            w.get(1).and_then(|r| r.parse::<usize>().ok()),
+            w.get(2),
+            w.get(3).and_then(|s| s.parse::<f64>().ok()),
+        ) else {
+            continue;
+        };
+        let i = match out.iter().position(|s| s.vmm == *vmm && s.run == run) {
+            Some(i) => i,
+            None => {
+                out.push(StockSample {
+                    vmm: vmm.to_string(),
+                    run,
+                    init_secs: None,
+                    exit_secs: None,
+                    guest_uptime_at_init: None,
+                });
+                out.len() - 1
+            }
+        };
+        match *what {
+            "init" => {
+                out[i].init_secs = Some(secs);
+                out[i].guest_uptime_at_init = w.get(4).and_then(|s| s.parse().ok());
+            }
+            "end" => out[i].exit_secs = Some(secs),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Boots the stock guest `runs` times under each VMM in one test-host boot (with QEMU in it).
+pub fn bench(
+    prep: &crate::scenarios::Prepared,
+    guest: &StockGuest,
+    runs: usize,
+    echo: bool,
+) -> Result<(Vec<StockSample>, crate::qemu::Console), crate::scenarios::ScenarioError> {
+    let kernel = match &prep.l1 {
+        Some(k) => k.clone(),
+        None => crate::l1::kernel()?,
+    };
+    let exports: String = guest
+        .guest_files()
+        .iter()
+        .map(|(var, _)| format!("export {var}=/guest/extra/{}\n", var.to_ascii_lowercase()))
+        .collect();
+    let initramfs = prep.workdir.join("l1-stock-bench.cpio");
+    crate::l1::build_initramfs(
+        &crate::l1::InitramfsSpec {
+            kernel: &kernel,
+            images: &prep.images,
+            binaries: vec![prep.microvm.clone()],
+            with_qemu: true,
+            files: Vec::new(),
+            copies: guest
+                .guest_files()
+                .into_iter()
+                .map(|(var, p)| (format!("/guest/extra/{}", var.to_ascii_lowercase()), p))
+                .collect(),
+            init: crate::scenarios::l1_init(&format!("{exports}{}", bench_body(runs))),
+        },
+        &initramfs,
+    )?;
+    let console = crate::qemu::run_console(
+        crate::qemu::qemu_tcg_command(
+            &kernel.vmlinuz,
+            &initramfs,
+            "console=ttyS0 panic=-1 quiet",
+            "2G",
+        ),
+        &crate::qemu::RunOptions {
+            name: "l1".into(),
+            timeout: std::time::Duration::from_secs(120 + 400 * runs as u64),
+            log: prep.workdir.join("stock-bench-console.log"),
+            echo,
+            done_marker: crate::qemu::DONE_MARKER.into(),
+        },
+    )?;
+    let _ = std::fs::remove_file(&initramfs);
+    Ok((parse_bench(&console.lines), console))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_lines_parse_into_samples() {
+        let lines: Vec<String> = [
+            "[l1   79.16] T microvm 1 init 53.46 46.02",
+            "[l1   79.20] [microvm1] microvirt: init up 46.02",
+            "[l1   94.53] T microvm 1 end 68.9",
+            "[l1  177.48] T qemu 1 init 82.85 52.59",
+            "T qemu 1 end 101.7",
+            "T qemu 2 init x",
+            "[l1 1.0] noise T",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let s = parse_bench(&lines);
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            s[0],
+            StockSample {
+                vmm: "microvm".into(),
+                run: 1,
+                init_secs: Some(53.46),
+                exit_secs: Some(68.9),
+                guest_uptime_at_init: Some(46.02),
+            }
+        );
+        assert_eq!(s[1].vmm, "qemu");
+        assert_eq!(s[1].exit_secs, Some(101.7));
+        assert!(bench_body(2).contains("seq 1 2") && bench_body(2).contains("acpi=on"));
+    }
+}
