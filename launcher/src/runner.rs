@@ -477,8 +477,10 @@ pub fn run(
                     // A paused guest cannot react; resume it first.
                     let _ = controller.request(Action::Resume);
                 }
-                if let Err(e) = controller.request(Action::CtrlAltDel) {
-                    log::warn!("Ctrl-Alt-Del: {e}");
+                // The ACPI power button when the guest armed it (a systemd guest powers off),
+                // else Ctrl-Alt-Del (the VMM logs which).
+                if let Err(e) = controller.request(Action::Shutdown) {
+                    log::warn!("shutdown request: {e}");
                 }
                 deadline = Some(Instant::now() + cfg.grace);
             }

@@ -120,6 +120,22 @@ pub struct VmConfig {
     /// entries are there either way, for kernels without ACPI (see `vmm/README.md`).
     #[serde(default = "default_true")]
     pub acpi: bool,
+    /// What a guest-initiated reboot does: end the VM (`exit`, the default, Firecracker's
+    /// semantics) or restart the guest in this process (`in-place`; the launcher's).
+    #[serde(default)]
+    pub reboot: RebootPolicy,
+}
+
+/// What a guest-initiated reboot (i8042 reset line, ACPI reset register, KVM reset event) does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebootPolicy {
+    /// The VM ends as a guest reset (exit status 0).
+    #[default]
+    Exit,
+    /// vCPUs, devices and RAM are reset and the kernel is loaded again: the guest boots anew
+    /// in the same process, with the same disks, overlays and TAPs.
+    InPlace,
 }
 
 impl VmConfig {
@@ -136,6 +152,7 @@ impl VmConfig {
             nets: Vec::new(),
             rng: None,
             acpi: true,
+            reboot: RebootPolicy::Exit,
         }
     }
 

@@ -17,7 +17,7 @@ pub fn run(bi: &BootInfo) -> ! {
     match name {
         b"basic" => basic(),
         b"echo" => echo(),
-        b"ctrlaltdel" => ctrl_alt_del(),
+        b"ctrlaltdel" => ctrl_alt_del(bi),
         b"triple-fault" => {
             let fault = match bi.param("testguest.fault") {
                 Some(b"ud2") => Fault::InvalidOpcode,
@@ -104,12 +104,28 @@ fn echo() -> ! {
     }
 }
 
-fn ctrl_alt_del() -> ! {
+fn ctrl_alt_del(bi: &BootInfo) -> ! {
+    // With testguest.acpi_button=1 and ACPI, the power button is armed too (a guest that
+    // listens to both, as a systemd guest does) and powers off.
+    let button = match crate::acpi::discover(bi).and_then(|p| p.sleep) {
+        Some(sleep) if bi.param("testguest.acpi_button") == Some(b"1") => {
+            crate::acpi::arm_power_button();
+            println!("acpi: power button armed");
+            Some(sleep)
+        }
+        _ => None,
+    };
     println!("waiting for ctrl-alt-del");
     let mut got = [0u8; KBD_LOG_MAX];
     let mut n = 0;
     let mut dec = i8042::CtrlAltDel::default();
     loop {
+        if let Some((port, typ)) = button {
+            if crate::acpi::power_button_pressed() {
+                println!("acpi: power button pressed");
+                crate::acpi::power_off(port, typ);
+            }
+        }
         let Some(b) = i8042::try_read() else {
             pause();
             continue;
