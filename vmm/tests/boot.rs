@@ -23,12 +23,17 @@ fn check_basic(r: &Run, entry: &str, mem_mib: u64, cpus: u32) {
     assert_eq!(r.line("cpus:"), format!("{cpus}/{cpus}"));
     assert_eq!(r.line("boot-timer:"), "written");
     assert!(
-        r.stdout.lines().any(|l| l.trim() == "reset"),
+        r.stdout.lines().any(|l| l.trim() == "end"),
         "{}",
         r.stdout
     );
     assert!(r.stderr.contains("boot-time-ms="), "{}", r.stderr);
-    assert!(r.stderr.contains("guest reset; VM stopped"), "{}", r.stderr);
+    // The guest ends through ACPI's S5 (the VM has ACPI by default).
+    assert!(
+        r.stderr.contains("guest powered off; VM stopped"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]

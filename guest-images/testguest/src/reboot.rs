@@ -2,7 +2,8 @@
 //! the i8042 or the ACPI reset register (`testguest.reboot_via=i8042|acpi`), for the VMM's
 //! in-place reboot. The boots are counted on the first virtio-blk disk (sector 0: a magic word
 //! and the count), which an in-place reboot keeps; a word in RAM, written before each reboot,
-//! must read zero after it (the VMM clears RAM).
+//! must read zero after it (the VMM clears RAM). After the last boot it powers off (ACPI,
+//! else resets), or halts with `testguest.reboot_then=halt`.
 
 use crate::blk::{Blk, Done, F_FLUSH, REQUEST_TIMEOUT_MS, T_FLUSH, T_IN, T_OUT};
 use crate::bootinfo::BootInfo;
@@ -86,6 +87,10 @@ pub fn run(bi: &BootInfo) -> ! {
         .unwrap_or(1);
     if boot > wanted {
         println!("reboot: done after {} reboots", boot - 1);
+        if bi.param("testguest.reboot_then") == Some(b"halt") {
+            println!("reboot: halting");
+            halt_forever()
+        }
         finish()
     }
     // SAFETY: MARKER_ADDR is guest RAM this program does not otherwise use (the VMM gives at
