@@ -342,6 +342,8 @@ struct Control {
     restored_notify: Option<(Clock, Sender<BootTime>)>,
     /// What an in-place reboot loads again; `None`: a guest reboot ends the VM.
     boot_image: Option<BootImage>,
+    /// With a boot image: whether a reboot happens in place only when the guest uses ACPI.
+    in_place_if_acpi: bool,
     reboots: u64,
     reboot_notify: Option<Sender<u64>>,
 }
@@ -373,6 +375,11 @@ impl Control {
             return;
         }
         if self.boot_image.is_none() {
+            self.finish(ExitReason::GuestReset);
+            return;
+        }
+        if self.in_place_if_acpi && !self.machine.power_button_armed() {
+            log::info!("the guest does not use ACPI (it cannot power off): its reboot ends the VM");
             self.finish(ExitReason::GuestReset);
             return;
         }
@@ -984,7 +991,7 @@ impl Vmm {
         let save_spec = Arc::new(OnceLock::new());
         // In-place reboots put every vCPU back into the state it is built in, read back in
         // full (the MSR list comes from /dev/kvm, as for a snapshot).
-        let in_place = cfg.reboot == RebootPolicy::InPlace;
+        let in_place = cfg.reboot != RebootPolicy::Exit;
         if in_place {
             let caps = vpersist::VcpuCaps::probe(&p.kvm);
             let msr_indices = vpersist::msrs_to_save(&p.kvm)
@@ -1026,6 +1033,10 @@ impl Vmm {
             let image = BootImage::capture(loaded, &mem, mem_size, &p.vm)
                 .map_err(|e| VmmError::Kvm(e.to_string()))?;
             phases.mark("boot-image");
+            log::debug!(
+                "in-place reboots: {} KiB of low memory kept",
+                image.kept_bytes() >> 10
+            );
             Some(image)
         } else {
             None
@@ -1044,6 +1055,7 @@ impl Vmm {
             opts.thread_hook,
             Reboots {
                 image: boot_image,
+                if_acpi: cfg.reboot == RebootPolicy::InPlaceIfAcpi,
                 notify: opts.reboot_notify,
             },
         )?;
@@ -1248,6 +1260,7 @@ impl Vmm {
             opts.thread_hook,
             Reboots {
                 image: None,
+                if_acpi: false,
                 notify: None,
             },
         )?;
@@ -1326,6 +1339,7 @@ impl Vmm {
             exit: None,
             restored_notify,
             boot_image: reboots.image,
+            in_place_if_acpi: reboots.if_acpi,
             reboots: 0,
             reboot_notify: reboots.notify,
         }));
@@ -1458,6 +1472,7 @@ fn block_io(index: usize) -> virtio::block::IoThreadOptions {
 /// is told of each.
 struct Reboots {
     image: Option<BootImage>,
+    if_acpi: bool,
     notify: Option<Sender<u64>>,
 }
 

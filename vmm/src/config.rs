@@ -121,7 +121,8 @@ pub struct VmConfig {
     #[serde(default = "default_true")]
     pub acpi: bool,
     /// What a guest-initiated reboot does: end the VM (`exit`, the default, Firecracker's
-    /// semantics) or restart the guest in this process (`in-place`; the launcher's).
+    /// semantics), restart the guest in this process (`in-place`), or restart it when the
+    /// guest uses ACPI and end the VM when not (`in-place-if-acpi`, the launcher's).
     #[serde(default)]
     pub reboot: RebootPolicy,
 }
@@ -136,6 +137,10 @@ pub enum RebootPolicy {
     /// vCPUs, devices and RAM are reset and the kernel is loaded again: the guest boots anew
     /// in the same process, with the same disks, overlays and TAPs.
     InPlace,
+    /// In place when the guest runs with ACPI (it armed the GED's interrupt, as a kernel with
+    /// ACPI does at boot), else exit: a guest without ACPI has no way to power off, and its
+    /// reset is the only way it can end the VM (the launcher's policy; vmm/README.md).
+    InPlaceIfAcpi,
 }
 
 impl VmConfig {

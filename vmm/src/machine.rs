@@ -60,8 +60,8 @@ impl Machine {
         }
     }
 
-    /// Whether the guest listens to the ACPI power button: the VM has ACPI and the guest
-    /// unmasked the GED's pin in the IOAPIC. A kernel binds an interrupt handler there once it
+    /// Whether the guest listens to the ACPI power button (and so runs with ACPI): the VM has
+    /// ACPI and the guest unmasked the GED's pin in the IOAPIC. A kernel binds an interrupt handler there once it
     /// found the GED in the DSDT (Linux's `ged` driver does at boot); a kernel without ACPI
     /// (the shipped guest kernel) leaves the pin masked as the IOAPIC resets it, and a button
     /// press would go unnoticed.

@@ -164,6 +164,47 @@ fn exit_on_reboot_is_the_default() {
     assert!(!r.stderr.contains("rebooted in place"), "{}", r.stderr);
 }
 
+/// `in-place-if-acpi` (the launcher's): a guest that armed the GED (as a kernel with ACPI does)
+/// reboots in place; one that did not ends the VM with its reset.
+#[test]
+fn in_place_if_acpi_follows_the_guest() {
+    let d = tmp("reboot-if-acpi");
+    let img = disk(&d);
+    for (args, reboots) in [
+        ("testguest.scenario=reboot testguest.reboots=2 testguest.acpi_button=1", 2),
+        ("testguest.scenario=reboot testguest.reboots=2", 0),
+    ] {
+        std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+        let r = run(
+            &[
+                "--kernel",
+                guest().pvh.to_str().unwrap(),
+                "--mem-mib",
+                "64",
+                "--disk",
+                &format!("path={}", img.display()),
+                "--reboot",
+                "in-place-if-acpi",
+                "--cmdline",
+                args,
+            ],
+            b"",
+        );
+        if reboots > 0 {
+            check_reboots(&r, "pvh", reboots, 1);
+        } else {
+            r.assert_ok();
+            assert_eq!(count(&r.stdout, "microvirt-testguest: entry="), 1);
+            assert!(
+                r.stderr.contains("the guest does not use ACPI"),
+                "{}",
+                r.stderr
+            );
+            assert!(r.stderr.contains("guest reset; VM stopped"), "{}", r.stderr);
+        }
+    }
+}
+
 #[test]
 fn a_triple_fault_stays_a_crash_with_in_place_reboots() {
     let r = run(

@@ -3,7 +3,8 @@
 //! in-place reboot. The boots are counted on the first virtio-blk disk (sector 0: a magic word
 //! and the count), which an in-place reboot keeps; a word in RAM, written before each reboot,
 //! must read zero after it (the VMM clears RAM). After the last boot it powers off (ACPI,
-//! else resets), or halts with `testguest.reboot_then=halt`.
+//! else resets), or halts with `testguest.reboot_then=halt`. `testguest.acpi_button=1` arms
+//! the ACPI power button on every boot, as a kernel with ACPI does.
 
 use crate::blk::{Blk, Done, F_FLUSH, REQUEST_TIMEOUT_MS, T_FLUSH, T_IN, T_OUT};
 use crate::bootinfo::BootInfo;
@@ -46,6 +47,12 @@ fn ok(d: Done) -> bool {
 
 pub fn run(bi: &BootInfo) -> ! {
     let marker = phys_u64(MARKER_ADDR);
+    // As a kernel with ACPI would (a VMM rebooting in place only guests that use ACPI looks
+    // for this).
+    if bi.param("testguest.acpi_button") == Some(b"1") && crate::acpi::discover(bi).is_some() {
+        crate::acpi::arm_power_button();
+        println!("acpi: power button armed");
+    }
     let Some(mut arena) = DmaArena::new(bi) else {
         println!("reboot: no RAM for DMA buffers");
         finish()
