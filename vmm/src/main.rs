@@ -98,9 +98,10 @@ struct Args {
     /// its virtio devices on the command line only. ACPI is on by default.
     #[arg(long)]
     no_acpi: bool,
-    /// What a guest reboot does: exit (the VM ends, exit status 0; Firecracker's semantics)
-    /// or in-place (the guest boots again in this process: vCPUs, devices and RAM reset, the
-    /// kernel loaded again; disks, overlays and TAPs kept) [default: exit]
+    /// What a guest reboot does: exit (the VM ends, exit status 0; Firecracker's semantics),
+    /// in-place (the guest boots again in this process: vCPUs, devices and RAM reset, the
+    /// kernel loaded again; disks, overlays and TAPs kept) or in-place-if-acpi (in place when
+    /// the guest runs with ACPI, else exit) [default: exit]
     #[arg(long, value_name = "WHAT")]
     reboot: Option<vmm::config::RebootPolicy>,
     /// Log level: off, error, warn, info, debug or trace.
