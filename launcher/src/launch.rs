@@ -362,6 +362,7 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
         network,
         vmm_tid: None,
         console: None,
+        reboots: 0,
     };
     Ok(Prepared {
         config: LaunchConfig {
