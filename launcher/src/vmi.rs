@@ -500,6 +500,26 @@ mod tests {
     }
 
     #[test]
+    fn acpi_feature() {
+        let acpi = |features: &str| {
+            VmiDocument::parse(
+                &format!(
+                    "apiVersion: microvirt.io/v1alpha1\nkind: VirtualMachineInstance\n\
+                     metadata: {{name: a}}\nspec:\n  domain: {{{features}}}\n"
+                ),
+                "t",
+            )
+            .unwrap()
+            .acpi()
+        };
+        assert!(acpi(""));
+        assert!(acpi("features: {}"));
+        assert!(acpi("features: {acpi: {}}"));
+        assert!(acpi("features: {acpi: {enabled: true}}"));
+        assert!(!acpi("features: {acpi: {enabled: false}}"));
+    }
+
+    #[test]
     fn yaml_manifest() {
         let doc = VmiDocument::parse(
             r#"

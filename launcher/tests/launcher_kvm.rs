@@ -230,13 +230,20 @@ fn soft_stop_presses_the_power_button_with_acpi_and_sends_ctrl_alt_del_without()
         &["--termination-log", log.to_str().unwrap()],
     ));
     l.wait_for_output("waiting for ctrl-alt-del", Duration::from_secs(20));
-    assert!(l.stdout().contains("acpi: power button armed"), "{}", l.stdout());
+    assert!(
+        l.stdout().contains("acpi: power button armed"),
+        "{}",
+        l.stdout()
+    );
     l.signal(libc::SIGTERM);
     let (st, _) = l.wait(Duration::from_secs(20));
     assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
     let out = l.stdout();
     assert!(out.contains("acpi: power button pressed"), "{out}");
-    assert!(out.contains("acpi: powering off through port 0x601"), "{out}");
+    assert!(
+        out.contains("acpi: powering off through port 0x601"),
+        "{out}"
+    );
     assert!(!out.contains("ctrl-alt-del received"), "{out}");
     assert!(
         l.stderr()
@@ -312,16 +319,24 @@ fn a_guest_reboot_keeps_the_vm_running_and_is_counted() {
             "{out}"
         );
     }
-    let st = vmm::control::request(&sock, &serde_json::json!({"cmd": "status"})).unwrap();
-    assert_eq!(st["state"], "running", "{st}");
-    assert_eq!(st["reboots"], 2, "{st}");
+    // The launcher learns of a reboot from the VMM thread: wait for it to have counted both.
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = vmm::control::request(&sock, &serde_json::json!({"cmd": "status"})).unwrap();
+        assert_eq!(st["state"], "running", "{st}");
+        if st["reboots"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < end, "reboots never counted 2: {st}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Each reboot is logged (before it is counted; the log reaches the test through a pipe).
     for n in [1, 2] {
-        assert!(
-            l.stderr()
-                .contains(&format!("the guest rebooted in place (reboot {n})")),
-            "{}",
-            l.stderr()
-        );
+        let line = format!("the guest rebooted in place (reboot {n})");
+        while !l.stderr().contains(&line) {
+            assert!(Instant::now() < end, "no {line:?} in:\n{}", l.stderr());
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
     let stop = vmm::control::request(&sock, &serde_json::json!({"cmd": "stop"})).unwrap();
     assert_eq!(stop["ok"], true, "{stop}");
@@ -342,7 +357,12 @@ fn a_guest_reboot_keeps_the_vm_running_and_is_counted() {
     ));
     let (st, _) = l.wait(Duration::from_secs(30));
     let out = l.stdout();
-    assert_eq!(st.code(), Some(0), "stdout:\n{out}\nstderr:\n{}", l.stderr());
+    assert_eq!(
+        st.code(),
+        Some(0),
+        "stdout:\n{out}\nstderr:\n{}",
+        l.stderr()
+    );
     assert_eq!(
         out.matches("microvirt-testguest: entry=").count(),
         1,

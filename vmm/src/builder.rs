@@ -879,10 +879,11 @@ impl Vmm {
         let (initrd, initrd_file) = match &cfg.initrd {
             Some(p) => {
                 let shown = p.display().to_string();
-                let mut f = std::fs::File::open(p).map_err(|source| boot::BootError::ReadInitrd {
-                    path: shown.clone(),
-                    source,
-                })?;
+                let mut f =
+                    std::fs::File::open(p).map_err(|source| boot::BootError::ReadInitrd {
+                        path: shown.clone(),
+                        source,
+                    })?;
                 let at = boot::load_initrd_file(&mem, mem_size, &mut f, &shown, &kernel)?;
                 (Some(at), Some((f, shown)))
             }

@@ -32,7 +32,8 @@ fn check_reboots(r: &Run, entry: &str, reboots: usize, cpus: u32) {
     assert_eq!(count(&r.stdout, &banner), reboots + 1, "{}", r.stdout);
     for boot in 1..=reboots + 1 {
         assert!(
-            r.stdout.contains(&format!("reboot: boot={boot} ram=clear\n")),
+            r.stdout
+                .contains(&format!("reboot: boot={boot} ram=clear\n")),
             "boot {boot}:\n{}\nstderr:\n{}",
             r.stdout,
             r.stderr
@@ -171,7 +172,10 @@ fn in_place_if_acpi_follows_the_guest() {
     let d = tmp("reboot-if-acpi");
     let img = disk(&d);
     for (args, reboots) in [
-        ("testguest.scenario=reboot testguest.reboots=2 testguest.acpi_button=1", 2),
+        (
+            "testguest.scenario=reboot testguest.reboots=2 testguest.acpi_button=1",
+            2,
+        ),
         ("testguest.scenario=reboot testguest.reboots=2", 0),
     ] {
         std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
@@ -236,7 +240,8 @@ fn reboot_count_notification_and_a_snapshot_after_a_reboot() {
     cfg.serial = SerialConfig::None;
     cfg.reboot = RebootPolicy::InPlace;
     cfg.disks = vec![format!("path={}", img.display()).parse().unwrap()];
-    cfg.cmdline = Some("testguest.scenario=reboot testguest.reboots=1 testguest.reboot_then=halt".into());
+    cfg.cmdline =
+        Some("testguest.scenario=reboot testguest.reboots=1 testguest.reboot_then=halt".into());
     let (reboot_tx, reboot_rx) = std::sync::mpsc::channel();
     let opts = BuildOptions {
         serial_out: Some(SerialOut::Buffer(out.clone())),

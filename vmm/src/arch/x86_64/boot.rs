@@ -203,13 +203,12 @@ pub fn load_kernel_file(
                 return Err(too_small(end));
             }
         }
-        let r =
-            Elf::load(mem, None, f, Some(GuestAddress(HIGH_MEMORY_START))).map_err(|e| {
-                BootError::LoadKernel {
-                    path: shown.clone(),
-                    detail: e.to_string(),
-                }
-            })?;
+        let r = Elf::load(mem, None, f, Some(GuestAddress(HIGH_MEMORY_START))).map_err(|e| {
+            BootError::LoadKernel {
+                path: shown.clone(),
+                detail: e.to_string(),
+            }
+        })?;
         let (protocol, entry) = match r.pvh_boot_cap {
             PvhBootCapability::PvhEntryPresent(addr) => (BootProtocol::Pvh, addr.raw_value()),
             _ => (BootProtocol::Linux64, r.kernel_load.raw_value()),
@@ -252,7 +251,13 @@ pub fn load_initrd(
         path: path.display().to_string(),
         source,
     })?;
-    load_initrd_file(mem, mem_size, &mut file, &path.display().to_string(), kernel)
+    load_initrd_file(
+        mem,
+        mem_size,
+        &mut file,
+        &path.display().to_string(),
+        kernel,
+    )
 }
 
 /// [`load_initrd`] from an open file (read from its start), named `shown` in errors.
