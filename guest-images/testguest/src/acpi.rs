@@ -156,11 +156,7 @@ pub struct Platform {
 /// Walks the tables (RSDP from the boot information, else the scan) without checksumming them
 /// again: `None` without a sound RSDP and XSDT.
 pub fn discover(bi: &BootInfo) -> Option<Platform> {
-    let rsdp = if bi.rsdp != 0 {
-        bi.rsdp
-    } else {
-        scan_rsdp()?
-    };
+    let rsdp = if bi.rsdp != 0 { bi.rsdp } else { scan_rsdp()? };
     if !rsdp_ok(rsdp) || phys_u8(rsdp + 15) < 2 {
         return None;
     }
