@@ -1031,7 +1031,7 @@ impl Vmm {
                 initrd: initrd_file,
                 initrd_at: initrd,
             };
-            let image = BootImage::capture(loaded, &mem, mem_size, &p.vm)
+            let image = BootImage::capture(loaded, &p.ram, mem_size, &p.vm)
                 .map_err(|e| VmmError::Kvm(e.to_string()))?;
             phases.mark("boot-image");
             log::debug!(

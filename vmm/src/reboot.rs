@@ -3,7 +3,7 @@
 //! A VM built for in-place reboots keeps, from its build, a [`BootImage`]: the kernel and
 //! initrd files (open: the launcher's VMM thread may not open files), the guest RAM below
 //! 1 MiB as the build wrote it (boot information, command line, MP table, ACPI tables, the boot
-//! vCPU's GDT and page tables; only the pages that are not all zeroes) and the interrupt
+//! vCPU's GDT and page tables; only the pages it wrote, found with `SEEK_DATA`) and the interrupt
 //! controllers' and PIT's state before the first run. Each vCPU keeps its own boot state
 //! (`Vcpu::new(.., keep_boot_state)`).
 //!
@@ -19,7 +19,7 @@ use kvm_ioctls::VmFd;
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::arch::x86_64::boot::{self, LoadedKernel};
-use crate::vstate::memory::{GuestMemoryMmap, GuestRam};
+use crate::vstate::memory::{self, Backing, GuestRam};
 use crate::vstate::persist::{self, VmState};
 
 /// Guest RAM below this address is kept as the build wrote it.
@@ -36,7 +36,7 @@ pub struct BootImage {
     /// (the boot information and the boot vCPU's registers point at them).
     entry: u64,
     initrd_at: Option<(u64, u64)>,
-    /// The pages below [`LOW_MEMORY_END`] that are not all zeroes: (address, contents).
+    /// The pages below [`LOW_MEMORY_END`] the build wrote: (address, contents).
     low_pages: Vec<(u64, Vec<u8>)>,
     /// Interrupt controllers and PIT before the first run.
     vm_state: VmState,
@@ -72,18 +72,28 @@ impl BootImage {
     /// Captures the boot image of a VM that was just built (nothing has run).
     pub fn capture(
         loaded: Loaded,
-        mem: &GuestMemoryMmap,
+        ram: &GuestRam,
         mem_size: u64,
         vm: &VmFd,
     ) -> Result<Self, RebootError> {
         let vm_state = persist::save_vm(vm).map_err(|e| RebootError::Capture(e.to_string()))?;
+        // Only the pages the build wrote hold data in the memfd (the first RAM region starts
+        // at guest address 0 and file offset 0): the others are holes and need no copy.
+        let Backing::Memfd(file) = ram.backing() else {
+            return Err(RebootError::Capture(
+                "guest RAM is not a fresh VM's memfd".into(),
+            ));
+        };
+        let written = memory::data_extents(file, 0, LOW_MEMORY_END.min(mem_size))
+            .map_err(|e| RebootError::Capture(e.to_string()))?;
+        let mem = ram.memory();
         let mut low_pages = Vec::new();
-        let mut page = vec![0u8; PAGE];
-        for addr in (0..LOW_MEMORY_END.min(mem_size)).step_by(PAGE) {
-            mem.read_slice(&mut page, GuestAddress(addr))
-                .map_err(|e| RebootError::Capture(format!("guest RAM at {addr:#x}: {e}")))?;
-            if page.iter().any(|&b| b != 0) {
-                low_pages.push((addr, page.clone()));
+        for (start, end) in written {
+            for addr in (start..end).step_by(PAGE) {
+                let mut page = vec![0u8; PAGE];
+                mem.read_slice(&mut page, GuestAddress(addr))
+                    .map_err(|e| RebootError::Capture(format!("guest RAM at {addr:#x}: {e}")))?;
+                low_pages.push((addr, page));
             }
         }
         Ok(Self {

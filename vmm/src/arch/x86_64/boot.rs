@@ -188,7 +188,6 @@ pub fn load_kernel_file(
             path: shown.clone(),
             source,
         })?;
-    let f = f;
     let mut magic = [0u8; 4];
     let is_elf = f.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC;
     let low_end = mem_size.min(MMIO_GAP_START);
