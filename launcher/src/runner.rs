@@ -483,7 +483,11 @@ pub fn run(
                 }
             }
             Event::Rebooted(n) => {
-                log::info!("the guest rebooted in place (reboot {n}); the VM keeps running");
+                // Rate-limited: a guest can reboot in a loop (the count stays exact).
+                vmm::guest_log!(
+                    log::Level::Info,
+                    "the guest rebooted in place (reboot {n}); the VM keeps running"
+                );
                 status.update(|s| s.reboots = n);
             }
             Event::Signal(_) | Event::ShutdownRequested if !shutdown_requested => {

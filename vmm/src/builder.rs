@@ -408,7 +408,9 @@ impl Control {
             v.reset().map_err(|e| e.to_string())?;
         }
         self.reboots += 1;
-        log::info!(
+        // A guest can reboot in a loop: rate-limited like every line a guest triggers.
+        crate::guest_log!(
+            log::Level::Info,
             "guest rebooted in place (reboot {}; reset in {} us)",
             self.reboots,
             t0.elapsed().as_micros()

@@ -185,7 +185,10 @@ impl I8042Device {
             CMD_ENABLE_KBD => self.ctr &= !CTR_KBD_DISABLE,
             CMD_DISABLE_AUX | CMD_ENABLE_AUX => {}
             CMD_RESET_CPU => {
-                log::info!("guest requested a reset through the i8042");
+                crate::guest_log!(
+                    log::Level::Info,
+                    "guest requested a reset through the i8042"
+                );
                 if let Err(e) = self.reset_evt.write(1) {
                     log::error!("i8042: signalling reset: {e}");
                 }
