@@ -206,7 +206,7 @@ pub struct DomainSpec {
     /// devices), whatever the type says (`q35`, `pc`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<Machine>,
-    /// Platform features (acpi, apic, smm: accepted; hyperv: refused).
+    /// Platform features (acpi: on or off; apic, smm: accepted; hyperv: refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub features: Option<Features>,
     /// Guest clock (UTC, kvm-clock; timer settings accepted without effect).
@@ -230,8 +230,8 @@ pub struct Machine {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Features {
-    /// Accepted, no effect: a microVM has no ACPI; the launcher powers the guest off with
-    /// Ctrl-Alt-Del (i8042) instead of an ACPI power button.
+    /// ACPI (default on): `enabled: false` builds the VM without ACPI tables; the launcher's
+    /// soft stop then sends Ctrl-Alt-Del (i8042) instead of pressing the ACPI power button.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acpi: Option<FeatureState>,
     /// Accepted, no effect: every vCPU has a local APIC.

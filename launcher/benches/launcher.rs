@@ -2,7 +2,7 @@
 //! the built-in demo guest (release build).
 //!
 //! - boot: `virt-launcher run` → the guest's boot-timer write (the launcher's own measurement,
-//!   from process start), and spawn → exit of the whole run (the guest resets right after);
+//!   from process start), and spawn → exit of the whole run (the guest powers off through ACPI right after);
 //! - memory: RSS of the launcher process with a booted, halted guest, sampled from
 //!   /proc/PID/smaps every 10 ms for 300 ms; "overhead" excludes the guest-RAM mapping
 //!   (Firecracker's method).
@@ -155,7 +155,7 @@ fn main() {
     println!("| metric | value |\n|---|---|");
     println!("| run → guest boot-timer write (wall) | {boot:.2} ms |");
     println!("| run → guest boot-timer write (launcher CPU) | {cpu:.0} ms |");
-    println!("| spawn → exit (boot, then guest reset) | {total:.2} ms |");
+    println!("| spawn → exit (boot, then guest power-off) | {total:.2} ms |");
     for (vcpus, socket, what) in [
         (1, false, "1 vCPU, console on stdio"),
         (2, false, "2 vCPUs, console on stdio"),

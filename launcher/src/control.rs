@@ -21,8 +21,8 @@
 //! writes through the descriptors it is handed.
 //!
 //! `watch` (used by the node agent, `virt-handler`): the launcher answers at once with the
-//! current `status` line, then writes a new `status` line whenever `state` or `booted`
-//! changes, and repeats the current one at least every [`WATCH_KEEPALIVE`] (so a client that
+//! current `status` line, then writes a new `status` line whenever `state`, `booted` or
+//! `reboots` changes, and repeats the current one at least every [`WATCH_KEEPALIVE`] (so a client that
 //! went away is noticed and a client can tell a hung launcher). The stream ends when the
 //! launcher exits (possibly right after a `"state":"stopped"` line, possibly before it). Requests sent after `watch` on the
 //! same connection are ignored: use another connection for commands. Clients must accept
@@ -162,6 +162,7 @@ fn status_json(ctx: &Context) -> Value {
         "state": s.state,
         "booted": s.boot_time_ms.is_some(),
         "bootTimeMs": s.boot_time_ms,
+        "reboots": s.reboots,
         "vcpus": s.vcpus,
         "memMiB": s.mem_mib,
         "disks": s.disks,
@@ -177,8 +178,8 @@ fn status_json(ctx: &Context) -> Value {
 pub const WATCH_KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// What a `watch` client is told about: a new line is sent when this changes.
-fn watched(s: &crate::runner::Status) -> (String, bool) {
-    (s.state.clone(), s.boot_time_ms.is_some())
+fn watched(s: &crate::runner::Status) -> (String, bool, u64) {
+    (s.state.clone(), s.boot_time_ms.is_some(), s.reboots)
 }
 
 /// Streams `status` lines to a `watch` client (see the module doc).

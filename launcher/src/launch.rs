@@ -321,6 +321,11 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
     vm.cmdline = kb.and_then(|k| k.kernel_args.clone());
     vm.mem_mib = doc.guest_memory_bytes()?.div_ceil(1 << 20);
     vm.vcpus = doc.vcpus();
+    vm.acpi = doc.acpi();
+    // A guest that runs with ACPI reboots in this process: the VMI stays Running (KubeVirt's
+    // behaviour); the launcher logs and counts each reboot (`status`'s `reboots`). A guest
+    // without ACPI cannot power off, so its reset ends the VM (launcher/README.md).
+    vm.reboot = vmm::config::RebootPolicy::InPlaceIfAcpi;
     let console_socket = opts.runtime_dir.join("console.sock");
     vm.serial = match opts.console {
         Console::Stdio | Console::Socket => SerialConfig::Unix(console_socket.clone()),
@@ -357,6 +362,7 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
         network,
         vmm_tid: None,
         console: None,
+        reboots: 0,
     };
     Ok(Prepared {
         config: LaunchConfig {

@@ -43,6 +43,8 @@ pub enum Event {
     /// SIGTERM, SIGINT or SIGHUP.
     Signal(i32),
     Booted(BootTime),
+    /// The guest rebooted in place; the reboot count so far.
+    Rebooted(u64),
     /// Graceful shutdown asked through the control socket.
     ShutdownRequested,
     /// Hard stop asked through the control socket.
@@ -64,6 +66,8 @@ pub struct Status {
     pub vmm_tid: Option<i32>,
     /// The guest console's output queue (bytes dropped for a reader that was too slow).
     pub console: Option<Arc<OutputQueue>>,
+    /// In-place reboots of the guest so far.
+    pub reboots: u64,
 }
 
 /// The status plus a condition variable that wakes the control socket's `watch` clients.
@@ -255,6 +259,7 @@ type Built = (VmmController, i32, Option<Arc<OutputQueue>>);
 fn spawn_vmm(cfg: &mut LaunchConfig, events: Sender<Event>) -> Result<Built, String> {
     let (ready_tx, ready_rx) = channel::<Result<Built, String>>();
     let (boot_tx, boot_rx) = channel::<BootTime>();
+    let (reboot_tx, reboot_rx) = channel::<u64>();
     let vm = cfg.vm.clone();
     let start = cfg.start;
     let kvm = cfg.kvm.take();
@@ -286,6 +291,7 @@ fn spawn_vmm(cfg: &mut LaunchConfig, events: Sender<Event>) -> Result<Built, Str
                 thread_hook,
                 kvm,
                 taps,
+                reboot_notify: Some(reboot_tx),
             };
             let built = match &restore {
                 None => Vmm::build(&vm, opts),
@@ -308,6 +314,7 @@ fn spawn_vmm(cfg: &mut LaunchConfig, events: Sender<Event>) -> Result<Built, Str
             let _ = exit_events.send(Event::Exited(r));
         })
         .map_err(|e| format!("spawning the VMM thread: {e}"))?;
+    let reboot_events = events.clone();
     std::thread::Builder::new()
         .name("boot-notify".into())
         .spawn(move || {
@@ -318,6 +325,16 @@ fn spawn_vmm(cfg: &mut LaunchConfig, events: Sender<Event>) -> Result<Built, Str
             }
         })
         .map_err(|e| format!("spawning the boot thread: {e}"))?;
+    std::thread::Builder::new()
+        .name("reboot-notify".into())
+        .spawn(move || {
+            for n in reboot_rx {
+                if reboot_events.send(Event::Rebooted(n)).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| format!("spawning the reboot thread: {e}"))?;
     ready_rx
         .recv()
         .map_err(|_| "the VMM thread ended during build".to_string())?
@@ -456,7 +473,7 @@ pub fn run(
         let origin = match &ev {
             Event::Signal(_) => Some(ShutdownOrigin::Signal),
             Event::ShutdownRequested | Event::StopRequested => Some(ShutdownOrigin::Control),
-            Event::Booted(_) | Event::Exited(_) => None,
+            Event::Booted(_) | Event::Rebooted(_) | Event::Exited(_) => None,
         };
         requested_by = requested_by.or(origin);
         match ev {
@@ -464,6 +481,14 @@ pub fn run(
                 if boot_ms.is_none() {
                     boot_ms = Some(on_booted(&cfg, &status, t));
                 }
+            }
+            Event::Rebooted(n) => {
+                // Rate-limited: a guest can reboot in a loop (the count stays exact).
+                vmm::guest_log!(
+                    log::Level::Info,
+                    "the guest rebooted in place (reboot {n}); the VM keeps running"
+                );
+                status.update(|s| s.reboots = n);
             }
             Event::Signal(_) | Event::ShutdownRequested if !shutdown_requested => {
                 shutdown_requested = true;
@@ -477,8 +502,10 @@ pub fn run(
                     // A paused guest cannot react; resume it first.
                     let _ = controller.request(Action::Resume);
                 }
-                if let Err(e) = controller.request(Action::CtrlAltDel) {
-                    log::warn!("Ctrl-Alt-Del: {e}");
+                // The ACPI power button when the guest armed it (a systemd guest powers off),
+                // else Ctrl-Alt-Del (the VMM logs which).
+                if let Err(e) = controller.request(Action::Shutdown) {
+                    log::warn!("shutdown request: {e}");
                 }
                 deadline = Some(Instant::now() + cfg.grace);
             }
@@ -526,7 +553,11 @@ pub fn run(
         Ok((ExitReason::GuestPowerOff, _)) => (
             exit_code::CLEAN,
             "GuestShutdown",
-            "guest powered off".to_string(),
+            if shutdown_requested {
+                "guest powered off after the shutdown request".to_string()
+            } else {
+                "guest powered off".to_string()
+            },
         ),
         Ok((ExitReason::Stopped, _)) => match stop_cause {
             Some(StopCause::GraceExpired) => (

@@ -103,6 +103,23 @@ pub struct Domain {
     pub firmware: Option<Firmware>,
     #[serde(default)]
     pub devices: Devices,
+    #[serde(default)]
+    pub features: Option<Features>,
+}
+
+/// Platform features: only `acpi` matters (`enabled: false` builds the VM without ACPI
+/// tables, so the soft stop sends Ctrl-Alt-Del); the others are accepted without effect.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Features {
+    #[serde(default)]
+    pub acpi: Option<FeatureState>,
+}
+
+/// A feature that is on when present, unless `enabled: false`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct FeatureState {
+    #[serde(default)]
+    pub enabled: Option<bool>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -447,6 +464,15 @@ impl VmiDocument {
             .map_or(30, |s| s.max(0) as u64)
     }
 
+    /// Whether the VM gets ACPI: on unless `domain.features.acpi.enabled` is false (KubeVirt's
+    /// field; an absent `acpi` feature keeps the VMM's default, on).
+    pub fn acpi(&self) -> bool {
+        let f = self.spec.domain.features.as_ref();
+        f.and_then(|f| f.acpi.as_ref())
+            .and_then(|a| a.enabled)
+            .unwrap_or(true)
+    }
+
     pub fn kernel_boot(&self) -> Option<&KernelBoot> {
         self.spec
             .domain
@@ -471,6 +497,26 @@ mod tests {
             assert!(e.starts_with("bad quantity f: "), "{e}");
             assert!(e.contains(bad), "{e}");
         }
+    }
+
+    #[test]
+    fn acpi_feature() {
+        let acpi = |features: &str| {
+            VmiDocument::parse(
+                &format!(
+                    "apiVersion: microvirt.io/v1alpha1\nkind: VirtualMachineInstance\n\
+                     metadata: {{name: a}}\nspec:\n  domain: {{{features}}}\n"
+                ),
+                "t",
+            )
+            .unwrap()
+            .acpi()
+        };
+        assert!(acpi(""));
+        assert!(acpi("features: {}"));
+        assert!(acpi("features: {acpi: {}}"));
+        assert!(acpi("features: {acpi: {enabled: true}}"));
+        assert!(!acpi("features: {acpi: {enabled: false}}"));
     }
 
     #[test]

@@ -244,7 +244,8 @@ fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
         );
     }
 
-    // Graceful shutdown: SIGTERM → Ctrl+Alt+Del → the guest resets → exit 0.
+    // Graceful shutdown: SIGTERM → Ctrl+Alt+Del (the guest did not arm the ACPI power button)
+    // → the guest powers off (ACPI S5) → exit 0.
     let pid = l.child.as_ref().unwrap().id() as i32;
     // SAFETY: kill(2) on our child (`ip netns exec` execs the launcher in place).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);

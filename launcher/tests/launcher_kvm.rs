@@ -188,17 +188,17 @@ fn run_example_demo_vmi_with_two_vcpus() {
         "microvirt-testguest: entry=pvh",
         "cpus: 2/2",
         "boot-timer: written",
-        "reset",
+        "end",
     ] {
         assert!(out.contains(line), "missing {line:?} in:\n{out}");
     }
     assert!(l.stderr().contains("guest booted in"), "{}", l.stderr());
     let msg = std::fs::read_to_string(&log).unwrap();
     let mut lines = msg.lines();
-    assert_eq!(lines.next(), Some("guest reset"));
+    assert_eq!(lines.next(), Some("guest powered off"));
     assert!(msg.contains("reason=GuestShutdown\n"), "{msg}");
     assert!(msg.contains("exitCode=0\n"), "{msg}");
-    // The guest reset by itself: nobody asked the launcher to stop it.
+    // The guest powered off by itself: nobody asked the launcher to stop it.
     assert_eq!(
         TerminationMessage::parse(&msg).shutdown_requested,
         None,
@@ -211,6 +211,166 @@ fn run_example_demo_vmi_with_two_vcpus() {
         .parse()
         .unwrap();
     assert!(boot_ms < 10_000, "{boot_ms}");
+}
+
+#[test]
+fn soft_stop_presses_the_power_button_with_acpi_and_sends_ctrl_alt_del_without() {
+    let t = TempDir::new("button");
+    // ACPI on (the default): the guest armed the power button, so SIGTERM presses it and the
+    // guest powers off through S5.
+    let vmi = demo_vmi(
+        t.path(),
+        "button",
+        "testguest.scenario=ctrlaltdel testguest.acpi_button=1",
+        "",
+    );
+    let log = t.path().join("log");
+    let mut l = Launcher::spawn(&mut run_cmd(
+        &vmi,
+        &["--termination-log", log.to_str().unwrap()],
+    ));
+    l.wait_for_output("waiting for ctrl-alt-del", Duration::from_secs(20));
+    assert!(
+        l.stdout().contains("acpi: power button armed"),
+        "{}",
+        l.stdout()
+    );
+    l.signal(libc::SIGTERM);
+    let (st, _) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
+    let out = l.stdout();
+    assert!(out.contains("acpi: power button pressed"), "{out}");
+    assert!(
+        out.contains("acpi: powering off through port 0x601"),
+        "{out}"
+    );
+    assert!(!out.contains("ctrl-alt-del received"), "{out}");
+    assert!(
+        l.stderr()
+            .contains("asking the guest to shut down: ACPI power button"),
+        "{}",
+        l.stderr()
+    );
+    let msg = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        msg.starts_with("guest powered off after the shutdown request\n"),
+        "{msg}"
+    );
+
+    // ACPI off (KubeVirt's domain.features.acpi.enabled: false): Ctrl-Alt-Del. The guest
+    // cannot power off without ACPI: it resets, and a guest without ACPI ends the VM that way.
+    let vmi = demo_vmi(
+        t.path(),
+        "noacpi",
+        "testguest.scenario=ctrlaltdel testguest.acpi_button=1",
+        "    features: {acpi: {enabled: false}}\n",
+    );
+    let log = t.path().join("log2");
+    let mut l = Launcher::spawn(&mut run_cmd(
+        &vmi,
+        &["--termination-log", log.to_str().unwrap()],
+    ));
+    l.wait_for_output("waiting for ctrl-alt-del", Duration::from_secs(20));
+    l.signal(libc::SIGTERM);
+    let (st, _) = l.wait(Duration::from_secs(20));
+    let (out, err) = (l.stdout(), l.stderr());
+    assert_eq!(st.code(), Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(!out.contains("acpi: power button armed"), "{out}");
+    assert!(out.contains("ctrl-alt-del received"), "{out}");
+    assert!(
+        err.contains("asking the guest to shut down: Ctrl-Alt-Del (the VM has no ACPI)"),
+        "{err}"
+    );
+    let msg = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        msg.starts_with("guest reset after the shutdown request\n"),
+        "{msg}"
+    );
+}
+
+/// A guest that runs with ACPI (it armed the power button, as a kernel with ACPI does)
+/// reboots in place: the launcher keeps running, logs and counts each reboot. A guest without
+/// ACPI cannot power off: its reset ends the VM.
+#[test]
+fn a_guest_reboot_keeps_the_vm_running_and_is_counted() {
+    const DISK: &str = "    devices: {disks: [{name: scratch}]}\n  volumes: [{name: scratch, emptyDisk: {capacity: 1Mi}}]\n";
+    let t = TempDir::new("reboot");
+    let vmi = demo_vmi(
+        t.path(),
+        "reboots",
+        "testguest.scenario=reboot testguest.reboots=2 testguest.reboot_then=halt testguest.acpi_button=1",
+        DISK,
+    );
+    let sock = t.path().join("control.sock");
+    let mut l = Launcher::spawn(&mut run_cmd(
+        &vmi,
+        &["--control-socket", sock.to_str().unwrap()],
+    ));
+    l.wait_for_output("reboot: halting", Duration::from_secs(30));
+    let out = l.stdout();
+    assert_eq!(
+        out.matches("microvirt-testguest: entry=").count(),
+        3,
+        "{out}"
+    );
+    for boot in 1..=3 {
+        assert!(
+            out.contains(&format!("reboot: boot={boot} ram=clear")),
+            "{out}"
+        );
+    }
+    // The launcher learns of a reboot from the VMM thread: wait for it to have counted both.
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = vmm::control::request(&sock, &serde_json::json!({"cmd": "status"})).unwrap();
+        assert_eq!(st["state"], "running", "{st}");
+        if st["reboots"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < end, "reboots never counted 2: {st}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Each reboot is logged (before it is counted; the log reaches the test through a pipe).
+    for n in [1, 2] {
+        let line = format!("the guest rebooted in place (reboot {n})");
+        while !l.stderr().contains(&line) {
+            assert!(Instant::now() < end, "no {line:?} in:\n{}", l.stderr());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let stop = vmm::control::request(&sock, &serde_json::json!({"cmd": "stop"})).unwrap();
+    assert_eq!(stop["ok"], true, "{stop}");
+    let (st, _) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(5), "stderr:\n{}", l.stderr());
+
+    // The same guest without arming ACPI: its first reboot ends the VM.
+    let vmi = demo_vmi(
+        t.path(),
+        "noacpi-reboot",
+        "testguest.scenario=reboot testguest.reboots=2",
+        DISK,
+    );
+    let log = t.path().join("log");
+    let mut l = Launcher::spawn(&mut run_cmd(
+        &vmi,
+        &["--termination-log", log.to_str().unwrap()],
+    ));
+    let (st, _) = l.wait(Duration::from_secs(30));
+    let out = l.stdout();
+    assert_eq!(
+        st.code(),
+        Some(0),
+        "stdout:\n{out}\nstderr:\n{}",
+        l.stderr()
+    );
+    assert_eq!(
+        out.matches("microvirt-testguest: entry=").count(),
+        1,
+        "{out}"
+    );
+    assert!(out.contains("reboot: rebooting via the i8042"), "{out}");
+    let msg = std::fs::read_to_string(&log).unwrap();
+    assert!(msg.starts_with("guest reset\n"), "{msg}");
 }
 
 #[test]
@@ -234,7 +394,7 @@ fn sigterm_shuts_the_guest_down_within_the_grace_period() {
     );
     let msg = std::fs::read_to_string(&log).unwrap();
     assert!(
-        msg.starts_with("guest reset after the shutdown request\n"),
+        msg.starts_with("guest powered off after the shutdown request\n"),
         "{msg}"
     );
     let parsed = TerminationMessage::parse(&msg);
@@ -611,7 +771,7 @@ fn pod_mode_readiness_control_socket_console_and_termination_message() {
     assert!(log.contains("echo: hello launcher"), "{log}");
 
     let msg = std::fs::read_to_string(pod.term_log()).unwrap();
-    assert!(msg.starts_with("guest reset\n"), "{msg}");
+    assert!(msg.starts_with("guest powered off\n"), "{msg}");
     assert!(msg.contains("bootTimeMs="), "{msg}");
     assert!(!pod.root().join("control.sock").exists(), "socket removed");
     // The cloud-init seed was built in the runtime directory.
@@ -697,7 +857,7 @@ fn pod_mode_sigterm_resumes_a_paused_guest_and_shuts_it_down() {
     assert!(took < Duration::from_secs(8), "{took:?}");
     let msg = std::fs::read_to_string(pod.term_log()).unwrap();
     assert!(
-        msg.starts_with("guest reset after the shutdown request\n"),
+        msg.starts_with("guest powered off after the shutdown request\n"),
         "{msg}"
     );
     // Exit 0 (the guest shut down cleanly), but the kubelet asked for it: the operator must
@@ -1217,7 +1377,7 @@ fn run_on_a_terminal_never_splits_a_guest_line() {
                 );
             }
         }
-        for want in ["boot-timer: written", "reset"] {
+        for want in ["boot-timer: written", "end"] {
             assert!(
                 text.lines().any(|l| l == want),
                 "run {run}: no intact {want:?} line:\n{text}"
@@ -1230,7 +1390,7 @@ fn run_on_a_terminal_never_splits_a_guest_line() {
         );
         assert_eq!(
             text.lines().last(),
-            Some("virt-launcher: info: guest reset"),
+            Some("virt-launcher: info: guest powered off"),
             "run {run}: the launcher's closing line comes last:\n{text}"
         );
     }

@@ -16,7 +16,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::acpi;
 use crate::arch::x86_64::{boot, cpuid, layout, mptable};
-use crate::config::{SerialConfig, VmConfig};
+use crate::config::{RebootPolicy, SerialConfig, VmConfig};
 use crate::device_manager::mmio::MmioDeviceManager;
 use crate::devices::acpi::AcpiPmDevice;
 use crate::devices::bus::Bus;
@@ -31,6 +31,7 @@ use crate::devices::virtio::persist::{restore_device, AttachedDevice, DeviceStat
 use crate::devices::virtio::{self, AttachContext, BlockConfig, NetConfig};
 use crate::lifecycle::{InvalidTransition, Lifecycle, VmState};
 use crate::machine::Machine;
+use crate::reboot::{BootImage, Loaded};
 use crate::snapshot::host::HostError;
 use crate::snapshot::state::MachineInfo;
 use crate::snapshot::{LoadedSnapshot, SnapshotError, SnapshotSummary, SnapshotWriter};
@@ -140,6 +141,10 @@ pub enum Action {
     /// Press the ACPI power button (the GED raises its interrupt; the guest's `_EVT` notifies
     /// the power button device). Refused when the VM has no ACPI.
     PowerButton,
+    /// Ask the guest to shut down the way it listens to: the ACPI power button when the VM has
+    /// ACPI and the guest armed the GED's interrupt (its IOAPIC pin is unmasked, as Linux's GED
+    /// driver leaves it once bound), else Ctrl-Alt-Del (see [`Machine::power_button_armed`]).
+    Shutdown,
     /// Stop now.
     Stop,
 }
@@ -148,12 +153,22 @@ pub enum Action {
 enum Request {
     Action(Action),
     State,
+    Status,
     Snapshot(SnapshotWriter),
 }
 
 enum Reply {
     State(VmState),
+    Status(VmStatus),
     Snapshot(SnapshotSummary),
+}
+
+/// The VM's lifecycle state and how often the guest rebooted in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmStatus {
+    pub state: VmState,
+    /// In-place reboots so far (`RebootPolicy::InPlace`).
+    pub reboots: u64,
 }
 
 /// A request and where to send its outcome.
@@ -181,7 +196,7 @@ impl VmmController {
     pub fn request(&self, action: Action) -> Result<VmState, String> {
         match self.call(Request::Action(action))? {
             Reply::State(s) => Ok(s),
-            Reply::Snapshot(_) => Err("unexpected reply".into()),
+            _ => Err("unexpected reply".into()),
         }
     }
 
@@ -189,7 +204,15 @@ impl VmmController {
     pub fn state(&self) -> Result<VmState, String> {
         match self.call(Request::State)? {
             Reply::State(s) => Ok(s),
-            Reply::Snapshot(_) => Err("unexpected reply".into()),
+            _ => Err("unexpected reply".into()),
+        }
+    }
+
+    /// The VM's lifecycle state and reboot count.
+    pub fn status(&self) -> Result<VmStatus, String> {
+        match self.call(Request::Status)? {
+            Reply::Status(s) => Ok(s),
+            _ => Err("unexpected reply".into()),
         }
     }
 
@@ -207,7 +230,7 @@ impl VmmController {
     pub fn snapshot(&self, files: SnapshotWriter) -> Result<SnapshotSummary, String> {
         match self.call(Request::Snapshot(files))? {
             Reply::Snapshot(s) => Ok(s),
-            Reply::State(_) => Err("unexpected reply".into()),
+            _ => Err("unexpected reply".into()),
         }
     }
 
@@ -249,6 +272,8 @@ pub struct BuildOptions {
     /// TAP queues opened by the embedder (`Tap::open`), used for the `nets` with the same
     /// TAP name; the others are opened here.
     pub taps: Vec<crate::devices::virtio::net::tap::Tap>,
+    /// Receives the reboot count after each in-place reboot (`RebootPolicy::InPlace`).
+    pub reboot_notify: Option<Sender<u64>>,
 }
 
 /// How to restore a VM from a snapshot ([`Vmm::restore`]).
@@ -315,6 +340,12 @@ struct Control {
     exit: Option<ExitReason>,
     /// A restored VM tells `boot_notify` when its vCPUs first run.
     restored_notify: Option<(Clock, Sender<BootTime>)>,
+    /// What an in-place reboot loads again; `None`: a guest reboot ends the VM.
+    boot_image: Option<BootImage>,
+    /// With a boot image: whether a reboot happens in place only when the guest uses ACPI.
+    in_place_if_acpi: bool,
+    reboots: u64,
+    reboot_notify: Option<Sender<u64>>,
 }
 
 const EV_RESET: u32 = 0;
@@ -334,6 +365,64 @@ impl Control {
                     cpu_us: cpu_time_us().saturating_sub(start.cpu_us),
                 });
             }
+        }
+        Ok(())
+    }
+
+    /// A guest-initiated reboot: in place when the VM keeps a boot image, else the VM ends.
+    fn guest_reset(&mut self) {
+        if self.exit.is_some() || self.lifecycle.state() == VmState::Stopped {
+            return;
+        }
+        if self.boot_image.is_none() {
+            self.finish(ExitReason::GuestReset);
+            return;
+        }
+        if self.in_place_if_acpi && !self.machine.power_button_armed() {
+            log::info!("the guest does not use ACPI (it cannot power off): its reboot ends the VM");
+            self.finish(ExitReason::GuestReset);
+            return;
+        }
+        if let Err(e) = self.reboot() {
+            log::error!("in-place reboot failed: {e}");
+            self.finish(ExitReason::Fault(format!("in-place reboot failed: {e}")));
+        }
+    }
+
+    /// Resets the VM to its boot state and runs it again (or leaves it paused when it was):
+    /// every vCPU leaves the guest, the devices reset, the boot image puts irqchip and RAM back
+    /// (reboot.rs), every vCPU goes back to its boot state.
+    fn reboot(&mut self) -> Result<(), String> {
+        let back_to = self.lifecycle.state();
+        self.lifecycle
+            .transition(VmState::Rebooting)
+            .map_err(|e| e.to_string())?;
+        let t0 = Instant::now();
+        self.set_vcpus(VcpuCmd::Pause)?;
+        self.machine.reset_devices()?;
+        let mut image = self.boot_image.take().ok_or("no boot image")?;
+        let loaded = image.load(&self.machine.ram, &self.machine.vm);
+        self.boot_image = Some(image);
+        loaded.map_err(|e| e.to_string())?;
+        for v in &mut self.vcpus {
+            v.reset().map_err(|e| e.to_string())?;
+        }
+        self.reboots += 1;
+        // A guest can reboot in a loop: rate-limited like every line a guest triggers.
+        crate::guest_log!(
+            log::Level::Info,
+            "guest rebooted in place (reboot {}; reset in {} us)",
+            self.reboots,
+            t0.elapsed().as_micros()
+        );
+        if let Some(tx) = &self.reboot_notify {
+            let _ = tx.send(self.reboots);
+        }
+        self.lifecycle
+            .transition(back_to)
+            .map_err(|e| e.to_string())?;
+        if back_to == VmState::Running {
+            self.set_vcpus(VcpuCmd::Resume)?;
         }
         Ok(())
     }
@@ -391,6 +480,21 @@ impl Control {
                     .expect("ACPI lock")
                     .press_power_button()
                     .map_err(|e| format!("power button: {e}"))?;
+            }
+            Action::Shutdown => {
+                if self.machine.power_button_armed() {
+                    log::info!("asking the guest to shut down: ACPI power button");
+                    return self.apply(Action::PowerButton);
+                }
+                log::info!(
+                    "asking the guest to shut down: Ctrl-Alt-Del ({})",
+                    if self.machine.acpi_pm.is_some() {
+                        "the guest has not armed the ACPI power button"
+                    } else {
+                        "the VM has no ACPI"
+                    }
+                );
+                return self.apply(Action::CtrlAltDel);
             }
             Action::Stop => {
                 if self.lifecycle.state() == VmState::Stopped {
@@ -461,7 +565,7 @@ impl MutEventSubscriber for Control {
         match events.data() {
             EV_RESET => {
                 let _ = self.reset_evt.read();
-                self.finish(ExitReason::GuestReset);
+                self.guest_reset();
             }
             EV_POWEROFF => {
                 let _ = self.poweroff_evt.read();
@@ -471,7 +575,10 @@ impl MutEventSubscriber for Control {
                 let _ = self.vcpu_exit_evt.read();
                 while let Ok((id, reason)) = self.vcpu_exits.try_recv() {
                     let r = match reason {
-                        VcpuExitReason::Reset => ExitReason::GuestReset,
+                        VcpuExitReason::Reset => {
+                            self.guest_reset();
+                            continue;
+                        }
                         VcpuExitReason::PowerOff => ExitReason::GuestPowerOff,
                         VcpuExitReason::Fault(msg) => {
                             log::debug!("vcpu{id} fault");
@@ -493,6 +600,10 @@ impl MutEventSubscriber for Control {
                             r.map(Reply::State)
                         }
                         Request::State => Ok(Reply::State(self.lifecycle.state())),
+                        Request::Status => Ok(Reply::Status(VmStatus {
+                            state: self.lifecycle.state(),
+                            reboots: self.reboots,
+                        })),
                         Request::Snapshot(files) => {
                             let r = self.snapshot(files);
                             if let Err(e) = &r {
@@ -762,11 +873,23 @@ impl Vmm {
         phases.mark("guest-memory");
         let vm = Arc::new(vm::create_vm(&kvm, &mem, &mut phases)?);
 
-        // Kernel, initrd, command line, boot information, MP table.
-        let kernel = boot::load_kernel(&mem, mem_size, &cfg.kernel)?;
-        let initrd = match &cfg.initrd {
-            Some(p) => Some(boot::load_initrd(&mem, mem_size, p, &kernel)?),
-            None => None,
+        // Kernel, initrd, command line, boot information, MP table. The files stay open for
+        // in-place reboots (reboot.rs), which load them again.
+        let kernel_shown = cfg.kernel.display().to_string();
+        let mut kernel_file = boot::open_kernel(&cfg.kernel)?;
+        let kernel = boot::load_kernel_file(&mem, mem_size, &mut kernel_file, &kernel_shown)?;
+        let (initrd, initrd_file) = match &cfg.initrd {
+            Some(p) => {
+                let shown = p.display().to_string();
+                let mut f =
+                    std::fs::File::open(p).map_err(|source| boot::BootError::ReadInitrd {
+                        path: shown.clone(),
+                        source,
+                    })?;
+                let at = boot::load_initrd_file(&mem, mem_size, &mut f, &shown, &kernel)?;
+                (Some(at), Some((f, shown)))
+            }
+            None => (None, None),
         };
         phases.mark("load-kernel");
         let mut p = Parts {
@@ -869,6 +992,15 @@ impl Vmm {
         phases.mark("supported-cpuid");
         let marks = Arc::new(RunMarks::new(start.wall));
         let save_spec = Arc::new(OnceLock::new());
+        // In-place reboots put every vCPU back into the state it is built in, read back in
+        // full (the MSR list comes from /dev/kvm, as for a snapshot).
+        let in_place = cfg.reboot != RebootPolicy::Exit;
+        if in_place {
+            let caps = vpersist::VcpuCaps::probe(&p.kvm);
+            let msr_indices = vpersist::msrs_to_save(&p.kvm)
+                .map_err(|e| VmmError::Kvm(format!("MSR list: {e}")))?;
+            let _ = save_spec.set(SaveSpec { msr_indices, caps });
+        }
         let info = MachineInfo {
             mem_mib: cfg.mem_mib,
             vcpus: vcpu_count,
@@ -887,12 +1019,33 @@ impl Vmm {
             save_spec: save_spec.clone(),
         };
         let mut vcpus = Vec::with_capacity(vcpu_count as usize);
+        let (kernel_protocol, kernel_entry) = (kernel.protocol, kernel.entry);
         for id in 0..vcpu_count {
-            let boot = (id == 0).then_some((kernel.protocol, kernel.entry));
-            vcpus.push(Vcpu::new(&ctx, id, boot)?);
+            let boot = (id == 0).then_some((kernel_protocol, kernel_entry));
+            vcpus.push(Vcpu::new(&ctx, id, boot, in_place)?);
         }
         phases.mark("vcpus");
+        let boot_image = if in_place {
+            let loaded = Loaded {
+                kernel: kernel_file,
+                kernel_shown,
+                kernel_loaded: kernel,
+                initrd: initrd_file,
+                initrd_at: initrd,
+            };
+            let image = BootImage::capture(loaded, &p.ram, mem_size, &p.vm)
+                .map_err(|e| VmmError::Kvm(e.to_string()))?;
+            phases.mark("boot-image");
+            log::debug!(
+                "in-place reboots: {} KiB of low memory kept",
+                image.kept_bytes() >> 10
+            );
+            Some(image)
+        } else {
+            None
+        };
         let aligned = memory::huge_page_aligned(&mem);
+        let (protocol, entry) = (kernel_protocol, kernel_entry);
         let vmm = Self::assemble(
             p,
             legacy,
@@ -903,14 +1056,19 @@ impl Vmm {
             marks,
             None,
             opts.thread_hook,
+            Reboots {
+                image: boot_image,
+                if_acpi: cfg.reboot == RebootPolicy::InPlaceIfAcpi,
+                notify: opts.reboot_notify,
+            },
         )?;
         phases.mark("threads+control");
         log::debug!(
             "built VM: {} vCPU(s), {} MiB (2 MiB aligned: {aligned}), {:?} entry {:#x}, in {} us: {phases}",
             vcpu_count,
             cfg.mem_mib,
-            kernel.protocol,
-            kernel.entry,
+            protocol,
+            entry,
             vmm.timings.build_us,
         );
         Ok(vmm)
@@ -1092,6 +1250,7 @@ impl Vmm {
         }
         let info = st.machine.clone();
         let notify = opts.boot_notify.clone().map(|tx| (start, tx));
+        // A restored VM has no kernel to load again: a guest reboot ends it.
         let vmm = Self::assemble(
             p,
             legacy,
@@ -1102,6 +1261,11 @@ impl Vmm {
             marks,
             notify,
             opts.thread_hook,
+            Reboots {
+                image: None,
+                if_acpi: false,
+                notify: None,
+            },
         )?;
         vmm.control
             .lock()
@@ -1137,6 +1301,7 @@ impl Vmm {
         marks: Arc<RunMarks>,
         restored_notify: Option<(Clock, Sender<BootTime>)>,
         thread_hook: Option<ThreadHook>,
+        reboots: Reboots,
     ) -> Result<Vmm, VmmError> {
         let (exit_tx, exit_rx) = channel();
         let vcpu_exit_evt = event_fd()?;
@@ -1176,6 +1341,10 @@ impl Vmm {
             actions: action_rx,
             exit: None,
             restored_notify,
+            boot_image: reboots.image,
+            in_place_if_acpi: reboots.if_acpi,
+            reboots: 0,
+            reboot_notify: reboots.notify,
         }));
         p.event_manager.add_subscriber(control.clone());
         let timings = RunTimings {
@@ -1300,6 +1469,14 @@ fn block_io(index: usize) -> virtio::block::IoThreadOptions {
         name: Some(format!("blk-io{index}")),
         setup: None,
     }
+}
+
+/// In-place reboots of an assembled VM: the boot image (none: a reboot ends the VM) and who
+/// is told of each.
+struct Reboots {
+    image: Option<BootImage>,
+    if_acpi: bool,
+    notify: Option<Sender<u64>>,
 }
 
 /// Removes overlay files a failed restore created.

@@ -120,6 +120,27 @@ pub struct VmConfig {
     /// entries are there either way, for kernels without ACPI (see `vmm/README.md`).
     #[serde(default = "default_true")]
     pub acpi: bool,
+    /// What a guest-initiated reboot does: end the VM (`exit`, the default, Firecracker's
+    /// semantics), restart the guest in this process (`in-place`), or restart it when the
+    /// guest uses ACPI and end the VM when not (`in-place-if-acpi`, the launcher's).
+    #[serde(default)]
+    pub reboot: RebootPolicy,
+}
+
+/// What a guest-initiated reboot (i8042 reset line, ACPI reset register, KVM reset event) does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebootPolicy {
+    /// The VM ends as a guest reset (exit status 0).
+    #[default]
+    Exit,
+    /// vCPUs, devices and RAM are reset and the kernel is loaded again: the guest boots anew
+    /// in the same process, with the same disks, overlays and TAPs.
+    InPlace,
+    /// In place when the guest runs with ACPI (it armed the GED's interrupt, as a kernel with
+    /// ACPI does at boot), else exit: a guest without ACPI has no way to power off, and its
+    /// reset is the only way it can end the VM (the launcher's policy; vmm/README.md).
+    InPlaceIfAcpi,
 }
 
 impl VmConfig {
@@ -136,6 +157,7 @@ impl VmConfig {
             nets: Vec::new(),
             rng: None,
             acpi: true,
+            reboot: RebootPolicy::Exit,
         }
     }
 

@@ -6,11 +6,11 @@
 //!
 //! | cmd | effect | answer fields |
 //! |---|---|---|
-//! | `state` (`microvm`) / `status` | none | `state`: built, running, paused, stopped |
+//! | `state` (`microvm`) / `status` | none | `state`: built, running, paused, rebooting, stopped; `reboots` (`microvm`): in-place reboots so far |
 //! | `pause` | pause the vCPUs | `state` |
 //! | `resume` (or `unpause`) | run the vCPUs | `state` |
 //! | `snapshot` + `"dir": "/abs/path"` | pause if running, write a snapshot into the (absent or empty) directory, stay paused | `state`, `dir`, `ramBytes`, `touchedBytes`, `memoryBytes`, `overlayBytes`, `stateBytes`, `pausedUs`, `writeUs` |
-//! | `shutdown` (`microvm`) | Ctrl-Alt-Del to the guest | `state` |
+//! | `shutdown` (`microvm`) | ask the guest to shut down: the ACPI power button when the guest armed it, else Ctrl-Alt-Del ([`Action::Shutdown`]) | `state` |
 //! | `power-button` (`microvm`) | press the ACPI power button (refused without ACPI) | `state` |
 //! | `stop` (`microvm`) | stop the VM now | `state` |
 //!
@@ -168,8 +168,15 @@ fn handle(conn: UnixStream, controller: &VmmController) -> io::Result<()> {
                 match vm_command(controller, cmd, &req) {
                     Some(a) => a,
                     None => match cmd {
-                        "state" | "status" => state_answer(controller.state()),
-                        "shutdown" => state_answer(controller.request(Action::CtrlAltDel)),
+                        "state" | "status" => match controller.status() {
+                            Ok(s) => json!({
+                                "ok": true,
+                                "state": s.state.to_string(),
+                                "reboots": s.reboots,
+                            }),
+                            Err(e) => json!({"ok": false, "error": e}),
+                        },
+                        "shutdown" => state_answer(controller.request(Action::Shutdown)),
                         "power-button" => state_answer(controller.request(Action::PowerButton)),
                         "stop" => state_answer(controller.request(Action::Stop)),
                         other => {

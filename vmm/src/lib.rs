@@ -15,12 +15,13 @@ pub mod devices;
 pub mod lifecycle;
 pub mod logging;
 pub mod machine;
+pub mod reboot;
 pub mod snapshot;
 pub mod timing;
 pub mod vstate;
 
 pub use builder::{
-    Action, BuildOptions, ExitReason, RestoreConfig, ThreadHook, VmThread, Vmm, VmmController,
-    VmmError,
+    Action, BuildOptions, ExitReason, RestoreConfig, ThreadHook, VmStatus, VmThread, Vmm,
+    VmmController, VmmError,
 };
 pub use config::{SerialConfig, VmConfig};

@@ -4,7 +4,13 @@
 //! Built (paused, never run) --resume--> Running <--pause/resume--> Paused
 //!    \ \____________________ run paused (restored, waiting) __________/
 //!     \__________________ stop ______|____________________________/--> Stopped
+//!
+//! Running or Paused --guest reboot--> Rebooting --done--> the state it came from
+//!                                             \--failed--> Stopped
 //! ```
+//!
+//! `Rebooting` lasts while the VMM thread resets vCPUs, devices and RAM and loads the kernel
+//! again (an in-place reboot, `RebootPolicy::InPlace`); nothing else runs on that thread then.
 
 use std::fmt;
 
@@ -14,6 +20,8 @@ pub enum VmState {
     Built,
     Running,
     Paused,
+    /// An in-place reboot is resetting the VM.
+    Rebooting,
     Stopped,
 }
 
@@ -23,6 +31,7 @@ impl fmt::Display for VmState {
             VmState::Built => "built",
             VmState::Running => "running",
             VmState::Paused => "paused",
+            VmState::Rebooting => "rebooting",
             VmState::Stopped => "stopped",
         };
         f.write_str(s)
@@ -44,7 +53,9 @@ pub const fn valid_transition(from: VmState, to: VmState) -> bool {
         (Built, Running | Paused)
             | (Running, Paused)
             | (Paused, Running)
-            | (Built | Running | Paused, Stopped)
+            | (Running | Paused, Rebooting)
+            | (Rebooting, Running | Paused)
+            | (Built | Running | Paused | Rebooting, Stopped)
     )
 }
 
@@ -87,7 +98,7 @@ mod tests {
 
     #[test]
     fn every_pair_of_states() {
-        let all = [Built, Running, Paused, Stopped];
+        let all = [Built, Running, Paused, Rebooting, Stopped];
         let allowed = [
             (Built, Running),
             (Built, Paused),
@@ -96,6 +107,11 @@ mod tests {
             (Running, Stopped),
             (Paused, Running),
             (Paused, Stopped),
+            (Running, Rebooting),
+            (Paused, Rebooting),
+            (Rebooting, Running),
+            (Rebooting, Paused),
+            (Rebooting, Stopped),
         ];
         for from in all {
             for to in all {
@@ -121,8 +137,13 @@ mod tests {
         l.transition(Running).unwrap();
         l.transition(Paused).unwrap();
         l.transition(Running).unwrap();
+        l.transition(Rebooting).unwrap();
+        assert!(l.transition(Rebooting).is_err());
+        assert!(l.transition(Built).is_err());
+        l.transition(Running).unwrap();
         l.transition(Stopped).unwrap();
         assert!(l.transition(Running).is_err());
+        assert!(l.transition(Rebooting).is_err());
         assert_eq!(l.state(), Stopped);
     }
 }

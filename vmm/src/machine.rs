@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use kvm_ioctls::{Kvm, VmFd};
 
+use crate::arch::x86_64::layout;
 use crate::devices::acpi::AcpiPmDevice;
 use crate::devices::legacy::i8042::I8042Device;
 use crate::devices::legacy::serial::SerialDevice;
@@ -16,6 +17,9 @@ use crate::snapshot::{overlay_file_name, write_state, SnapshotSummary, SnapshotW
 use crate::vstate::memory::GuestRam;
 use crate::vstate::persist::{self, VcpuCaps};
 use crate::vstate::vcpu::{SaveSpec, VcpuHandle};
+
+/// The mask bit of an IOAPIC redirection entry.
+const IOAPIC_MASKED: u64 = 1 << 16;
 
 pub struct Machine {
     /// /dev/kvm: the host facts and the MSR list are read from it when a snapshot is taken
@@ -54,6 +58,48 @@ impl Machine {
         if let Some(pm) = &self.acpi_pm {
             pm.lock().expect("ACPI lock").raise_if_pending();
         }
+    }
+
+    /// Whether the guest listens to the ACPI power button (and so runs with ACPI): the VM has
+    /// ACPI and the guest unmasked the GED's pin in the IOAPIC. A kernel binds an interrupt handler there once it
+    /// found the GED in the DSDT (Linux's `ged` driver does at boot); a kernel without ACPI
+    /// (the shipped guest kernel) leaves the pin masked as the IOAPIC resets it, and a button
+    /// press would go unnoticed.
+    pub fn power_button_armed(&self) -> bool {
+        if self.acpi_pm.is_none() {
+            return false;
+        }
+        let mut chip = kvm_bindings::kvm_irqchip {
+            chip_id: kvm_bindings::KVM_IRQCHIP_IOAPIC,
+            ..Default::default()
+        };
+        if let Err(e) = self.vm.get_irqchip(&mut chip) {
+            log::warn!("KVM_GET_IRQCHIP (IOAPIC): {e}");
+            return false;
+        }
+        // SAFETY: KVM_GET_IRQCHIP with chip_id KVM_IRQCHIP_IOAPIC filled the `ioapic` member of
+        // the union; every bit pattern of the redirection entry is a valid u64.
+        let entry = unsafe { chip.chip.ioapic.redirtbl[layout::ACPI_GED_IRQ as usize].bits };
+        entry & IOAPIC_MASKED == 0
+    }
+
+    /// Resets every device for an in-place reboot (the vCPUs are paused): the virtio devices
+    /// (a disk's request in flight is waited for; disks, overlays and TAPs stay open), the
+    /// UART, the i8042 and the ACPI registers.
+    pub fn reset_devices(&self) -> Result<(), String> {
+        for d in &self.virtio {
+            d.reset();
+        }
+        self.serial
+            .lock()
+            .expect("serial lock")
+            .reset()
+            .map_err(|e| e.to_string())?;
+        self.i8042.lock().expect("i8042 lock").reset();
+        if let Some(pm) = &self.acpi_pm {
+            pm.lock().expect("ACPI lock").reset();
+        }
+        Ok(())
     }
 
     /// Indices of the virtio devices that are disks with a copy-on-write overlay.

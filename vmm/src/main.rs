@@ -18,8 +18,8 @@ use vmm::{Action, BuildOptions, ExitReason, RestoreConfig, SerialConfig, VmConfi
 /// /dev/vdb... in order (overlay=PATH: copy-on-write, the image is never written); nets become
 /// eth0, eth1... over the named TAP devices; --rng adds a virtio-rng device (entropy from the
 /// host's getrandom, at most 1 MiB/s). The guest's command line is the VMM's defaults followed
-/// by --cmdline. SIGTERM/SIGINT ask the guest to shut down (Ctrl-Alt-Del); a second one
-/// stops the VM at once.
+/// by --cmdline. SIGTERM/SIGINT ask the guest to shut down (the ACPI power button when the
+/// guest armed it, else Ctrl-Alt-Del); a second one stops the VM at once.
 ///
 /// --restore DIR continues the VM saved in DIR (kernel, memory, devices come from there);
 /// --disk/--net given with it replace the snapshot's disks/NICs in order (image, overlay path,
@@ -61,7 +61,7 @@ enum Start {
 #[derive(clap::Args, Debug)]
 struct Args {
     /// Read the VM from a JSON file (fields: kernel, initrd, cmdline, default_cmdline, mem_mib,
-    /// vcpus, serial, disks, nets, rng, acpi); the flags below override it.
+    /// vcpus, serial, disks, nets, rng, acpi, reboot); the flags below override it.
     #[arg(long, value_name = "FILE.json")]
     config: Option<PathBuf>,
     /// The guest kernel.
@@ -98,6 +98,12 @@ struct Args {
     /// its virtio devices on the command line only. ACPI is on by default.
     #[arg(long)]
     no_acpi: bool,
+    /// What a guest reboot does: exit (the VM ends, exit status 0; Firecracker's semantics),
+    /// in-place (the guest boots again in this process: vCPUs, devices and RAM reset, the
+    /// kernel loaded again; disks, overlays and TAPs kept) or in-place-if-acpi (in place when
+    /// the guest runs with ACPI, else exit) [default: exit]
+    #[arg(long, value_name = "WHAT")]
+    reboot: Option<vmm::config::RebootPolicy>,
     /// Log level: off, error, warn, info, debug or trace.
     #[arg(long, default_value = "info", value_name = "LEVEL")]
     log_level: log::LevelFilter,
@@ -106,7 +112,7 @@ struct Args {
     #[arg(long)]
     exit_stats: bool,
     /// Serve the control protocol (JSON lines) on this unix socket: {"cmd":"state"}, pause,
-    /// resume, shutdown (Ctrl-Alt-Del), power-button (ACPI), stop, and
+    /// resume, shutdown (power button or Ctrl-Alt-Del), power-button (ACPI), stop, and
     /// {"cmd":"snapshot","dir":"/abs/dir"} (the VM stays paused; resume continues it).
     #[arg(long, value_name = "PATH")]
     control_socket: Option<PathBuf>,
@@ -114,7 +120,7 @@ struct Args {
     #[arg(
         long,
         value_name = "DIR",
-        conflicts_with_all = ["config", "kernel", "initrd", "cmdline", "no_default_cmdline", "rng", "no_acpi"]
+        conflicts_with_all = ["config", "kernel", "initrd", "cmdline", "no_default_cmdline", "rng", "no_acpi", "reboot"]
     )]
     restore: Option<PathBuf>,
     /// With --restore: keep the VM paused until a resume.
@@ -200,6 +206,9 @@ impl Args {
         if self.no_acpi {
             cfg.acpi = false;
         }
+        if let Some(r) = self.reboot {
+            cfg.reboot = r;
+        }
         if cfg.kernel.as_os_str().is_empty() {
             return Err(usage(
                 ErrorKind::MissingRequiredArgument,
@@ -265,7 +274,7 @@ fn forward_signals(controller: vmm::VmmController) -> std::io::Result<()> {
             while reader.read(&mut b).map(|n| n == 1).unwrap_or(false) {
                 count += 1;
                 let action = if count == 1 {
-                    Action::CtrlAltDel
+                    Action::Shutdown
                 } else {
                     Action::Stop
                 };

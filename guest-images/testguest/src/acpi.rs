@@ -4,7 +4,7 @@
 //! FADT's sleep control register. Every pointer and length read from the tables is bounded.
 
 use crate::bootinfo::BootInfo;
-use crate::io::{inb, outb, pause, phys_read, phys_u32, phys_u64, phys_u8};
+use crate::io::{inb, mmio_write32, outb, pause, phys_read, phys_u32, phys_u64, phys_u8};
 use crate::{print, println};
 
 const SCAN_START: u64 = 0xe_0000;
@@ -22,6 +22,12 @@ const SLP_TYP_SHIFT: u8 = 2;
 /// it; this guest has no AML interpreter, so it polls the port the VMM documents.
 const GED_EVENT_PORT: u16 = 0x600;
 const GED_POWER_BUTTON: u8 = 1;
+/// The GED's interrupt (its `_CRS` in the VMM's DSDT; no AML interpreter here either) and the
+/// IOAPIC the MADT names (the VMM's layout).
+const GED_GSI: u32 = 3;
+const IOAPIC_BASE: u64 = 0xfec0_0000;
+/// The vector the armed GED pin delivers (interrupts stay disabled: it only waits in the IRR).
+const GED_VECTOR: u32 = 0x40;
 
 fn checksum_ok(addr: u64, len: u64) -> bool {
     let mut buf = [0u8; 256];
@@ -98,6 +104,8 @@ struct Found {
     ioapics: u32,
     dsdt: Option<(u64, u32)>,
     sleep_port: Option<u16>,
+    /// The FADT's RESET_REG (a system I/O port) and RESET_VALUE.
+    reset: Option<(u16, u8)>,
 }
 
 fn madt(addr: u64, len: u32, f: &mut Found) {
@@ -128,6 +136,78 @@ fn fadt(addr: u64, len: u32, f: &mut Found) {
     if len >= 256 && phys_u8(addr + 244) == GAS_SYSTEM_IO {
         f.sleep_port = u16::try_from(phys_u64(addr + 248)).ok();
     }
+    // RESET_REG, a GAS at 116, and RESET_VALUE at 128 (ACPI 2+).
+    if len >= 129 && phys_u8(addr + 116) == GAS_SYSTEM_IO {
+        if let Ok(port) = u16::try_from(phys_u64(addr + 120)) {
+            f.reset = Some((port, phys_u8(addr + 128)));
+        }
+    }
+}
+
+/// What a kernel needs to power off and reset through ACPI, found without printing.
+#[derive(Clone, Copy)]
+pub struct Platform {
+    /// The FADT's sleep control port and the `SLP_TYP` of `\_S5_`.
+    pub sleep: Option<(u16, u8)>,
+    /// The FADT's reset port and value.
+    pub reset: Option<(u16, u8)>,
+}
+
+/// Walks the tables (RSDP from the boot information, else the scan) without checksumming them
+/// again: `None` without a sound RSDP and XSDT.
+pub fn discover(bi: &BootInfo) -> Option<Platform> {
+    let rsdp = if bi.rsdp != 0 { bi.rsdp } else { scan_rsdp()? };
+    if !rsdp_ok(rsdp) || phys_u8(rsdp + 15) < 2 {
+        return None;
+    }
+    let xsdt = phys_u64(rsdp + 24);
+    let xlen = table_len(xsdt).filter(|_| signature(xsdt) == *b"XSDT")?;
+    let mut f = Found::default();
+    for i in 0..((xlen - 36) / 8).min(MAX_ENTRIES) {
+        let t = phys_u64(xsdt + 36 + u64::from(i) * 8);
+        if signature(t) == *b"FACP" {
+            if let Some(len) = table_len(t) {
+                fadt(t, len, &mut f);
+            }
+        }
+    }
+    let s5 = f.dsdt.and_then(|(a, l)| s5_sleep_type(a, l));
+    Some(Platform {
+        sleep: f.sleep_port.zip(s5),
+        reset: f.reset,
+    })
+}
+
+/// Arms the power button as a kernel's GED driver does when it binds: the GED's IOAPIC pin is
+/// unmasked (edge, active high, to the BSP). The VMM presses the button on a shutdown request
+/// only when it sees this pin unmasked; else it sends Ctrl-Alt-Del.
+pub fn arm_power_button() {
+    let entry = 0x10 + 2 * GED_GSI;
+    // High half first (destination APIC ID 0), then the low half, which unmasks.
+    mmio_write32(IOAPIC_BASE, entry + 1);
+    mmio_write32(IOAPIC_BASE + 0x10, 0);
+    mmio_write32(IOAPIC_BASE, entry);
+    mmio_write32(IOAPIC_BASE + 0x10, GED_VECTOR);
+}
+
+/// Reads (and so clears) the GED's pending events: whether the power button was pressed.
+pub fn power_button_pressed() -> bool {
+    inb(GED_EVENT_PORT) & GED_POWER_BUTTON != 0
+}
+
+/// Enters S5 through the sleep control register (the VMM ends the VM as a guest power-off).
+pub fn power_off(port: u16, typ: u8) -> ! {
+    println!("acpi: powering off through port {:#x}", port);
+    // A byte write: the FADT's GAS says the register is 8 bits wide.
+    outb(port, (typ << SLP_TYP_SHIFT) | SLP_EN);
+    // The VMM stops the vCPUs a moment later (as after an i8042 reset).
+    crate::io::halt_forever()
+}
+
+/// Writes the FADT's reset value to its reset register.
+pub fn reset(port: u16, value: u8) -> ! {
+    outb(port, value);
+    crate::io::halt_forever()
 }
 
 /// The `acpi` scenario: report the tables, optionally wait for the power button
@@ -204,15 +284,12 @@ pub fn run(bi: &BootInfo) -> ! {
         crate::reset()
     };
     if bi.param("testguest.acpi_button") == Some(b"1") {
+        arm_power_button();
         println!("acpi: waiting for the power button");
-        while inb(GED_EVENT_PORT) & GED_POWER_BUTTON == 0 {
+        while !power_button_pressed() {
             pause();
         }
         println!("acpi: power button pressed");
     }
-    // A byte write: the FADT's GAS says the register is 8 bits wide.
-    println!("acpi: powering off through port {:#x}", port);
-    outb(port, (typ << SLP_TYP_SHIFT) | SLP_EN);
-    // The VMM stops the vCPUs a moment later (as after an i8042 reset).
-    crate::io::halt_forever()
+    power_off(port, typ)
 }

@@ -19,6 +19,7 @@ pub mod netserve;
 pub mod packet;
 pub mod parse;
 pub mod pvclock;
+pub mod reboot;
 pub mod rng;
 pub mod serial;
 pub mod slowdisk;
@@ -136,6 +137,23 @@ fn initrd_sum(start: u64, len: u64) -> u32 {
         addr += 1;
     }
     sum
+}
+
+/// The boot information (written once by [`rust_entry`] before anything reads it).
+pub fn boot_info() -> &'static BootInfo {
+    // SAFETY: BOOT_INFO is written only in `rust_entry`, before any scenario runs.
+    unsafe { &*core::ptr::addr_of!(BOOT_INFO) }
+}
+
+/// Ends the run: powers off through ACPI (the FADT's sleep control register with `\_S5_`'s
+/// sleep type) when the VM has ACPI tables, else resets through the i8042 (a VM without ACPI
+/// has no power-off). A VMM that reboots in place keeps a resetting guest running, so the
+/// scenarios end with a power-off where there is one.
+pub fn finish() -> ! {
+    if let Some((port, typ)) = acpi::discover(boot_info()).and_then(|p| p.sleep) {
+        acpi::power_off(port, typ)
+    }
+    reset()
 }
 
 /// Resets through the i8042; halts if the VMM ignores it.

@@ -5,7 +5,8 @@
 //! answers, forever: ARP requests for its address, ICMP echo requests (ping) and UDP datagrams
 //! to port `testguest.udp_echo_port` (default 7, the echo service) with the same payload.
 //! Anything else is dropped (parsing is in `packet.rs`: malformed frames are ignored).
-//! Ctrl+Alt+Del (the launcher's graceful shutdown) resets the guest. Without a NIC it prints
+//! Ctrl+Alt+Del (the launcher's graceful shutdown) ends the guest (ACPI power-off, else reset).
+//! Without a NIC it prints
 //! `net-serve: no device` and waits for Ctrl+Alt+Del just the same.
 //!
 //! The device is polled: the vCPU stays busy while the guest serves (no interrupts).
@@ -13,7 +14,7 @@
 use crate::bootinfo::BootInfo;
 use crate::io::pause;
 use crate::packet::{self, DhcpReply, Lease, MAX_FRAME};
-use crate::{i8042, print, println, reset};
+use crate::{i8042, print, println};
 
 const DEFAULT_UDP_ECHO_PORT: u16 = 7;
 /// How long one DHCP step waits for an answer.
@@ -34,7 +35,7 @@ fn check_keyboard(dec: &mut i8042::CtrlAltDel) {
     while let Some(b) = i8042::try_read() {
         if dec.feed(b) {
             println!("ctrl-alt-del received");
-            reset();
+            crate::finish();
         }
     }
 }

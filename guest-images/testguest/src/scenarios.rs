@@ -2,7 +2,7 @@
 
 use crate::bootinfo::BootInfo;
 use crate::io::{halt_forever, inb, inl, mmio_read32, mmio_write32, outb, outl, pause};
-use crate::{i8042, print, println, reset, serial, triple_fault, Fault};
+use crate::{finish, i8042, print, println, serial, triple_fault, Fault};
 
 /// Longest echoed line; longer input is echoed in pieces of this size.
 const LINE_MAX: usize = 256;
@@ -17,7 +17,7 @@ pub fn run(bi: &BootInfo) -> ! {
     match name {
         b"basic" => basic(),
         b"echo" => echo(),
-        b"ctrlaltdel" => ctrl_alt_del(),
+        b"ctrlaltdel" => ctrl_alt_del(bi),
         b"triple-fault" => {
             let fault = match bi.param("testguest.fault") {
                 Some(b"ud2") => Fault::InvalidOpcode,
@@ -31,32 +31,33 @@ pub fn run(bi: &BootInfo) -> ! {
         b"unknown-io" => unknown_io(),
         b"blk" => {
             crate::blk::run(bi);
-            reset()
+            finish()
         }
         b"net" => {
             crate::net::run(bi, false);
-            reset()
+            finish()
         }
         b"net-serve" => crate::netserve::run(bi),
         b"net-many" => {
             crate::net::run(bi, true);
-            reset()
+            finish()
         }
         b"counter" => crate::snap::counter(bi),
         b"ticker" => crate::ticker::run(bi),
         b"stream" => {
             crate::snap::stream(bi);
-            reset()
+            finish()
         }
         b"rng" => {
             crate::rng::run(bi);
-            reset()
+            finish()
         }
         b"slowdisk" => {
             crate::slowdisk::run(bi);
-            reset()
+            finish()
         }
         b"acpi" => crate::acpi::run(bi),
+        b"reboot" => crate::reboot::run(bi),
         b"halt-forever" => {
             println!("halting");
             halt_forever()
@@ -65,14 +66,14 @@ pub fn run(bi: &BootInfo) -> ! {
             print!("unknown scenario: ");
             serial::write_bytes_escaped(other);
             println!();
-            reset()
+            finish()
         }
     }
 }
 
 fn basic() -> ! {
-    println!("reset");
-    reset()
+    println!("end");
+    finish()
 }
 
 fn echo() -> ! {
@@ -92,7 +93,7 @@ fn echo() -> ! {
             println!();
             if &line[..len] == b"quit" {
                 println!("echo: bye");
-                reset();
+                finish();
             }
             len = 0;
             if b == b'\r' || b == b'\n' {
@@ -104,12 +105,28 @@ fn echo() -> ! {
     }
 }
 
-fn ctrl_alt_del() -> ! {
+fn ctrl_alt_del(bi: &BootInfo) -> ! {
+    // With testguest.acpi_button=1 and ACPI, the power button is armed too (a guest that
+    // listens to both, as a systemd guest does) and powers off.
+    let button = match crate::acpi::discover(bi).and_then(|p| p.sleep) {
+        Some(sleep) if bi.param("testguest.acpi_button") == Some(b"1") => {
+            crate::acpi::arm_power_button();
+            println!("acpi: power button armed");
+            Some(sleep)
+        }
+        _ => None,
+    };
     println!("waiting for ctrl-alt-del");
     let mut got = [0u8; KBD_LOG_MAX];
     let mut n = 0;
     let mut dec = i8042::CtrlAltDel::default();
     loop {
+        if let Some((port, typ)) = button {
+            if crate::acpi::power_button_pressed() {
+                println!("acpi: power button pressed");
+                crate::acpi::power_off(port, typ);
+            }
+        }
         let Some(b) = i8042::try_read() else {
             pause();
             continue;
@@ -145,7 +162,7 @@ fn ctrl_alt_del() -> ! {
     }
     println!();
     println!("ctrl-alt-del received");
-    reset()
+    finish()
 }
 
 fn unknown_io() -> ! {
@@ -159,5 +176,5 @@ fn unknown_io() -> ! {
     outb(0x510, 0x5a);
     outl(0x511, 0xdead_beef);
     mmio_write32(0xcf00_0000, 0xdead_beef);
-    reset()
+    finish()
 }

@@ -460,7 +460,7 @@ fn launcher_pod_deleted(env: &Env) -> Result<()> {
 fn vm_lifecycle(env: &Env) -> Result<()> {
     let ns = TestNamespace::create(&env.k, "e2e-vm")?;
     let ns = ns.name();
-    // A guest that resets right after booting: runStrategy Always starts it again.
+    // A guest that powers off right after booting: runStrategy Always starts it again.
     let vm = format!(
         "apiVersion: microvirt.io/v1alpha1\nkind: VirtualMachine\nmetadata:\n  name: looper\n\
          spec:\n  runStrategy: Always\n  template:\n    metadata:\n      labels: {{app: looper}}\n    \
@@ -470,7 +470,7 @@ fn vm_lifecycle(env: &Env) -> Result<()> {
     env.k.apply(ns, &vm)?;
     let mut uids = std::collections::BTreeSet::new();
     wait_for(
-        "the VM's VMI to be started again after the guest reset",
+        "the VM's VMI to be started again after the guest powered off",
         READY,
         |last| {
             if let Some(v) = env.k.get(ns, "vmi", "looper")? {

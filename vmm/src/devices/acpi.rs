@@ -80,6 +80,11 @@ impl AcpiPmDevice {
         }
     }
 
+    /// No event pending (an in-place reboot).
+    pub fn reset(&mut self) {
+        self.ged_pending = 0;
+    }
+
     pub fn restore_state(&mut self, s: &AcpiPmState) {
         self.ged_pending = s.ged_pending;
     }

@@ -196,6 +196,32 @@ impl GuestRam {
         &self.backing
     }
 
+    /// Zeroes all guest RAM (an in-place reboot): the memfd's pages are punched out, so they
+    /// read as zeroes again and the host gets the memory back (`fallocate`, no new descriptor).
+    /// A restored VM's RAM (a private mapping of the snapshot file) cannot be cleared this way.
+    /// The vCPUs must be paused and no device may touch guest memory meanwhile.
+    pub fn clear(&self) -> Result<(), MemoryError> {
+        let Backing::Memfd(f) = &self.backing else {
+            return Err(MemoryError::Write(io::Error::other(
+                "RAM mapped from a snapshot file cannot be cleared",
+            )));
+        };
+        // SAFETY: fallocate on our own memfd over its whole length; it only frees pages, which
+        // every mapping of the memfd (ours, KVM's) then reads as zeroes.
+        let rc = unsafe {
+            libc::fallocate(
+                f.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                0,
+                self.size as libc::off_t,
+            )
+        };
+        if rc != 0 {
+            return Err(MemoryError::Write(io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
     /// Writes guest RAM into `out` as a sparse file of [`GuestRam::size`] bytes: only pages the
     /// guest touched are looked at, and of those only the ones that are not all zeroes are
     /// written; everything else stays a hole (reads as zeroes). Uses only `out`'s descriptor

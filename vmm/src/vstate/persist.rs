@@ -281,6 +281,31 @@ pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState, tsc_delta: u64) -> Result<()
     let entries: Vec<kvm_cpuid_entry2> = state.cpuid.iter().map(Into::into).collect();
     let cpuid = CpuId::from_entries(&entries).map_err(|_| StateError::List("CPUID"))?;
     fd.set_cpuid2(&cpuid).map_err(kvm("KVM_SET_CPUID2"))?;
+    write_vcpu_state(fd, state, restore_msrs(state, tsc_delta))?;
+    // Only a guest that enabled kvm-clock can be told; EINVAL otherwise.
+    if let Err(e) = fd.kvmclock_ctrl() {
+        log::debug!(
+            "vcpu{}: KVM_KVMCLOCK_CTRL: {e} (guest without kvm-clock)",
+            state.id
+        );
+    }
+    Ok(())
+}
+
+/// Puts a vCPU that has run back into `boot`, the state it had when it was built (an in-place
+/// reboot): everything [`restore_vcpu`] writes except the CPUID (unchanged, and KVM refuses a
+/// different one after the first KVM_RUN) and the TSC, which keeps counting (the guest's
+/// kvm-clock MSRs go back to off with the other MSRs, so nothing writes to the cleared RAM).
+pub fn reset_vcpu(fd: &VcpuFd, boot: &VcpuState) -> Result<(), StateError> {
+    let msrs = restore_msrs(boot, 0)
+        .into_iter()
+        .filter(|m| m.index != msr::MSR_IA32_TSC)
+        .collect();
+    write_vcpu_state(fd, boot, msrs)
+}
+
+/// MP state, registers, FPU, LAPIC, `msrs` and events, in KVM's order.
+fn write_vcpu_state(fd: &VcpuFd, state: &VcpuState, msrs: Vec<MsrEntry>) -> Result<(), StateError> {
     fd.set_mp_state(state.mp_state.0)
         .map_err(kvm("KVM_SET_MP_STATE"))?;
     fd.set_regs(&state.regs.0).map_err(kvm("KVM_SET_REGS"))?;
@@ -297,7 +322,6 @@ pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState, tsc_delta: u64) -> Result<()
         fd.set_debug_regs(&d.0).map_err(kvm("KVM_SET_DEBUGREGS"))?;
     }
     fd.set_lapic(&state.lapic.0).map_err(kvm("KVM_SET_LAPIC"))?;
-    let msrs = restore_msrs(state, tsc_delta);
     let entries: Vec<kvm_msr_entry> = msrs
         .iter()
         .map(|m| kvm_msr_entry {
@@ -318,13 +342,6 @@ pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState, tsc_delta: u64) -> Result<()
     if let Some(e) = &state.events {
         fd.set_vcpu_events(&e.0)
             .map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
-    }
-    // Only a guest that enabled kvm-clock can be told; EINVAL otherwise.
-    if let Err(e) = fd.kvmclock_ctrl() {
-        log::debug!(
-            "vcpu{}: KVM_KVMCLOCK_CTRL: {e} (guest without kvm-clock)",
-            state.id
-        );
     }
     Ok(())
 }
@@ -391,6 +408,16 @@ pub fn restore_vm(vm: &VmFd, state: &VmState, elapsed_ns: u64) -> Result<(), Sta
         ..Default::default()
     };
     vm.set_clock(&clock).map_err(kvm("KVM_SET_CLOCK"))?;
+    Ok(())
+}
+
+/// Puts the interrupt controllers and the PIT back into `boot`, their state when the VM was
+/// built (an in-place reboot); kvm-clock keeps running.
+pub fn reset_vm(vm: &VmFd, boot: &VmState) -> Result<(), StateError> {
+    for chip in [&boot.pic_master, &boot.pic_slave, &boot.ioapic] {
+        vm.set_irqchip(&chip.0).map_err(kvm("KVM_SET_IRQCHIP"))?;
+    }
+    vm.set_pit2(&boot.pit.0).map_err(kvm("KVM_SET_PIT2"))?;
     Ok(())
 }
 

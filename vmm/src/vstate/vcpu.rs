@@ -121,6 +121,9 @@ pub enum VcpuCmd {
     Stop,
     /// Read the vCPU's KVM state (only while paused); answered on the state channel.
     SaveState,
+    /// Put the vCPU back into its boot state (only while paused; an in-place reboot);
+    /// answered on the reset channel.
+    Reset,
 }
 
 /// A configured vCPU, not yet running.
@@ -132,6 +135,8 @@ pub struct Vcpu {
     marks: Arc<RunMarks>,
     exits: VcpuExitCounters,
     save_spec: Arc<OnceLock<SaveSpec>>,
+    /// The state it was built in, kept for in-place reboots ([`VcpuCmd::Reset`]).
+    boot_state: Option<Box<VcpuState>>,
 }
 
 /// Everything the vCPUs need from the VM.
@@ -158,10 +163,13 @@ pub struct SaveSpec {
 impl Vcpu {
     /// Creates vCPU `id` with normalized CPUID, MSRs, FPU and LAPIC LINT setup.
     /// The boot CPU (id 0) also gets the entry registers for `protocol` at `entry`.
+    /// `keep_boot_state` reads the whole state back (`ctx.save_spec` must be set) for
+    /// [`VcpuCmd::Reset`].
     pub fn new(
         ctx: &VcpuContext<'_>,
         id: u8,
         boot: Option<(regs::BootProtocol, u64)>,
+        keep_boot_state: bool,
     ) -> Result<Self, VcpuError> {
         let fd = ctx
             .vm
@@ -180,7 +188,17 @@ impl Vcpu {
             regs::setup_regs(&fd, protocol, entry).map_err(r)?;
             regs::setup_sregs(ctx.mem, &fd, protocol).map_err(r)?;
         }
-        Ok(Self::with_fd(ctx, id, fd))
+        let mut v = Self::with_fd(ctx, id, fd);
+        if keep_boot_state {
+            let spec = ctx.save_spec.get().ok_or(VcpuError::State {
+                id,
+                source: StateError::List("MSRs to save (not set up)"),
+            })?;
+            let st = persist::save_vcpu(&v.fd, id, &spec.msr_indices, spec.caps)
+                .map_err(|source| VcpuError::State { id, source })?;
+            v.boot_state = Some(Box::new(st));
+        }
+        Ok(v)
     }
 
     fn with_fd(ctx: &VcpuContext<'_>, id: u8, fd: VcpuFd) -> Self {
@@ -192,6 +210,7 @@ impl Vcpu {
             marks: ctx.marks.clone(),
             exits: VcpuExitCounters::default(),
             save_spec: ctx.save_spec.clone(),
+            boot_state: None,
         }
     }
 
@@ -414,6 +433,7 @@ impl Vcpu {
         let (cmd_tx, cmd_rx) = channel();
         let (ack_tx, ack_rx) = channel();
         let (state_tx, state_rx) = channel();
+        let (reset_tx, reset_rx) = channel();
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{id}"))
             .stack_size(VCPU_STACK_SIZE)
@@ -422,7 +442,17 @@ impl Vcpu {
                     Some(h) => h(VmThread::Vcpu(id)),
                     None => Ok(()),
                 };
-                self.thread_main(cmd_rx, ack_tx, state_tx, exits, exit_evt, setup)
+                self.thread_main(
+                    cmd_rx,
+                    ack_tx,
+                    Replies {
+                        states: state_tx,
+                        resets: reset_tx,
+                    },
+                    exits,
+                    exit_evt,
+                    setup,
+                )
             })
             .map_err(|source| VcpuError::Spawn { id, source })?;
         Ok(VcpuHandle {
@@ -431,6 +461,7 @@ impl Vcpu {
             cmd: cmd_tx,
             ack: ack_rx,
             states: state_rx,
+            resets: reset_rx,
             report: None,
         })
     }
@@ -439,7 +470,7 @@ impl Vcpu {
         mut self,
         cmds: Receiver<VcpuCmd>,
         ack: Sender<VcpuCmd>,
-        states: Sender<Result<VcpuState, VcpuError>>,
+        replies: Replies,
         exits: Sender<(u8, VcpuExitReason)>,
         exit_evt: Arc<EventFd>,
         setup: Result<(), String>,
@@ -503,7 +534,23 @@ impl Vcpu {
                             source: StateError::List("MSRs to save (not set up)"),
                         }),
                     };
-                    let _ = states.send(r);
+                    let _ = replies.states.send(r);
+                    continue;
+                }
+                Some(VcpuCmd::Reset) => {
+                    let r = if running {
+                        Err(VcpuError::State {
+                            id: self.id,
+                            source: StateError::List("reset of a running vCPU"),
+                        })
+                    } else {
+                        self.reset_to_boot()
+                    };
+                    if r.is_ok() {
+                        // Runs again with the next Resume, whatever made it leave the guest.
+                        exited = false;
+                    }
+                    let _ = replies.resets.send(r);
                     continue;
                 }
                 Some(VcpuCmd::Resume) => {
@@ -524,7 +571,29 @@ impl Vcpu {
     }
 }
 
+/// Where the vCPU thread answers [`VcpuCmd::SaveState`] and [`VcpuCmd::Reset`].
+struct Replies {
+    states: Sender<Result<VcpuState, VcpuError>>,
+    resets: Sender<Result<(), VcpuError>>,
+}
+
 impl Vcpu {
+    /// Back to the state the vCPU was built in. An I/O access KVM handed out last is completed
+    /// first (as for a snapshot), so the next KVM_RUN does not finish it on the new registers.
+    fn reset_to_boot(&mut self) -> Result<(), VcpuError> {
+        let id = self.id;
+        if self.save_spec.get().is_some_and(|s| s.caps.immediate_exit) {
+            self.complete_pending_io();
+        }
+        let Some(boot) = &self.boot_state else {
+            return Err(VcpuError::State {
+                id,
+                source: StateError::List("boot state (not kept)"),
+            });
+        };
+        persist::reset_vcpu(&self.fd, boot).map_err(|source| VcpuError::State { id, source })
+    }
+
     /// This vCPU's exit counters and KVM's statistics (read now, once).
     fn exit_report(self) -> VcpuExitReport {
         let kvm = match exits::read_kvm_stats(&self.fd) {
@@ -555,6 +624,7 @@ pub struct VcpuHandle {
     cmd: Sender<VcpuCmd>,
     ack: Receiver<VcpuCmd>,
     states: Receiver<Result<VcpuState, VcpuError>>,
+    resets: Receiver<Result<(), VcpuError>>,
     report: Option<VcpuExitReport>,
 }
 
@@ -573,12 +643,25 @@ impl VcpuHandle {
             .map_err(|_| VcpuError::ThreadGone(self.id))?
     }
 
+    /// Puts the vCPU back into its boot state on its thread. The vCPU must be paused.
+    pub fn reset(&mut self) -> Result<(), VcpuError> {
+        self.cmd
+            .send(VcpuCmd::Reset)
+            .map_err(|_| VcpuError::ThreadGone(self.id))?;
+        self.resets
+            .recv()
+            .map_err(|_| VcpuError::ThreadGone(self.id))?
+    }
+
     /// Sends `cmd` and waits for the thread to acknowledge it. Pause and Stop may find
     /// the thread inside KVM_RUN, so it is kicked out with a signal until it answers;
     /// Resume only ever reaches a thread waiting for commands.
     pub fn command(&mut self, cmd: VcpuCmd) -> Result<(), VcpuError> {
         if cmd == VcpuCmd::SaveState {
             return self.save_state().map(|_| ());
+        }
+        if cmd == VcpuCmd::Reset {
+            return self.reset();
         }
         self.cmd
             .send(cmd)

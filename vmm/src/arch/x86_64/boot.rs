@@ -163,11 +163,31 @@ pub fn load_kernel(
     mem_size: u64,
     path: &Path,
 ) -> Result<LoadedKernel, BootError> {
-    let shown = path.display().to_string();
-    let mut f = File::open(path).map_err(|source| BootError::OpenKernel {
-        path: shown.clone(),
+    let mut f = open_kernel(path)?;
+    load_kernel_file(mem, mem_size, &mut f, &path.display().to_string())
+}
+
+/// Opens the kernel image (kept open for in-place reboots, which load it again).
+pub fn open_kernel(path: &Path) -> Result<File, BootError> {
+    File::open(path).map_err(|source| BootError::OpenKernel {
+        path: path.display().to_string(),
         source,
-    })?;
+    })
+}
+
+/// [`load_kernel`] from an open file (read from its start), named `shown` in errors.
+pub fn load_kernel_file(
+    mem: &GuestMemoryMmap,
+    mem_size: u64,
+    f: &mut File,
+    shown: &str,
+) -> Result<LoadedKernel, BootError> {
+    let shown = shown.to_string();
+    f.seek(SeekFrom::Start(0))
+        .map_err(|source| BootError::OpenKernel {
+            path: shown.clone(),
+            source,
+        })?;
     let mut magic = [0u8; 4];
     let is_elf = f.read_exact(&mut magic).is_ok() && magic == ELF_MAGIC;
     let low_end = mem_size.min(MMIO_GAP_START);
@@ -177,18 +197,17 @@ pub fn load_kernel(
     };
 
     if is_elf {
-        if let Some(end) = elf_highest_address(&mut f) {
+        if let Some(end) = elf_highest_address(f) {
             if end > low_end {
                 return Err(too_small(end));
             }
         }
-        let r =
-            Elf::load(mem, None, &mut f, Some(GuestAddress(HIGH_MEMORY_START))).map_err(|e| {
-                BootError::LoadKernel {
-                    path: shown.clone(),
-                    detail: e.to_string(),
-                }
-            })?;
+        let r = Elf::load(mem, None, f, Some(GuestAddress(HIGH_MEMORY_START))).map_err(|e| {
+            BootError::LoadKernel {
+                path: shown.clone(),
+                detail: e.to_string(),
+            }
+        })?;
         let (protocol, entry) = match r.pvh_boot_cap {
             PvhBootCapability::PvhEntryPresent(addr) => (BootProtocol::Pvh, addr.raw_value()),
             _ => (BootProtocol::Linux64, r.kernel_load.raw_value()),
@@ -205,7 +224,7 @@ pub fn load_kernel(
     if HIGH_MEMORY_START + file_len > low_end {
         return Err(too_small(HIGH_MEMORY_START + file_len));
     }
-    match BzImage::load(mem, None, &mut f, Some(GuestAddress(HIGH_MEMORY_START))) {
+    match BzImage::load(mem, None, f, Some(GuestAddress(HIGH_MEMORY_START))) {
         Ok(r) => Ok(LoadedKernel {
             protocol: BootProtocol::Linux64,
             // The 64-bit entry point is 0x200 past the protected-mode code's start.
@@ -227,11 +246,32 @@ pub fn load_initrd(
     path: &Path,
     kernel: &LoadedKernel,
 ) -> Result<(u64, u64), BootError> {
-    let read_err = |source| BootError::ReadInitrd {
+    let mut file = File::open(path).map_err(|source| BootError::ReadInitrd {
         path: path.display().to_string(),
         source,
+    })?;
+    load_initrd_file(
+        mem,
+        mem_size,
+        &mut file,
+        &path.display().to_string(),
+        kernel,
+    )
+}
+
+/// [`load_initrd`] from an open file (read from its start), named `shown` in errors.
+pub fn load_initrd_file(
+    mem: &GuestMemoryMmap,
+    mem_size: u64,
+    file: &mut File,
+    shown: &str,
+    kernel: &LoadedKernel,
+) -> Result<(u64, u64), BootError> {
+    let read_err = |source| BootError::ReadInitrd {
+        path: shown.to_string(),
+        source,
     };
-    let mut file = File::open(path).map_err(read_err)?;
+    file.seek(SeekFrom::Start(0)).map_err(read_err)?;
     let size = file.metadata().map_err(read_err)?.len();
     let addr_max = kernel
         .setup_header
@@ -254,7 +294,7 @@ pub fn load_initrd(
         });
     }
     // Straight from the file into guest memory: no heap copy that would stay in the VMM's RSS.
-    mem.read_exact_volatile_from(GuestAddress(start), &mut file, size as usize)
+    mem.read_exact_volatile_from(GuestAddress(start), file, size as usize)
         .map_err(|e| read_err(std::io::Error::other(e.to_string())))?;
     Ok((start, size))
 }

@@ -108,6 +108,16 @@ impl I8042Device {
         self.kbd_param_for = s.kbd_param_for;
     }
 
+    /// Back to the power-on registers, nothing buffered (an in-place reboot).
+    pub fn reset(&mut self) {
+        self.status = SB_KBD_ENABLED;
+        self.ctr = CTR_KBD_INT | CTR_SYSTEM_FLAG | CTR_XLATE;
+        self.cmd = 0;
+        self.outp = 0;
+        self.buf.clear();
+        self.kbd_param_for = None;
+    }
+
     /// Raises the interrupt when bytes wait for the guest and it has keyboard interrupts on.
     pub fn raise_if_pending(&self) {
         self.raise_if_enabled();
@@ -115,16 +125,18 @@ impl I8042Device {
 
     /// `reset_evt` is written when the guest asks for a CPU reset.
     pub fn new(reset_evt: Arc<EventFd>, irq: IrqLine) -> Self {
-        Self {
+        let mut d = Self {
             reset_evt,
             irq,
-            status: SB_KBD_ENABLED,
-            ctr: CTR_KBD_INT | CTR_SYSTEM_FLAG | CTR_XLATE,
+            status: 0,
+            ctr: 0,
             cmd: 0,
             outp: 0,
             buf: VecDeque::new(),
             kbd_param_for: None,
-        }
+        };
+        d.reset();
+        d
     }
 
     fn push(&mut self, b: u8) {
@@ -173,7 +185,10 @@ impl I8042Device {
             CMD_ENABLE_KBD => self.ctr &= !CTR_KBD_DISABLE,
             CMD_DISABLE_AUX | CMD_ENABLE_AUX => {}
             CMD_RESET_CPU => {
-                log::info!("guest requested a reset through the i8042");
+                crate::guest_log!(
+                    log::Level::Info,
+                    "guest requested a reset through the i8042"
+                );
                 if let Err(e) = self.reset_evt.write(1) {
                     log::error!("i8042: signalling reset: {e}");
                 }

@@ -272,6 +272,22 @@ impl SerialDevice {
         }
     }
 
+    /// Back to the power-on registers with an empty receive FIFO (an in-place reboot); the
+    /// output and the console input stay connected.
+    pub fn reset(&mut self) -> io::Result<()> {
+        let irq = self.serial.interrupt_evt().clone();
+        let drained = FifoDrained(self.serial.events().0.clone());
+        let out = self.serial.writer().clone();
+        self.serial = Serial::from_state(
+            &vm_superio::serial::SerialState::default(),
+            irq,
+            drained,
+            out,
+        )
+        .map_err(|e| io::Error::other(format!("serial reset: {e:?}")))?;
+        Ok(())
+    }
+
     /// Raises the interrupt line when the UART has an interrupt pending (IIR bit 0 clear).
     pub fn raise_if_pending(&self) {
         if self.serial.state().interrupt_identification & 1 == 0 {

@@ -327,6 +327,12 @@ impl MmioTransport {
         }
     }
 
+    /// Resets the device as the driver's write of 0 to the status register does (an in-place
+    /// reboot: the new kernel finds every device as at power-on).
+    pub fn reset_device(&mut self) {
+        self.reset();
+    }
+
     fn reset(&mut self) {
         self.device().reset();
         for q in &mut self.queues {

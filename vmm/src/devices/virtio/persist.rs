@@ -118,6 +118,17 @@ impl AttachedDevice {
         Ok(())
     }
 
+    /// Resets the device and its transport (an in-place reboot): a disk's request in flight is
+    /// waited for, queued work is dropped; the disk, overlay and TAP stay open.
+    pub fn reset(&self) {
+        let transport = match self {
+            AttachedDevice::Block { transport, .. }
+            | AttachedDevice::Net { transport, .. }
+            | AttachedDevice::Rng { transport, .. } => transport,
+        };
+        transport.lock().expect("virtio-mmio lock").reset_device();
+    }
+
     /// The device's state. `overlay_file` names the snapshot's copy of a disk overlay.
     pub fn save(&self, overlay_file: Option<String>) -> VirtioDeviceState {
         match self {
