@@ -20,6 +20,8 @@ pub fn main(args: &[String]) -> Result<()> {
     }
     let selected = scenarios::select(args)?;
     let mut prep = scenarios::prepare()?;
+    // The console log named at the end stays for the reader.
+    prep.keep_workdir();
     if selected.iter().any(scenarios::needs_stock_guest) {
         scenarios::add_stock_guest(&mut prep)?;
     }
@@ -127,6 +129,8 @@ pub fn bench_main(args: &[String]) -> Result<()> {
         bail!("--snapshot-only and --boot-only exclude each other");
     }
     let prep = scenarios::prepare()?;
+    // The console log named at the end stays for the reader.
+    prep.keep_workdir();
     let r = bench::run(&prep, &o, std::env::var_os("MICROVIRT_VERBOSE").is_some())?;
     for s in &r.samples {
         eprintln!("{s:?}");
@@ -208,6 +212,8 @@ pub fn bench_stock_main(args: &[String]) -> Result<()> {
     };
     let guest = stock::build()?;
     let prep = scenarios::prepare()?;
+    // The console log named at the end stays for the reader.
+    prep.keep_workdir();
     let (samples, console) = stock::bench(
         &prep,
         &guest,

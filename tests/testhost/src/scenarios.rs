@@ -287,6 +287,30 @@ pub struct Prepared {
     /// More guest files for the scenarios: `(environment variable, file here)`; in the test
     /// host the file is copied to `/guest/extra/` and the variable names that copy.
     pub guest_files: Vec<(String, PathBuf)>,
+    /// Set when a run failed: the work dir (with its console log) then outlives `self`.
+    keep_workdir: std::cell::Cell<bool>,
+}
+
+/// Keeps the work dir of every test-host run (console logs) for diagnosis.
+pub const KEEP_WORKDIR_ENV: &str = "MICROVIRT_KEEP_TESTHOST_DIR";
+
+impl Drop for Prepared {
+    /// Removes the per-process work dir (test-host initramfs, console logs), unless a run
+    /// failed (its error names the log in there) or `$MICROVIRT_KEEP_TESTHOST_DIR` is set.
+    fn drop(&mut self) {
+        if self.keep_workdir.get() || std::env::var_os(KEEP_WORKDIR_ENV).is_some() {
+            eprintln!("[testhost] kept {}", self.workdir.display());
+            return;
+        }
+        let _ = std::fs::remove_dir_all(&self.workdir);
+    }
+}
+
+impl Prepared {
+    /// Keeps the work dir after `self` is dropped (a failed run's console log is in it).
+    pub fn keep_workdir(&self) {
+        self.keep_workdir.set(true);
+    }
 }
 
 /// Packages the test host needs on this machine.
@@ -311,6 +335,7 @@ pub fn prepare() -> Result<Prepared, ScenarioError> {
         direct,
         workdir,
         guest_files: Vec::new(),
+        keep_workdir: std::cell::Cell::new(false),
     })
 }
 
@@ -387,9 +412,23 @@ pub fn run_suite(
     scenarios: &[Scenario],
     echo: bool,
 ) -> Result<SuiteResult, ScenarioError> {
-    if prep.direct {
-        return run_direct(prep, scenarios, echo);
+    let r = if prep.direct {
+        run_direct(prep, scenarios, echo)
+    } else {
+        run_in_test_host(prep, scenarios, echo)
+    };
+    if r.is_err() {
+        prep.keep_workdir();
     }
+    r
+}
+
+/// Boots the test host (QEMU TCG) with `scenarios` in its init.
+fn run_in_test_host(
+    prep: &Prepared,
+    scenarios: &[Scenario],
+    echo: bool,
+) -> Result<SuiteResult, ScenarioError> {
     let Some(kernel) = prep.l1.as_ref() else {
         return Err(ScenarioError::NoTestHostKernel);
     };
