@@ -320,7 +320,7 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
         };
     vm.cmdline = kb.and_then(|k| k.kernel_args.clone());
     vm.mem_mib = doc.guest_memory_bytes()?.div_ceil(1 << 20);
-    vm.vcpus = doc.vcpus();
+    vm.vcpus = doc.vcpus()?;
     let console_socket = opts.runtime_dir.join("console.sock");
     vm.serial = match opts.console {
         Console::Stdio | Console::Socket => SerialConfig::Unix(console_socket.clone()),
