@@ -172,10 +172,28 @@ pub fn plan(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>) -> VmPlan
     }
 }
 
-/// The VMI a VM creates.
+/// The namespace of the name-based firmware UUIDs: KubeVirt's own, so that a VM moved between
+/// KubeVirt and microvirt under the same name keeps its UUID, and with it cloud-init's
+/// `instance-id` (cloud-init does not run its first boot again on a disk it already set up).
+const FIRMWARE_UUID_NAMESPACE: uuid::Uuid = uuid::uuid!("6a1a24a1-4061-4607-8bf4-a3963d0c5895");
+
+/// The firmware UUID of the VMIs of a VM named `vm_name` that sets none: the same for every
+/// VMI the VM ever has (KubeVirt's rule: a name-based UUID, version 5, of the VM's name).
+pub fn stable_firmware_uuid(vm_name: &str) -> String {
+    uuid::Uuid::new_v5(&FIRMWARE_UUID_NAMESPACE, vm_name.as_bytes()).to_string()
+}
+
+/// The VMI a VM creates. Without `firmware.uuid` in the template it gets
+/// [`stable_firmware_uuid`], the guest's cloud-init `instance-id`, so that a restart of the VM
+/// (a new VMI, a new uid) is not a new instance to cloud-init.
 pub fn new_vmi(vm: &VirtualMachine) -> VirtualMachineInstance {
     let name = vm.name_any();
-    let mut vmi = VirtualMachineInstance::new(&name, vm.spec.template.spec.clone());
+    let mut spec = vm.spec.template.spec.clone();
+    let firmware = spec.domain.firmware.get_or_insert_with(Default::default);
+    if firmware.uuid.as_deref().is_none_or(str::is_empty) {
+        firmware.uuid = Some(stable_firmware_uuid(&name));
+    }
+    let mut vmi = VirtualMachineInstance::new(&name, spec);
     vmi.metadata.namespace = vm.namespace();
     let mut labels = vm.spec.template.labels();
     labels.insert(LABEL_VM_NAME.into(), name);
@@ -302,6 +320,34 @@ mod tests {
         st.state_change_requests = r;
         m.status = Some(st);
         m
+    }
+
+    #[test]
+    fn vmis_of_a_vm_keep_one_firmware_uuid() {
+        let m = vm(RunStrategy::Always);
+        let uuid = |v: &VirtualMachineInstance| {
+            v.spec.domain.firmware.as_ref().and_then(|f| f.uuid.clone())
+        };
+        let a = new_vmi(&m);
+        let b = new_vmi(&m);
+        assert_eq!(uuid(&a), uuid(&b));
+        // KubeVirt's value for a VM named vm1 (its namespace UUID, SHA-1 of the name).
+        assert_eq!(
+            uuid(&a).as_deref(),
+            Some(stable_firmware_uuid("vm1").as_str())
+        );
+        assert_eq!(
+            stable_firmware_uuid("testvm"),
+            "5a9fc181-957e-5c32-9e5a-2de5e9673531"
+        );
+        assert_ne!(stable_firmware_uuid("vm2"), stable_firmware_uuid("vm1"));
+        // A UUID in the template wins.
+        let mut m2 = m.clone();
+        m2.spec.template.spec.domain.firmware = Some(microvirt_crds::vmi::Firmware {
+            uuid: Some("given".into()),
+            ..Default::default()
+        });
+        assert_eq!(uuid(&new_vmi(&m2)).as_deref(), Some("given"));
     }
 
     #[test]

@@ -848,8 +848,15 @@ async fn vm_start_stop_restart_requests() -> Result<()> {
     wait_requests_done(&env, "man").await?;
     assert!(vmis.get("man").await?.metadata.uid == Some(uid2));
 
-    // Always: restart (stop + start) replaces the VMI; runStrategy stays Always.
+    // Always: restart (stop + start) replaces the VMI; runStrategy stays Always. Both VMIs
+    // have the VM's one firmware UUID (cloud-init's instance-id).
     let uid = wait_vmi_uid(&env, "always", None).await?;
+    let firmware_uuid = |v: VirtualMachineInstance| v.spec.domain.firmware.and_then(|f| f.uuid);
+    let uuid1 = firmware_uuid(vmis.get("always").await?);
+    assert_eq!(
+        uuid1.as_deref(),
+        Some(microvirt_operator::virtualmachine::stable_firmware_uuid("always").as_str())
+    );
     request(
         &env,
         "always",
@@ -858,6 +865,7 @@ async fn vm_start_stop_restart_requests() -> Result<()> {
     .await?;
     let uid2 = wait_vmi_uid(&env, "always", Some(&uid)).await?;
     assert_ne!(uid, uid2);
+    assert_eq!(firmware_uuid(vmis.get("always").await?), uuid1);
     let vm = wait_requests_done(&env, "always").await?;
     assert_eq!(
         vm.spec.run_strategy,
