@@ -78,7 +78,6 @@ pub const NODE_AGENT_CONDITIONS: &[&str] = &[CONDITION_PAUSED];
     )
     .message("every entry of spec.domain.devices.interfaces must name a network listed in spec.networks"),
     validation = Rule::new("!has(self.resourceClaims)").message(refusals::RESOURCE_CLAIMS).field_path(".resourceClaims"),
-    validation = Rule::new("!has(self.startStrategy)").message(refusals::START_STRATEGY).field_path(".startStrategy"),
     validation = Rule::new("!has(self.readinessProbe)").message(refusals::READINESS_PROBE).field_path(".readinessProbe"),
     validation = Rule::new("!has(self.livenessProbe)").message(refusals::LIVENESS_PROBE).field_path(".livenessProbe"),
     validation = Rule::new("!has(self.accessCredentials)").message(refusals::ACCESS_CREDENTIALS).field_path(".accessCredentials"),
@@ -142,7 +141,8 @@ pub struct VirtualMachineInstanceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub scheduler_name: Option<String>,
-    /// KubeVirt's `startStrategy` (`Paused`): refused, not implemented yet.
+    /// KubeVirt's `startStrategy`: `Paused` builds the VM and leaves its vCPUs stopped (the
+    /// `Paused` condition is True) until `kubectl microvirt unpause`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_strategy: Option<StartStrategy>,
     /// KubeVirt's dynamic resource allocation claims: refused.
@@ -176,7 +176,7 @@ pub enum EvictionStrategy {
     External,
 }
 
-/// KubeVirt's start strategies (refused: see [`refusals::START_STRATEGY`]).
+/// KubeVirt's start strategies.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum StartStrategy {
     /// Start the VMI paused.

@@ -373,6 +373,7 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
             status,
             start,
             restore: opts.restore.clone(),
+            start_paused: opts.restore.is_none() && doc.start_paused(),
             snapshot_dir: opts.snapshot_dir.clone(),
             kvm,
             taps,

@@ -88,6 +88,9 @@ pub struct Spec {
     /// The guest's host name (default: the VMI's name).
     #[serde(default)]
     pub hostname: Option<String>,
+    /// KubeVirt's `startStrategy`: `Paused` keeps the vCPUs stopped until `unpause`.
+    #[serde(default)]
+    pub start_strategy: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -458,6 +461,11 @@ impl VmiDocument {
             return Ok(q.bytes("domain.resources.requests.cpu")?.max(1));
         }
         Ok(1)
+    }
+
+    /// Whether the VM starts paused (`startStrategy: Paused`).
+    pub fn start_paused(&self) -> bool {
+        self.spec.start_strategy.as_deref() == Some("Paused")
     }
 
     /// Seconds the guest gets to shut down after SIGTERM (default 30, as in Kubernetes).
