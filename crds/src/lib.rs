@@ -45,7 +45,8 @@ pub use preset::{VirtualMachineInstancePreset, VirtualMachineInstancePresetSpec}
 pub use template::{TemplateMeta, VirtualMachineInstanceTemplateSpec};
 #[cfg(feature = "kube")]
 pub use vm::{
-    PrintableStatus, RunStrategy, VirtualMachine, VirtualMachineSpec, VirtualMachineStatus,
+    PrintableStatus, RunStrategy, StateChangeAction, StateChangeRequest, VirtualMachine,
+    VirtualMachineSpec, VirtualMachineStatus,
 };
 #[cfg(feature = "kube")]
 pub use vmi::{

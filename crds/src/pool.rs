@@ -126,6 +126,9 @@ impl MemberRole {
         "!has(self.warm) || !has(self.template) || !has(self.template.spec.domain.devices) || !has(self.template.spec.domain.devices.interfaces) || self.template.spec.domain.devices.interfaces.all(i, !has(i.bridge))"
     )
     .message("spec.warm needs masquerade interfaces: with a bridge binding the restored guest would keep the pod IP of the pod the snapshot was taken in"),
+    validation = Rule::new("!has(self.warm) || !has(self.template) || !has(self.template.spec.startStrategy)")
+        .message(refusals::POOL_WARM_START_STRATEGY)
+        .field_path(".template.spec.startStrategy"),
     // `template` is required by this rule rather than by the schema, so that a KubeVirt pool
     // (virtualMachineTemplate, no template) meets the refusal below, not `Required value`.
     validation = Rule::new("has(self.template) || has(self.virtualMachineTemplate)")

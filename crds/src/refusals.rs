@@ -42,9 +42,8 @@ pub const DATA_VOLUME: &str = "dataVolume volumes are not supported by microvirt
 pub const HOST_DISK: &str = "hostDisk volumes are not supported by microvirt: use a persistentVolumeClaim (a local or hostPath PersistentVolume holding a raw disk.img)";
 /// `spec.resourceClaims`.
 pub const RESOURCE_CLAIMS: &str = "resourceClaims are not supported by microvirt: a microVM cannot attach devices allocated by dynamic resource allocation";
-/// `spec.startStrategy`.
-pub const START_STRATEGY: &str =
-    "startStrategy: Paused is not supported by microvirt yet: the VMI would start running";
+/// `spec.startStrategy` in the template of a VM pool with warm members.
+pub const POOL_WARM_START_STRATEGY: &str = "startStrategy: Paused is not supported with spec.warm: warm members are restored from a snapshot of a booted guest and start running when claimed";
 /// `spec.readinessProbe`.
 pub const READINESS_PROBE: &str =
     "readinessProbe is not supported by microvirt yet: the VMI is Ready when its guest has booted";

@@ -116,6 +116,61 @@ pub struct VirtualMachineStatus {
     /// uid of the last VMI that `Once` already ran (so it is not run again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub once_ran_uid: Option<String>,
+    /// The run strategy the operator last acted on, recorded once the VM has had a VMI
+    /// (KubeVirt's `status.runStrategy`): `RerunOnFailure` starts a VMI on its own only when
+    /// it was just chosen, not after a stop request ended the VMI.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_strategy: Option<RunStrategy>,
+    /// Start and stop requests, oldest first (KubeVirt's `status.stateChangeRequests`): what
+    /// `kubectl microvirt start/stop/restart` ask for when the run strategy itself stays
+    /// (`Manual`, `RerunOnFailure`, and a restart under `Always`). The operator acts on the
+    /// first one and removes it once it is done; the operator's status updates never touch
+    /// this list otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state_change_requests: Vec<StateChangeRequest>,
+}
+
+/// A request to start or stop a VM's VMI.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StateChangeRequest {
+    /// Start or Stop.
+    pub action: StateChangeAction,
+    /// Stop: the uid of the VMI to stop (a request for a VMI that is gone is done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// Extra parameters (KubeVirt's `data`; none is read yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// What a [`StateChangeRequest`] asks for.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum StateChangeAction {
+    /// Create a VMI (when there is none).
+    Start,
+    /// Delete the VMI with the request's uid.
+    Stop,
+}
+
+impl StateChangeRequest {
+    /// A start request.
+    pub fn start() -> Self {
+        Self {
+            action: StateChangeAction::Start,
+            uid: None,
+            data: None,
+        }
+    }
+
+    /// A request to stop the VMI with `uid`.
+    pub fn stop(uid: &str) -> Self {
+        Self {
+            action: StateChangeAction::Stop,
+            uid: Some(uid.to_string()),
+            data: None,
+        }
+    }
 }
 
 /// `kubectl get vm` STATUS values.

@@ -78,7 +78,6 @@ pub const NODE_AGENT_CONDITIONS: &[&str] = &[CONDITION_PAUSED];
     )
     .message("every entry of spec.domain.devices.interfaces must name a network listed in spec.networks"),
     validation = Rule::new("!has(self.resourceClaims)").message(refusals::RESOURCE_CLAIMS).field_path(".resourceClaims"),
-    validation = Rule::new("!has(self.startStrategy)").message(refusals::START_STRATEGY).field_path(".startStrategy"),
     validation = Rule::new("!has(self.readinessProbe)").message(refusals::READINESS_PROBE).field_path(".readinessProbe"),
     validation = Rule::new("!has(self.livenessProbe)").message(refusals::LIVENESS_PROBE).field_path(".livenessProbe"),
     validation = Rule::new("!has(self.accessCredentials)").message(refusals::ACCESS_CREDENTIALS).field_path(".accessCredentials"),
@@ -142,7 +141,8 @@ pub struct VirtualMachineInstanceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub scheduler_name: Option<String>,
-    /// KubeVirt's `startStrategy` (`Paused`): refused, not implemented yet.
+    /// KubeVirt's `startStrategy`: `Paused` builds the VM and leaves its vCPUs stopped (the
+    /// `Paused` condition is True) until `kubectl microvirt unpause`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_strategy: Option<StartStrategy>,
     /// KubeVirt's dynamic resource allocation claims: refused.
@@ -176,7 +176,7 @@ pub enum EvictionStrategy {
     External,
 }
 
-/// KubeVirt's start strategies (refused: see [`refusals::START_STRATEGY`]).
+/// KubeVirt's start strategies.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum StartStrategy {
     /// Start the VMI paused.
@@ -187,7 +187,8 @@ pub enum StartStrategy {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DomainSpec {
-    /// vCPU topology; the guest gets cores × sockets × threads vCPUs.
+    /// vCPU topology; the guest gets cores × sockets × threads vCPUs (without any of them:
+    /// the CPU limit, else the CPU request, rounded up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<Cpu>,
     /// Guest memory.
@@ -404,11 +405,13 @@ pub struct Memory {
 #[serde(rename_all = "camelCase")]
 pub struct ResourceRequirements {
     /// Requests, e.g. `memory: 128Mi`. A memory request is the guest memory when
-    /// `domain.memory.guest` is unset.
+    /// `domain.memory.guest` is unset; a CPU request (without a CPU limit) is the vCPU count,
+    /// rounded up, when `domain.cpu` gives no cores, sockets or threads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::bounded_quantity_map)]
     pub requests: Option<BTreeMap<String, Quantity>>,
-    /// Limits.
+    /// Limits. A CPU limit is the vCPU count, rounded up, when `domain.cpu` gives no cores,
+    /// sockets or threads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(transform = crate::schema::bounded_quantity_map)]
     pub limits: Option<BTreeMap<String, Quantity>>,
@@ -1078,13 +1081,33 @@ pub struct InterfaceStatus {
 }
 
 impl VirtualMachineInstanceSpec {
-    /// Number of vCPUs (cores × sockets × threads, each defaulting to 1).
+    /// Number of vCPUs: cores × sockets × threads (each defaulting to 1); without any of the
+    /// three, KubeVirt's rule: the CPU limit, else the CPU request, rounded up to whole CPUs
+    /// (`1500m` → 2), else 1. A quantity that does not parse counts as no quantity (the CRD's
+    /// rules admit only quantities).
     pub fn vcpus(&self) -> u32 {
         let cpu = self.domain.cpu.clone().unwrap_or_default();
+        if cpu.cores.is_none() && cpu.sockets.is_none() && cpu.threads.is_none() {
+            if let Some(n) = self.vcpus_from_resources() {
+                return n;
+            }
+        }
         cpu.cores
             .unwrap_or(1)
             .saturating_mul(cpu.sockets.unwrap_or(1))
             .saturating_mul(cpu.threads.unwrap_or(1))
+    }
+
+    /// `resources.limits.cpu`, else `resources.requests.cpu`, in whole CPUs rounded up.
+    fn vcpus_from_resources(&self) -> Option<u32> {
+        let res = self.domain.resources.as_ref()?;
+        let q = res
+            .limits
+            .as_ref()
+            .and_then(|l| l.get("cpu"))
+            .or_else(|| res.requests.as_ref().and_then(|r| r.get("cpu")))?;
+        let n = crate::quantity::parse_bytes(&q.0).ok()?;
+        Some(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
     /// Guest memory: `domain.memory.guest`, else `domain.resources.requests.memory`, else `None`.
@@ -1121,5 +1144,41 @@ impl VirtualMachineInstance {
     /// Whether the Ready condition is True.
     pub fn is_ready(&self) -> bool {
         self.status.as_ref().is_some_and(|s| s.is_ready())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> VirtualMachineInstanceSpec {
+        serde_json::from_value(serde_saphyr::from_str::<serde_json::Value>(yaml).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn vcpus_from_topology_else_cpu_limit_else_request() {
+        let v = |y: &str| spec(y).vcpus();
+        assert_eq!(v("domain: {}"), 1);
+        assert_eq!(v("domain: {cpu: {cores: 2, sockets: 2, threads: 2}}"), 8);
+        assert_eq!(v("domain: {cpu: {sockets: 3}}"), 3);
+        // KubeVirt: no topology → the limit, else the request, rounded up.
+        assert_eq!(v("domain: {resources: {requests: {cpu: '2'}}}"), 2);
+        assert_eq!(v("domain: {resources: {requests: {cpu: 1500m}}}"), 2);
+        assert_eq!(v("domain: {resources: {requests: {cpu: 100m}}}"), 1);
+        assert_eq!(
+            v("domain: {resources: {requests: {cpu: '1'}, limits: {cpu: '3'}}}"),
+            3
+        );
+        // A topology wins over resources; dedicatedCpuPlacement alone is no topology.
+        assert_eq!(
+            v("domain: {cpu: {cores: 1}, resources: {requests: {cpu: '4'}}}"),
+            1
+        );
+        assert_eq!(
+            v("domain: {cpu: {dedicatedCpuPlacement: true}, resources: {limits: {cpu: '2'}}}"),
+            2
+        );
+        // Memory only: 1.
+        assert_eq!(v("domain: {resources: {requests: {memory: 1Gi}}}"), 1);
     }
 }

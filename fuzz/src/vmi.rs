@@ -391,13 +391,42 @@ fn derived(doc: &VmiDocument) {
         .map(|v| u128::from(v.unwrap_or(1)))
         .product::<u128>();
     let vcpus = doc.vcpus();
+    let topology = doc
+        .spec
+        .domain
+        .cpu
+        .as_ref()
+        .is_some_and(|c| c.cores.is_some() || c.sockets.is_some() || c.threads.is_some());
     match doc.vcpus {
-        Some(v) => assert_eq!(vcpus, v, "the operator's vcpus win"),
-        None if doc.spec.domain.cpu.is_none() => assert_eq!(vcpus, 1, "default vCPUs"),
-        None => assert!(
-            u128::from(vcpus) == product || (product > u128::from(u64::MAX) && vcpus == u64::MAX),
-            "vCPUs {vcpus} for cores × sockets × threads = {product}"
-        ),
+        Some(v) => assert_eq!(vcpus.ok(), Some(v), "the operator's vcpus win"),
+        None if topology => {
+            let vcpus = vcpus.expect("a topology always gives a vCPU count");
+            assert!(
+                u128::from(vcpus) == product
+                    || (product > u128::from(u64::MAX) && vcpus == u64::MAX),
+                "vCPUs {vcpus} for cores × sockets × threads = {product}"
+            )
+        }
+        None => {
+            // KubeVirt's rule without a topology: the CPU limit, else the CPU request, else 1.
+            let res = doc.spec.domain.resources.as_ref();
+            let q = res
+                .and_then(|r| r.limits.as_ref())
+                .and_then(|m| m.get("cpu"))
+                .or_else(|| {
+                    res.and_then(|r| r.requests.as_ref())
+                        .and_then(|m| m.get("cpu"))
+                });
+            match q {
+                None => assert_eq!(vcpus.ok(), Some(1), "default vCPUs"),
+                Some(q) => assert_eq!(
+                    vcpus.ok(),
+                    q.bytes("cpu").ok().map(|n| n.max(1)),
+                    "vCPUs from the CPU quantity {:?}",
+                    q.0
+                ),
+            }
+        }
     }
     let grace = doc.grace_period_seconds();
     match doc.spec.termination_grace_period_seconds {

@@ -466,7 +466,7 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
         "{managers:?}"
     );
 
-    // 2. Paused from inside the pod (what `kubectl virt pause` does) → Paused=True.
+    // 2. Paused from inside the pod (what `kubectl microvirt pause` does) → Paused=True.
     let t0 = Instant::now();
     launcher_cmd(&bin, &runtime, "pause");
     let c = wait_for("Paused=True", || paused_is(&vmis, "vm1", "True")).await;

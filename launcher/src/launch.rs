@@ -320,7 +320,7 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
         };
     vm.cmdline = kb.and_then(|k| k.kernel_args.clone());
     vm.mem_mib = doc.guest_memory_bytes()?.div_ceil(1 << 20);
-    vm.vcpus = doc.vcpus();
+    vm.vcpus = doc.vcpus()?;
     vm.acpi = doc.acpi();
     // A guest that runs with ACPI reboots in this process: the VMI stays Running (KubeVirt's
     // behaviour); the launcher logs and counts each reboot (`status`'s `reboots`). A guest
@@ -379,6 +379,7 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
             status,
             start,
             restore: opts.restore.clone(),
+            start_paused: opts.restore.is_none() && doc.start_paused(),
             snapshot_dir: opts.snapshot_dir.clone(),
             kvm,
             taps,

@@ -142,6 +142,8 @@ pub struct LaunchConfig {
     /// Restore this snapshot instead of booting (the VMI's disks and NIC replace the
     /// snapshot's, in order; its memory and vCPUs must match).
     pub restore: Option<crate::launch::Restore>,
+    /// Build the VM and leave it paused until `unpause` (`startStrategy: Paused`).
+    pub start_paused: bool,
     /// Default directory of a `snapshot` request that names none.
     pub snapshot_dir: Option<PathBuf>,
     /// `/dev/kvm` and the TAP queues, opened before the launcher gave up root.
@@ -266,6 +268,7 @@ fn spawn_vmm(cfg: &mut LaunchConfig, events: Sender<Event>) -> Result<Built, Str
     let taps = std::mem::take(&mut cfg.taps);
     let use_seccomp = cfg.seccomp;
     let restore = cfg.restore.clone();
+    let start_paused = cfg.start_paused;
     let exit_events = events.clone();
     std::thread::Builder::new()
         .name("vmm".into())
@@ -305,7 +308,7 @@ fn spawn_vmm(cfg: &mut LaunchConfig, events: Sender<Event>) -> Result<Built, Str
                 }
             };
             let _ = ready_tx.send(Ok((vmm.controller(), tid, vmm.console_output())));
-            let r = if restore.as_ref().is_some_and(|r| r.paused) {
+            let r = if start_paused || restore.as_ref().is_some_and(|r| r.paused) {
                 vmm.run_paused()
             } else {
                 vmm.run()
@@ -390,7 +393,7 @@ pub fn run(
         Err(e) => return Outcome::setup_failed(e),
     };
     status.update(|s| {
-        let paused = cfg.restore.as_ref().is_some_and(|r| r.paused);
+        let paused = cfg.start_paused || cfg.restore.as_ref().is_some_and(|r| r.paused);
         s.state = if paused { "paused" } else { "running" }.into();
         s.vmm_tid = Some(tid);
         s.console = console.clone();
@@ -441,6 +444,10 @@ pub fn run(
             }
         }
         log::info!("restored paused; waiting for unpause");
+    }
+    if cfg.start_paused {
+        // Built, not run: the guest has not executed an instruction; `unpause` starts it.
+        log::info!("startStrategy Paused: the VM is built and paused; waiting for unpause");
     }
 
     let mut deadline: Option<Instant> = None;

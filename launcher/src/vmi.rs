@@ -88,6 +88,9 @@ pub struct Spec {
     /// The guest's host name (default: the VMI's name).
     #[serde(default)]
     pub hostname: Option<String>,
+    /// KubeVirt's `startStrategy`: `Paused` keeps the vCPUs stopped until `unpause`.
+    #[serde(default)]
+    pub start_strategy: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -142,6 +145,8 @@ pub struct Memory {
 pub struct Resources {
     #[serde(default)]
     pub requests: Option<std::collections::BTreeMap<String, Quantity>>,
+    #[serde(default)]
+    pub limits: Option<std::collections::BTreeMap<String, Quantity>>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -443,18 +448,41 @@ impl VmiDocument {
     }
 
     /// vCPUs: the operator's `vcpus`, else cores × sockets × threads (each default 1),
-    /// saturating (a product too large for 64 bits must not wrap around to a small count).
-    pub fn vcpus(&self) -> u64 {
+    /// saturating (a product too large for 64 bits must not wrap around to a small count);
+    /// without any of the three, KubeVirt's rule (the operator's too): the CPU limit, else the
+    /// CPU request, rounded up to whole CPUs, else 1.
+    pub fn vcpus(&self) -> Result<u64, VmiError> {
         if let Some(v) = self.vcpus {
-            return v;
+            return Ok(v);
         }
-        match &self.spec.domain.cpu {
-            Some(c) => [c.cores, c.sockets, c.threads]
+        let topology = self
+            .spec
+            .domain
+            .cpu
+            .as_ref()
+            .filter(|c| c.cores.is_some() || c.sockets.is_some() || c.threads.is_some());
+        if let Some(c) = topology {
+            return Ok([c.cores, c.sockets, c.threads]
                 .into_iter()
                 .map(|v| u64::from(v.unwrap_or(1)))
-                .fold(1, u64::saturating_mul),
-            None => 1,
+                .fold(1, u64::saturating_mul));
         }
+        let res = self.spec.domain.resources.as_ref();
+        let cpu = |m: Option<&std::collections::BTreeMap<String, Quantity>>| {
+            m.and_then(|m| m.get("cpu")).cloned()
+        };
+        if let Some(q) = cpu(res.and_then(|r| r.limits.as_ref())) {
+            return Ok(q.bytes("domain.resources.limits.cpu")?.max(1));
+        }
+        if let Some(q) = cpu(res.and_then(|r| r.requests.as_ref())) {
+            return Ok(q.bytes("domain.resources.requests.cpu")?.max(1));
+        }
+        Ok(1)
+    }
+
+    /// Whether the VM starts paused (`startStrategy: Paused`).
+    pub fn start_paused(&self) -> bool {
+        self.spec.start_strategy.as_deref() == Some("Paused")
     }
 
     /// Seconds the guest gets to shut down after SIGTERM (default 30, as in Kubernetes).
@@ -547,7 +575,7 @@ spec:
         )
         .unwrap();
         assert_eq!(doc.name(), "demo");
-        assert_eq!(doc.vcpus(), 2);
+        assert_eq!(doc.vcpus().unwrap(), 2);
         assert_eq!(doc.guest_memory_bytes().unwrap(), 64 << 20);
         assert_eq!(doc.grace_period_seconds(), 5);
         assert_eq!(doc.spec.volumes.len(), 2);
@@ -559,6 +587,29 @@ spec:
         );
     }
 
+    #[test]
+    fn vcpus_from_cpu_limit_else_request_without_a_topology() {
+        let v = |y: &str| VmiDocument::parse(y, "t").unwrap().vcpus();
+        assert_eq!(v("spec: {domain: {}}").unwrap(), 1);
+        assert_eq!(
+            v("spec: {domain: {resources: {requests: {cpu: 1500m}}}}").unwrap(),
+            2
+        );
+        assert_eq!(
+            v("spec: {domain: {resources: {requests: {cpu: 1}, limits: {cpu: 3}}}}").unwrap(),
+            3
+        );
+        assert_eq!(
+            v("spec: {domain: {resources: {requests: {cpu: 10m}}}}").unwrap(),
+            1
+        );
+        assert_eq!(
+            v("spec: {domain: {cpu: {threads: 2}, resources: {requests: {cpu: 8}}}}").unwrap(),
+            2
+        );
+        assert!(v("spec: {domain: {resources: {limits: {cpu: lots}}}}").is_err());
+    }
+
     /// Found by the `vmi_document` fuzz target: 2^22 × 2^21 × 2^21 wrapped around to 0 vCPUs
     /// (a panic in debug builds).
     #[test]
@@ -568,9 +619,9 @@ spec:
             "t",
         )
         .unwrap();
-        assert_eq!(doc.vcpus(), u64::MAX);
+        assert_eq!(doc.vcpus().unwrap(), u64::MAX);
         let doc = VmiDocument::parse("spec: {domain: {cpu: {cores: 3, threads: 2}}}", "t").unwrap();
-        assert_eq!(doc.vcpus(), 6);
+        assert_eq!(doc.vcpus().unwrap(), 6);
     }
 
     #[test]
@@ -584,7 +635,7 @@ spec:
         )
         .unwrap();
         assert_eq!(doc.guest_memory_bytes().unwrap(), 128 << 20);
-        assert_eq!(doc.vcpus(), 1);
+        assert_eq!(doc.vcpus().unwrap(), 1);
         assert_eq!(doc.metadata.uid.as_deref(), Some("u-1"));
         assert_eq!(doc.instance_id(), "u-1");
         assert_eq!(doc.grace_period_seconds(), 30);

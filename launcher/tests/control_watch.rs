@@ -132,3 +132,71 @@ fn watch_streams_state_changes_until_the_launcher_exits() {
     let st = l.0.wait().unwrap();
     assert_eq!(st.code(), Some(5));
 }
+
+/// `startStrategy: Paused` (KubeVirt's): the launcher builds the VM and keeps its vCPUs stopped
+/// — the guest never runs, so it never boots — until `unpause`, after which it boots as usual.
+#[test]
+fn start_strategy_paused_builds_the_vm_and_waits_for_unpause() {
+    let dir = PodDir(std::env::temp_dir().join(format!("mv-startpaused-{}", std::process::id())));
+    let root = dir.0.join("root");
+    std::fs::create_dir_all(root.join("vmi")).unwrap();
+    std::fs::create_dir_all(root.join("kernel-boot/boot")).unwrap();
+    std::fs::write(
+        root.join("kernel-boot/boot/vmlinux"),
+        launcher::demo::DEMO_GUEST,
+    )
+    .unwrap();
+    let doc = serde_json::json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "p", "namespace": "default", "uid": "u-2"},
+        "spec": {"startStrategy": "Paused", "domain": {"firmware": {"kernelBoot": {
+            "kernelArgs": "testguest.scenario=halt-forever",
+            "container": {"image": "microvirt/demo-kernel:dev", "kernelPath": "/boot/vmlinux"}
+        }}}},
+        "guestMemoryBytes": 33554432u64,
+        "vcpus": 1
+    });
+    std::fs::write(root.join("vmi/vmi.json"), doc.to_string()).unwrap();
+    let mut l = Launcher(
+        Command::new(BIN)
+            .arg("pod")
+            .env("MICROVIRT_ROOT", &root)
+            .env("MICROVIRT_TERMINATION_LOG", dir.0.join("term"))
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let sock = root.join("control.sock");
+    let t0 = Instant::now();
+    while UnixStream::connect(&sock).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the control socket never came up"
+        );
+        assert!(l.0.try_wait().unwrap().is_none(), "the launcher exited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The watch's first line is the state once the VM is built: paused, not booted.
+    let (_w, mut r) = watch(&sock);
+    let first = line(&mut r).unwrap();
+    assert_eq!(first["state"], "paused", "{first}");
+    assert_eq!(first["booted"], false, "{first}");
+    // Watched until the stream says running: no guest instruction ran before the unpause, so
+    // the guest cannot have booted.
+    assert!(!root.join("booted").exists());
+    assert_eq!(request(&sock, "unpause")["state"], "running");
+    assert_eq!(line(&mut r).unwrap()["state"], "running");
+    let t0 = Instant::now();
+    while !root.join("booted").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the guest never booted after unpause"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(request(&sock, "status")["booted"], true);
+    request(&sock, "stop");
+    let st = l.0.wait().unwrap();
+    assert_eq!(st.code(), Some(5));
+}

@@ -1542,6 +1542,49 @@ mod tests {
         assert_eq!(res(&sp), ("200m".to_string(), None));
     }
 
+    /// KubeVirt's rule: without a CPU topology the CPU limit, else the request, rounded up, is
+    /// the guest's vCPU count (it used to be 1 whatever the pod reserved); the pod keeps the
+    /// quantities as given.
+    #[test]
+    fn cpu_resources_without_a_topology_are_the_vcpus() {
+        let launch = |requests: Option<&str>, limits: Option<&str>| {
+            let mut sp = spec(Some("64Mi"), None);
+            let cpu = |q: Option<&str>| {
+                q.map(|q| BTreeMap::from([("cpu".to_string(), Quantity(q.to_string()))]))
+            };
+            sp.domain.resources = Some(microvirt_crds::vmi::ResourceRequirements {
+                requests: cpu(requests),
+                limits: cpu(limits),
+            });
+            let pod = desired_pod(&vmi(sp), &Config::default(), &BlockVolumes::new()).unwrap();
+            let ann = pod.metadata.annotations.clone().unwrap();
+            let doc: serde_json::Value = serde_json::from_str(&ann[ANNOTATION_VMI_SPEC]).unwrap();
+            let r = container(&pod).resources.clone().unwrap();
+            (
+                doc["vcpus"].as_u64().unwrap(),
+                r.requests.unwrap()["cpu"].0.clone(),
+                r.limits.unwrap().get("cpu").map(|q| q.0.clone()),
+            )
+        };
+        assert_eq!(launch(Some("2"), None), (2, "2".into(), None));
+        assert_eq!(launch(Some("1500m"), None), (2, "1500m".into(), None));
+        assert_eq!(
+            launch(Some("1"), Some("3")),
+            (3, "1".into(), Some("3".into()))
+        );
+        assert_eq!(launch(None, None), (1, "100m".into(), None));
+        // A topology wins.
+        let mut sp = spec(Some("64Mi"), Some(1));
+        sp.domain.resources = Some(microvirt_crds::vmi::ResourceRequirements {
+            requests: Some(BTreeMap::from([("cpu".to_string(), Quantity("4".into()))])),
+            limits: None,
+        });
+        let pod = desired_pod(&vmi(sp), &Config::default(), &BlockVolumes::new()).unwrap();
+        let ann = pod.metadata.annotations.unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&ann[ANNOTATION_VMI_SPEC]).unwrap();
+        assert_eq!(doc["vcpus"], 1);
+    }
+
     #[test]
     fn priority_class_and_scheduler_reach_the_pod_and_hooks_are_refused() {
         let mut sp = spec(Some("64Mi"), None);

@@ -193,3 +193,129 @@ spec:
     );
     Ok(())
 }
+
+/// `deploy/user-roles.yaml`: a user bound to `microvirt.io:edit` runs VMs (and may ask the
+/// operator to start/stop one through the VM's status); one bound to `microvirt.io:view` sees
+/// them and cannot create, change or start anything; the roles carry the labels that aggregate
+/// them into Kubernetes' admin/edit/view (the aggregation itself is kube-controller-manager's,
+/// which this API server runs without).
+#[test]
+fn user_roles_edit_creates_vmis_view_only_reads() -> Result<()> {
+    let cluster = start_cluster();
+    let kc = cluster.kubeconfig_path();
+    install_crds(kc)?;
+    let roles = deploy_dir().join("user-roles.yaml").display().to_string();
+    let (ok, out, err) = kubectl(kc, &["apply", "-f", &roles], None)?;
+    assert!(ok, "kubectl apply -f deploy/user-roles.yaml: {out}{err}");
+    for (role, label) in [
+        ("admin", "aggregate-to-admin"),
+        ("edit", "aggregate-to-edit"),
+        ("view", "aggregate-to-view"),
+    ] {
+        let (ok, out, err) = kubectl(
+            kc,
+            &[
+                "get",
+                "clusterrole",
+                &format!("microvirt.io:{role}"),
+                "-o",
+                &format!("jsonpath={{.metadata.labels.rbac\\.authorization\\.k8s\\.io/{label}}}"),
+            ],
+            None,
+        )?;
+        assert!(ok, "{err}");
+        assert_eq!(out, "true", "microvirt.io:{role} lacks {label}");
+    }
+    let ns = "t-roles";
+    let (ok, _, err) = kubectl(kc, &["create", "namespace", ns], None)?;
+    assert!(ok, "{err}");
+    for (user, role) in [("alice", "edit"), ("bob", "view"), ("carol", "admin")] {
+        let (ok, _, err) = kubectl(
+            kc,
+            &[
+                "-n",
+                ns,
+                "create",
+                "rolebinding",
+                user,
+                &format!("--clusterrole=microvirt.io:{role}"),
+                &format!("--user={user}"),
+            ],
+            None,
+        )?;
+        assert!(ok, "{err}");
+    }
+    let as_user = |user: &str, args: &[&str], stdin: Option<&str>| {
+        let mut a = vec!["-n", ns, "--as", user];
+        a.extend_from_slice(args);
+        kubectl(kc, &a, stdin)
+    };
+    let vm = "apiVersion: microvirt.io/v1alpha1\nkind: VirtualMachine\nmetadata: {name: vm1}\n\
+              spec:\n  runStrategy: Manual\n  template:\n    spec: {domain: {memory: {guest: 64Mi}}}\n";
+
+    // edit: create a VMI and a VM, change them, ask for a start, delete.
+    let (ok, _, err) = as_user("alice", &["create", "-f", "-"], Some(&vmi_yaml("a", "")))?;
+    assert!(ok, "edit cannot create a VMI: {err}");
+    let (ok, _, err) = as_user("alice", &["create", "-f", "-"], Some(vm))?;
+    assert!(ok, "edit cannot create a VM: {err}");
+    let start = r#"{"status":{"stateChangeRequests":[{"action":"Start"}]}}"#;
+    let (ok, _, err) = as_user(
+        "alice",
+        &[
+            "patch",
+            "vm",
+            "vm1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            start,
+        ],
+        None,
+    )?;
+    assert!(ok, "edit cannot request a start: {err}");
+
+    // view: reads, and is refused every change.
+    let (ok, out, err) = as_user("bob", &["get", "vmi", "a", "-o", "name"], None)?;
+    assert!(ok, "view cannot get a VMI: {err}");
+    assert_eq!(out.trim(), "virtualmachineinstance.microvirt.io/a");
+    let (ok, _, err) = as_user("bob", &["get", "vm,vmirs,vmipreset,vmpool"], None)?;
+    assert!(ok, "view cannot list: {err}");
+    let (ok, _, err) = as_user("bob", &["create", "-f", "-"], Some(&vmi_yaml("b", "")))?;
+    assert!(!ok, "view created a VMI");
+    assert!(
+        err.contains("Forbidden") || err.contains("forbidden"),
+        "{err}"
+    );
+    let (ok, _, err) = as_user(
+        "bob",
+        &[
+            "patch",
+            "vm",
+            "vm1",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            start,
+        ],
+        None,
+    )?;
+    assert!(
+        !ok && err.contains("forbidden"),
+        "view requested a start: {err}"
+    );
+    let (ok, _, err) = as_user("bob", &["delete", "vmi", "a"], None)?;
+    assert!(
+        !ok && err.contains("forbidden"),
+        "view deleted a VMI: {err}"
+    );
+
+    // admin: the same rights as edit (microvirt has no cluster settings for admins only).
+    let (ok, _, err) = as_user("carol", &["create", "-f", "-"], Some(&vmi_yaml("c", "")))?;
+    assert!(ok, "admin cannot create a VMI: {err}");
+    let (ok, _, err) = as_user("alice", &["delete", "vmi", "a", "--wait=false"], None)?;
+    assert!(ok, "edit cannot delete a VMI: {err}");
+    // Nobody is granted anything outside the namespace of the binding.
+    let (ok, _, _) = kubectl(kc, &["-n", "default", "--as", "alice", "get", "vmi"], None)?;
+    assert!(!ok, "a RoleBinding in {ns} granted access to default");
+    Ok(())
+}

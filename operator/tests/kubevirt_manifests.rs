@@ -34,7 +34,8 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
         | "vmi-masquerade-ports.yaml"
         | "vm-priorityclass.yaml"
         | "vmirs-cirros.yaml"
-        | "vmipreset-small.yaml" => vec![],
+        | "vmipreset-small.yaml"
+        | "vmi-start-paused.yaml" => vec![],
         "vmi-sriov.yaml" => vec![
             ("spec.domain.devices.interfaces[1].sriov", refusals::SRIOV),
             ("spec.networks[1].multus", refusals::MULTUS),
@@ -72,7 +73,6 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
             ),
             ("spec.volumes[3].configMap", refusals::VOLUME_SOURCE),
         ],
-        "vmi-start-paused.yaml" => vec![("spec.startStrategy", refusals::START_STRATEGY)],
         "vm-instancetype.yaml" => vec![
             ("spec.instancetype", refusals::INSTANCETYPE),
             ("spec.preference", refusals::PREFERENCE),
@@ -89,6 +89,10 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
             refusals::HOOK_SIDECARS,
         )],
         "vmpool-kubevirt.yaml" => vec![("spec.virtualMachineTemplate", refusals::POOL_VM_TEMPLATE)],
+        "vmpool-warm-start-paused.yaml" => vec![(
+            "spec.template.spec.startStrategy",
+            refusals::POOL_WARM_START_STRATEGY,
+        )],
         _ => return None,
     };
     Some(e)

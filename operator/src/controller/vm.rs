@@ -1,4 +1,5 @@
-//! VM reconciler: run-strategy semantics (create/delete the VMI) and printable status.
+//! VM reconciler: run-strategy semantics and start/stop requests (create/delete the VMI), and
+//! printable status.
 //!
 //! As in the VMIRS reconciler, creates and deletes wait for the VMI cache to show the previous
 //! ones ([`crate::expectations`]) and deletes are conditioned on the uid the decision saw.
@@ -12,13 +13,13 @@ use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
 use kube::runtime::reflector::ObjectRef;
 use kube::Api;
-use microvirt_crds::{VirtualMachine, VirtualMachineInstance};
+use microvirt_crds::{VirtualMachine, VirtualMachineInstance, VirtualMachineStatus};
 use serde_json::json;
 
 use super::{delete_vmi, finalizer_result, is_conflict, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
 use crate::replicaset::VmiRef;
-use crate::virtualmachine::{new_vmi, owned_by, plan, VmAction};
+use crate::virtualmachine::{new_vmi, owned_by, plan, VmAction, VmPlan};
 
 /// Finalizer on every VM: its VMI is deleted with it (also without a garbage collector).
 pub const FINALIZER: &str = "microvirt.io/vmi";
@@ -57,7 +58,33 @@ async fn apply(
         .get(&ObjectRef::<VirtualMachineInstance>::new(&name).within(&ns));
     let key = key(&ns, &name);
     let synced = ctx.expectations.satisfied(&key, vmi.as_deref());
-    let (action, status) = plan(&vm, vmi.as_deref());
+    let VmPlan {
+        action,
+        status,
+        requests,
+    } = plan(&vm, vmi.as_deref());
+    // Start/stop requests first, guarded by the resourceVersion the plan saw: a request added
+    // meanwhile (kubectl microvirt) is never lost, and the action below is only taken on the
+    // requests it was planned from. On a conflict the new version comes with the next event.
+    if let Some(requests) = requests.filter(|_| synced) {
+        let patch = json!({
+            "metadata": {"resourceVersion": vm.metadata.resource_version},
+            "status": {"stateChangeRequests": if requests.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::to_value(&requests)?
+            }},
+        });
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match api.patch_status(&name, &pp, &Patch::Merge(&patch)).await {
+            Ok(_) => {}
+            Err(e) if is_conflict(&e) => return Ok(Action::requeue(Duration::from_secs(1))),
+            Err(e) => return Err(e.into()),
+        }
+    }
     let vmi_api: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
     match action {
         VmAction::None => {}
@@ -105,7 +132,14 @@ async fn apply(
             }
         }
     }
-    if vm.status.as_ref() != Some(&status) {
+    // The requests are left out of the comparison and the apply: they are written above (with
+    // a precondition), and this field manager must never own them.
+    let without_requests = |s: &VirtualMachineStatus| VirtualMachineStatus {
+        state_change_requests: Vec::new(),
+        ..s.clone()
+    };
+    let status = without_requests(&status);
+    if vm.status.as_ref().map(without_requests).as_ref() != Some(&status) {
         let patch = json!({
             "apiVersion": "microvirt.io/v1alpha1",
             "kind": "VirtualMachine",

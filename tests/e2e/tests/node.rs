@@ -38,7 +38,7 @@ const READY: Duration = Duration::from_secs(120);
 struct Env {
     rc: RealCluster,
     k: Kubectl,
-    /// Directory with `kubectl-virt`, for `kubectl virt`.
+    /// Directory with `kubectl-microvirt`, for `kubectl microvirt`.
     plugin_dir: PathBuf,
 }
 
@@ -135,15 +135,15 @@ fn selected(args: &Arguments, name: &str) -> bool {
 }
 
 fn start() -> Result<Env> {
-    let plugin_dir = build_kubectl_virt()?;
+    let plugin_dir = build_kubectl_microvirt()?;
     // Returns once the node can run VMIs (virt-handler Ready, the KVM resource allocatable).
     let rc = microvirt_e2e::start_cluster(ImageSet::TESTS, false, None)?;
     let k = Kubectl::new(rc.kubeconfig_path());
     Ok(Env { rc, k, plugin_dir })
 }
 
-/// `cargo build -p kubectl-virt`; returns the directory of the binary.
-fn build_kubectl_virt() -> Result<PathBuf> {
+/// `cargo build -p kubectl-microvirt`; returns the directory of the binary.
+fn build_kubectl_microvirt() -> Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let root = images::workspace_root();
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -152,10 +152,19 @@ fn build_kubectl_virt() -> Result<PathBuf> {
     let st = Command::new(cargo)
         .current_dir(&root)
         .env("CARGO_TARGET_DIR", &target)
-        .args(["build", "-p", "kubectl-virt", "--bin", "kubectl-virt"])
+        .args([
+            "build",
+            "-p",
+            "kubectl-microvirt",
+            "--bin",
+            "kubectl-microvirt",
+        ])
         .status()
-        .context("cargo build -p kubectl-virt")?;
-    ensure!(st.success(), "cargo build -p kubectl-virt failed ({st})");
+        .context("cargo build -p kubectl-microvirt")?;
+    ensure!(
+        st.success(),
+        "cargo build -p kubectl-microvirt failed ({st})"
+    );
     Ok(target.join("debug"))
 }
 
@@ -320,9 +329,9 @@ fn vmirs_scale(env: &Env) -> Result<()> {
     Ok(())
 }
 
-/// `kubectl virt ARGS` with the plugin on PATH (kubectl wants the plugin name first; the
+/// `kubectl microvirt ARGS` with the plugin on PATH (kubectl wants the plugin name first; the
 /// plugin passes `--kubeconfig` on).
-fn kubectl_virt(env: &Env, args: &[&str]) -> Command {
+fn kubectl_microvirt(env: &Env, args: &[&str]) -> Command {
     let mut c = Command::new("kubectl");
     let path = format!(
         "{}:{}",
@@ -330,7 +339,7 @@ fn kubectl_virt(env: &Env, args: &[&str]) -> Command {
         std::env::var("PATH").unwrap_or_default()
     );
     c.env("PATH", path)
-        .arg("virt")
+        .arg("microvirt")
         .arg(format!("--kubeconfig={}", env.k.kubeconfig().display()))
         .args(args);
     c
@@ -345,13 +354,13 @@ fn console_pause_unpause(env: &Env) -> Result<()> {
     // The console: the guest's serial output (replayed from boot) and our line echoed back.
     // In a process group of its own: the plugin runs `kubectl exec` as its child, which holds
     // the pipe too; the whole group is ended below.
-    let mut child = kubectl_virt(env, &["-n", ns, "console", "echo"])
+    let mut child = kubectl_microvirt(env, &["-n", ns, "console", "echo"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()
-        .context("kubectl virt console")?;
+        .context("kubectl microvirt console")?;
     let out = Arc::new(Mutex::new(Vec::new()));
     let mut stdout = child.stdout.take().unwrap();
     let o2 = out.clone();
@@ -396,11 +405,11 @@ fn console_pause_unpause(env: &Env) -> Result<()> {
     r.with_context(|| format!("console output:\n{}", text()))?;
 
     // pause / unpause through the launcher; the node agent reports the Paused condition.
-    let st = kubectl_virt(env, &["-n", ns, "pause", "echo"]).output()?;
-    ensure!(st.status.success(), "kubectl virt pause: {st:?}");
+    let st = kubectl_microvirt(env, &["-n", ns, "pause", "echo"]).output()?;
+    ensure!(st.status.success(), "kubectl microvirt pause: {st:?}");
     wait_vmi(env, ns, "echo", "Paused", |v| condition_true(v, "Paused"))?;
-    let st = kubectl_virt(env, &["-n", ns, "unpause", "echo"]).output()?;
-    ensure!(st.status.success(), "kubectl virt unpause: {st:?}");
+    let st = kubectl_microvirt(env, &["-n", ns, "unpause", "echo"]).output()?;
+    ensure!(st.status.success(), "kubectl microvirt unpause: {st:?}");
     wait_vmi(env, ns, "echo", "not Paused", |v| {
         condition(v, "Paused").is_some_and(|c| c["status"] == "False") && phase(v) == "Running"
     })?;
@@ -483,8 +492,8 @@ fn vm_lifecycle(env: &Env) -> Result<()> {
         },
     )?;
     // Halted: the VMI and its pod go away and stay away.
-    let out = kubectl_virt(env, &["-n", ns, "stop", "looper"]).output()?;
-    ensure!(out.status.success(), "kubectl virt stop: {out:?}");
+    let out = kubectl_microvirt(env, &["-n", ns, "stop", "looper"]).output()?;
+    ensure!(out.status.success(), "kubectl microvirt stop: {out:?}");
     wait_for("the halted VM to have no VMI and no pod", READY, |last| {
         let v = env.k.get(ns, "vmi", "looper")?;
         let pods = launcher_pods(env, ns)?;
