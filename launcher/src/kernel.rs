@@ -35,6 +35,9 @@ pub enum KernelError {
     Extract { dir: String, detail: String },
 }
 
+/// Why a pod without a kernel image has no fallback.
+const NO_DEMO: &str = "the operator names none, and a pod never boots the built-in demo guest";
+
 /// The kernel chosen, as the VMM takes it.
 pub struct Chosen {
     pub kernel: PathBuf,
@@ -215,7 +218,9 @@ pub fn choose(
         }
     };
     let Some(disk) = boot_disk.filter(|_| inspect) else {
-        let why = if inspect {
+        let why = if inspect && matches!(fallback, Fallback::None) {
+            format!("the VMI has no disk to boot from and names no kernel ({NO_DEMO})")
+        } else if inspect {
             "the VMI has no disk".to_string()
         } else {
             "restoring a snapshot".to_string()
@@ -243,8 +248,7 @@ pub fn choose(
             )
             .map_err(|e| match e {
                 KernelError::NoBootableKernel(_) => no_boot(format!(
-                    "no partition table, so no boot configuration to read, and no default kernel (looked for {})",
-                    bootdisk::LOOKED_FOR
+                    "no partition table, so no boot configuration to read, and no default kernel ({NO_DEMO})"
                 )),
                 e => e,
             })
@@ -261,7 +265,7 @@ pub fn choose(
         }
         Found::NoKernel { root, looked } => {
             let why = match (root, &fallback) {
-                (_, Fallback::None) => "no kernel on the disk and no default kernel",
+                (_, Fallback::None) => "no kernel on the disk and no default kernel (the operator names none)",
                 (None, _) => "no kernel on the disk and no root file system for the default kernel",
                 (Some(_), _) => "no kernel on the disk",
             };
