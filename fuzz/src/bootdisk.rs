@@ -101,10 +101,16 @@ fn one_line(e: &str) {
 
 fn check_entry(e: &Entry) {
     // Resolved paths may have gained a `/boot` prefix.
-    assert!(e.kernel.starts_with('/') && e.kernel.len() <= entry::PATH_MAX + 5, "{e:?}");
+    assert!(
+        e.kernel.starts_with('/') && e.kernel.len() <= entry::PATH_MAX + 5,
+        "{e:?}"
+    );
     assert!(e.initrds.len() <= entry::MAX_INITRDS, "{e:?}");
     for i in &e.initrds {
-        assert!(i.starts_with('/') && i.len() <= entry::PATH_MAX + 5, "{e:?}");
+        assert!(
+            i.starts_with('/') && i.len() <= entry::PATH_MAX + 5,
+            "{e:?}"
+        );
     }
     assert!(e.options.len() <= entry::OPTIONS_MAX, "{e:?}");
     assert!(!e.options.chars().any(char::is_control), "{e:?}");
@@ -138,7 +144,10 @@ pub fn run(data: &[u8]) {
             last = p.number;
             assert!(p.len > 0 && p.start + p.len <= size, "{p:?} outside {size}");
             for q in &t.partitions[n + 1..] {
-                assert!(p.start + p.len <= q.start || q.start + q.len <= p.start, "overlap {t:?}");
+                assert!(
+                    p.start + p.len <= q.start || q.start + q.len <= p.start,
+                    "overlap {t:?}"
+                );
             }
             if matches!(t.kind, TableKind::Gpt { .. }) {
                 assert_eq!(p.partuuid.len(), 36, "{p:?}");
@@ -312,7 +321,16 @@ pub fn image_seeds() -> Vec<(String, Vec<u8>)> {
         std::fs::create_dir_all(&root).expect("mkdir");
         let img = dir.join(format!("{name}.ext4"));
         let st = Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-b", "1024", "-N", "32", "-O", "^has_journal,^resize_inode"])
+            .args([
+                "-q",
+                "-F",
+                "-b",
+                "1024",
+                "-N",
+                "32",
+                "-O",
+                "^has_journal,^resize_inode",
+            ])
             .args(["-U", "0b9e3c1a-5d2f-4e8b-9a61-7c3d2e1f0a11", "-d"])
             .arg(&root)
             .arg(&img)
@@ -404,7 +422,10 @@ pub fn image_seeds() -> Vec<(String, Vec<u8>)> {
                 "gpt",
                 &[ext4(
                     "ext",
-                    &[("/boot/vmlinuz", kernel), ("/boot/extlinux/extlinux.conf", ext)],
+                    &[
+                        ("/boot/vmlinuz", kernel),
+                        ("/boot/extlinux/extlinux.conf", ext),
+                    ],
                 )],
             ),
         ),

@@ -97,7 +97,11 @@ fn join_args(a: &str, b: Option<&str>) -> String {
 
 /// The fallback kernel (the operator's default kernel, or the demo guest in run mode).
 enum Fallback {
-    Container { kernel: PathBuf, initrd: Option<PathBuf>, default_args: Option<String> },
+    Container {
+        kernel: PathBuf,
+        initrd: Option<PathBuf>,
+        default_args: Option<String>,
+    },
     Demo,
     None,
 }
@@ -205,14 +209,20 @@ pub fn choose(
     };
     let fallback_args = |root: Option<&str>| -> Option<String> {
         let base = match &fallback {
-            Fallback::Container { default_args, .. } => {
-                user_args.map(str::to_string).or_else(|| default_args.clone())
-            }
+            Fallback::Container { default_args, .. } => user_args
+                .map(str::to_string)
+                .or_else(|| default_args.clone()),
             _ => user_args.map(str::to_string),
         };
         match root {
             // The user's own root= stays; the default arguments' is replaced.
-            Some(_) if user_args.is_some_and(|a| a.split_ascii_whitespace().any(|w| w.starts_with("root="))) => base,
+            Some(_)
+                if user_args.is_some_and(|a| {
+                    a.split_ascii_whitespace().any(|w| w.starts_with("root="))
+                }) =>
+            {
+                base
+            }
             Some(r) => Some(with_root(base.as_deref().unwrap_or(""), r)),
             None => base,
         }
@@ -253,7 +263,10 @@ pub fn choose(
                 e => e,
             })
         }
-        Found::NoKernel { root: Some(root), looked } if !matches!(fallback, Fallback::None) => {
+        Found::NoKernel {
+            root: Some(root),
+            looked,
+        } if !matches!(fallback, Fallback::None) => {
             log::info!("boot disk {name:?}: no kernel ({looked})");
             let args = fallback_args(Some(root));
             use_fallback(
@@ -265,7 +278,9 @@ pub fn choose(
         }
         Found::NoKernel { root, looked } => {
             let why = match (root, &fallback) {
-                (_, Fallback::None) => "no kernel on the disk and no default kernel (the operator names none)",
+                (_, Fallback::None) => {
+                    "no kernel on the disk and no default kernel (the operator names none)"
+                }
                 (None, _) => "no kernel on the disk and no root file system for the default kernel",
                 (Some(_), _) => "no kernel on the disk",
             };
@@ -277,9 +292,7 @@ pub fn choose(
             let (klen, ilen) = {
                 let mut kw = BufWriter::new(&kfile);
                 let mut iw = BufWriter::new(&ifile);
-                let lens = inspection
-                    .extract(&mut kw, &mut iw)
-                    .map_err(no_boot)?;
+                let lens = inspection.extract(&mut kw, &mut iw).map_err(no_boot)?;
                 let flush = |w: &mut BufWriter<&File>| {
                     w.flush().map_err(|e| KernelError::Extract {
                         dir: scratch.display().to_string(),
@@ -324,7 +337,10 @@ mod tests {
 
     #[test]
     fn root_is_replaced_or_added() {
-        assert_eq!(with_root("root=/dev/vda rw", "PARTUUID=ab"), "root=PARTUUID=ab rw");
+        assert_eq!(
+            with_root("root=/dev/vda rw", "PARTUUID=ab"),
+            "root=PARTUUID=ab rw"
+        );
         assert_eq!(with_root("quiet", "/dev/vda2"), "root=/dev/vda2 quiet");
         assert_eq!(with_root("", "/dev/vda2"), "root=/dev/vda2");
         assert_eq!(join_args("a b", Some(" c ")), "a b c");

@@ -10,12 +10,12 @@ use vmm::devices::virtio::NetConfig;
 use vmm::timing::Clock;
 use vmm::{SerialConfig, VmConfig};
 
+use crate::caps;
 use crate::demo::DemoKernel;
-use crate::kernel::{self, KernelError};
 use crate::disks::{self, DiskError, Layout};
+use crate::kernel::{self, KernelError};
 use crate::runner::{LaunchConfig, Status};
 use crate::vmi::{VmiDocument, VmiError};
-use crate::caps;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {

@@ -158,7 +158,11 @@ fn partitioned(disk: &Path, label: Label, parts: &[&Path], first_type: &str) {
             .arg(format!("of={}", disk.display()))
             .args(["bs=512", "conv=notrunc,sparse", "status=none"])
             .arg(format!("seek={start}")));
-        start += std::fs::metadata(p).unwrap().len().div_ceil(512).next_multiple_of(2048);
+        start += std::fs::metadata(p)
+            .unwrap()
+            .len()
+            .div_ceil(512)
+            .next_multiple_of(2048);
     }
 }
 
@@ -335,13 +339,20 @@ fn grub_on_gpt_raw_and_qcow2_boots_the_image_kernel() {
             )),
             "{name}: {c}"
         );
-        assert!(c.starts_with("console=ttyS0 "), "the VMM's defaults first: {c}");
+        assert!(
+            c.starts_with("console=ttyS0 "),
+            "the VMM's defaults first: {c}"
+        );
         assert!(
             r.stdout.contains(&initrd_line(&[&initrd])),
             "{name}: {}",
             r.stdout
         );
-        assert!(r.stderr.contains("GRUB default entry \"Debian GNU/Linux\""), "{}", r.stderr);
+        assert!(
+            r.stderr.contains("GRUB default entry \"Debian GNU/Linux\""),
+            "{}",
+            r.stderr
+        );
     }
 }
 
@@ -369,20 +380,36 @@ fn bls_on_a_separate_boot_partition_of_an_mbr_disk() {
             (&format!("/{KERNEL_NAME}"), &kernel()),
             (&format!("/{INITRD_NAME}"), &initrd),
             ("/early.img", &early),
-            ("/loader/entries/a-6.9.12.conf", entry("6.9.12", "old").as_bytes()),
-            ("/loader/entries/b-6.10.1.conf", entry("6.10.1", "new").as_bytes()),
-            ("/grub2/grubenv", b"# GRUB Environment Block\ntuned=quiet\n#########\n"),
+            (
+                "/loader/entries/a-6.9.12.conf",
+                entry("6.9.12", "old").as_bytes(),
+            ),
+            (
+                "/loader/entries/b-6.10.1.conf",
+                entry("6.10.1", "new").as_bytes(),
+            ),
+            (
+                "/grub2/grubenv",
+                b"# GRUB Environment Block\ntuned=quiet\n#########\n",
+            ),
         ],
     );
     let root = t.path().join("root.ext4");
-    ext4(t.path(), &root, 8, FS_UUID, &[("/etc/os-release", b"ID=fedora\n")]);
+    ext4(
+        t.path(),
+        &root,
+        8,
+        FS_UUID,
+        &[("/etc/os-release", b"ID=fedora\n")],
+    );
     let disk = t.path().join("disk.raw");
     partitioned(&disk, Label::Mbr, &[&boot, &root], "83");
     let r = launch(&vmi(t.path(), "bls", &disk, None));
     r.booted();
     assert!(
-        r.cmdline()
-            .ends_with(&format!("root=UUID={FS_UUID} ro quiet from=new testguest.scenario=basic")),
+        r.cmdline().ends_with(&format!(
+            "root=UUID={FS_UUID} ro quiet from=new testguest.scenario=basic"
+        )),
         "{}",
         r.cmdline()
     );
@@ -418,8 +445,9 @@ fn extlinux_on_gpt_qcow2() {
     let r = launch(&vmi(t.path(), "extlinux", &qcow2(&disk), None));
     r.booted();
     assert!(
-        r.cmdline()
-            .ends_with(&format!("root=PARTUUID={PART_UUID} rw from=extlinux testguest.scenario=basic")),
+        r.cmdline().ends_with(&format!(
+            "root=PARTUUID={PART_UUID} rw from=extlinux testguest.scenario=basic"
+        )),
         "{}",
         r.cmdline()
     );
@@ -448,8 +476,9 @@ fn a_disk_without_kernel_boots_the_default_kernel_on_its_root_partition() {
     let r = launch(&operator_document(t.path(), "nokernel-gpt", &qcow2(&gpt)));
     r.booted();
     assert!(
-        r.cmdline()
-            .ends_with(&format!("root=PARTUUID={PART_UUID} rw testguest.scenario=basic")),
+        r.cmdline().ends_with(&format!(
+            "root=PARTUUID={PART_UUID} rw testguest.scenario=basic"
+        )),
         "{}",
         r.cmdline()
     );
@@ -460,7 +489,8 @@ fn a_disk_without_kernel_boots_the_default_kernel_on_its_root_partition() {
     let r = launch(&operator_document(t.path(), "nokernel-mbr", &mbr));
     r.booted();
     assert!(
-        r.cmdline().ends_with("root=/dev/vda2 rw testguest.scenario=basic"),
+        r.cmdline()
+            .ends_with("root=/dev/vda2 rw testguest.scenario=basic"),
         "{}",
         r.cmdline()
     );
@@ -468,7 +498,8 @@ fn a_disk_without_kernel_boots_the_default_kernel_on_its_root_partition() {
     let r = launch(&operator_document(t.path(), "nokernel-bare", &fs));
     r.booted();
     assert!(
-        r.cmdline().ends_with("root=/dev/vda rw testguest.scenario=basic"),
+        r.cmdline()
+            .ends_with("root=/dev/vda rw testguest.scenario=basic"),
         "{}",
         r.cmdline()
     );
@@ -499,17 +530,17 @@ fn damaged_boot_disks_fail_with_their_reason() {
     };
     // A boot configuration that names a missing kernel.
     let disk = with_grub("missing", "linux /boot/vmlinuz-nothere root=/dev/vda1");
-    launch(&vmi(t.path(), "missing", &disk, None))
-        .failed("NoBootableKernel", "kernel /boot/vmlinuz-nothere not found on partition 1");
+    launch(&vmi(t.path(), "missing", &disk, None)).failed(
+        "NoBootableKernel",
+        "kernel /boot/vmlinuz-nothere not found on partition 1",
+    );
     // One that points at a file system outside the disk's partitions.
     let disk = with_grub(
         "outside",
         &format!("search --fs-uuid --set=root 11111111-2222-3333-4444-555555555555\nlinux /boot/{KERNEL_NAME}"),
     );
-    launch(&vmi(t.path(), "outside", &disk, None)).failed(
-        "NoBootableKernel",
-        "no ext4 partition has this file system",
-    );
+    launch(&vmi(t.path(), "outside", &disk, None))
+        .failed("NoBootableKernel", "no ext4 partition has this file system");
     // A damaged GPT header.
     let disk = with_grub("badgpt", &format!("linux /boot/{KERNEL_NAME}"));
     let mut bytes = std::fs::read(&disk).unwrap();
@@ -523,10 +554,8 @@ fn damaged_boot_disks_fail_with_their_reason() {
     std::fs::write(&part, &xfs).unwrap();
     let disk = t.path().join("xfs.raw");
     partitioned(&disk, Label::Gpt, &[&part], "L");
-    launch(&vmi(t.path(), "xfs", &disk, None)).failed(
-        "NoBootableKernel",
-        "1: xfs, not read (only ext2/3/4 are)",
-    );
+    launch(&vmi(t.path(), "xfs", &disk, None))
+        .failed("NoBootableKernel", "1: xfs, not read (only ext2/3/4 are)");
     // A truncated qcow2 image.
     let good = with_grub("trunc", &format!("linux /boot/{KERNEL_NAME}"));
     let q = qcow2(&good);

@@ -1460,7 +1460,11 @@ mod tests {
         assert_eq!(kernel_image(&pod).as_deref(), Some("my/kernel:1"));
         // The user's kernel is no fallback: no defaultKernel, and no extraction allowance.
         assert!(doc(&pod).get("defaultKernel").is_none());
-        let runtime = volume(&pod, "runtime").empty_dir.unwrap().size_limit.unwrap();
+        let runtime = volume(&pod, "runtime")
+            .empty_dir
+            .unwrap()
+            .size_limit
+            .unwrap();
         let cfg = Config::default();
         assert_eq!(
             bytes(&runtime),

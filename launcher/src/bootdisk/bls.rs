@@ -188,7 +188,11 @@ grub_class fedora
             version: Some(v.into()),
             entry: Entry::default(),
         };
-        let p = pick(vec![e("a.conf", "6.9.12"), e("b.conf", "6.10.1"), e("c.conf", "6.2")]);
+        let p = pick(vec![
+            e("a.conf", "6.9.12"),
+            e("b.conf", "6.10.1"),
+            e("c.conf", "6.2"),
+        ]);
         assert_eq!(p.unwrap().file, "b.conf");
         let mut keyed = e("z.conf", "1");
         keyed.sort_key = Some("fedora".into());

@@ -199,9 +199,14 @@ fn entry_statement(e: &mut Entry, s: &[String], vars: &mut BTreeMap<String, Stri
             let set_root = s
                 .iter()
                 .any(|w| w == "--set=root" || w == "--set" || w == "-s");
-            let by_uuid = s[0] == "search.fs_uuid" || s.iter().any(|w| w == "--fs-uuid" || w == "-u");
+            let by_uuid =
+                s[0] == "search.fs_uuid" || s.iter().any(|w| w == "--fs-uuid" || w == "-u");
             if set_root && by_uuid {
-                if let Some(u) = s.iter().skip(1).rfind(|w| !w.starts_with('-') && *w != "root") {
+                if let Some(u) = s
+                    .iter()
+                    .skip(1)
+                    .rfind(|w| !w.starts_with('-') && *w != "root")
+                {
                     e.root_uuid = Some(u.to_ascii_lowercase());
                 }
             }
@@ -247,7 +252,9 @@ fn parse(text: &str, env: &BTreeMap<String, String>) -> Result<(Vec<Item>, Strin
             }
             if opens {
                 if stack.len() >= MAX_DEPTH {
-                    return Err(format!("grub.cfg: blocks nested more than {MAX_DEPTH} deep"));
+                    return Err(format!(
+                        "grub.cfg: blocks nested more than {MAX_DEPTH} deep"
+                    ));
                 }
                 let kind = s[0].as_str();
                 let item = if matches!(kind, "menuentry" | "submenu") {
@@ -273,7 +280,9 @@ fn parse(text: &str, env: &BTreeMap<String, String>) -> Result<(Vec<Item>, Strin
                 continue;
             }
             match stack.last_mut() {
-                Some(Some(item)) if !item.submenu => entry_statement(&mut item.entry, &s, &mut vars),
+                Some(Some(item)) if !item.submenu => {
+                    entry_statement(&mut item.entry, &s, &mut vars)
+                }
                 Some(_) => {}
                 None => {
                     if s[0] == "set" {
@@ -426,7 +435,11 @@ submenu 'Advanced options for Debian GNU/Linux' $menuentry_id_option 'gnulinux-a
         let with = |d: &str| DEBIAN.replace("set default=\"0\"", &format!("set default=\"{d}\""));
         let e = default_entry(&with("1>1"), &BTreeMap::new()).unwrap();
         assert!(e.options.ends_with("single"), "{e:?}");
-        let e = default_entry(&with("gnulinux-advanced-0b9e>gnulinux-6.1.0-13-cloud-amd64-recovery-0b9e"), &BTreeMap::new()).unwrap();
+        let e = default_entry(
+            &with("gnulinux-advanced-0b9e>gnulinux-6.1.0-13-cloud-amd64-recovery-0b9e"),
+            &BTreeMap::new(),
+        )
+        .unwrap();
         assert!(e.options.ends_with("single"));
         let e = default_entry(&with("1"), &BTreeMap::new()).unwrap();
         assert_eq!(e.options, "root=PARTUUID=6a8c ro console=tty0");
@@ -455,15 +468,19 @@ submenu 'Advanced options for Debian GNU/Linux' $menuentry_id_option 'gnulinux-a
         assert!(default_entry("set default=0\n", &BTreeMap::new())
             .unwrap_err()
             .contains("no menuentry"));
-        assert!(default_entry("menuentry 'a' {\nlinux /a\n", &BTreeMap::new())
-            .unwrap_err()
-            .contains("not closed"));
+        assert!(
+            default_entry("menuentry 'a' {\nlinux /a\n", &BTreeMap::new())
+                .unwrap_err()
+                .contains("not closed")
+        );
         assert!(default_entry("}\n", &BTreeMap::new())
             .unwrap_err()
             .contains("without an open block"));
-        assert!(default_entry("menuentry 'a' {\necho hi\n}\n", &BTreeMap::new())
-            .unwrap_err()
-            .contains("no `linux` line"));
+        assert!(
+            default_entry("menuentry 'a' {\necho hi\n}\n", &BTreeMap::new())
+                .unwrap_err()
+                .contains("no `linux` line")
+        );
         let deep = "if x; then\n".to_string() + &"menuentry a {\n".repeat(MAX_DEPTH + 1);
         assert!(default_entry(&deep, &BTreeMap::new())
             .unwrap_err()

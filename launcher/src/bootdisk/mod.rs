@@ -273,7 +273,9 @@ fn find(table: &Table, parts: &[Part]) -> Result<Found, String> {
             let Some(text) = fs.read_text(cfg, CONFIG_MAX)? else {
                 continue;
             };
-            let dir = cfg.rsplit_once('/').map_or("/", |(d, _)| if d.is_empty() { "/" } else { d });
+            let dir = cfg
+                .rsplit_once('/')
+                .map_or("/", |(d, _)| if d.is_empty() { "/" } else { d });
             let e = extlinux::default_entry(&text, dir).map_err(|e| format!("{cfg}: {e}"))?;
             let source = format!(
                 "extlinux label {:?} of {cfg} (partition {})",
@@ -324,7 +326,10 @@ fn resolve(
             .find(|(_, fs)| fs.uuid().eq_ignore_ascii_case(u))
             .map(|(j, _)| j)
             .ok_or_else(|| {
-                format!("{source}: `search --fs-uuid {}`: no ext4 partition has this file system", entry::clip(u))
+                format!(
+                    "{source}: `search --fs-uuid {}`: no ext4 partition has this file system",
+                    entry::clip(u)
+                )
             })?,
         None => i,
     };
@@ -340,7 +345,9 @@ fn resolve(
         for t in &tried {
             if let Some(len) = fs.file_len(t).map_err(|e| format!("{source}: {e}"))? {
                 if len > cap {
-                    return Err(format!("{source}: {what} {t} is {len} bytes, more than {cap}"));
+                    return Err(format!(
+                        "{source}: {what} {t} is {len} bytes, more than {cap}"
+                    ));
                 }
                 return Ok((t.clone(), len));
             }
@@ -358,7 +365,9 @@ fn resolve(
         let (path, len) = locate(p, INITRD_MAX, "initrd")?;
         total = total.saturating_add(len.next_multiple_of(4));
         if total > INITRD_MAX {
-            return Err(format!("{source}: the initrds are more than {INITRD_MAX} bytes together"));
+            return Err(format!(
+                "{source}: the initrds are more than {INITRD_MAX} bytes together"
+            ));
         }
         initrds.push(path);
     }
@@ -427,7 +436,10 @@ mod tests {
         match i.found {
             Found::NoKernel { root, looked } => {
                 assert_eq!(root, None);
-                assert!(looked.contains("MBR table, partitions 1: no known file system"), "{looked}");
+                assert!(
+                    looked.contains("MBR table, partitions 1: no known file system"),
+                    "{looked}"
+                );
             }
             f => panic!("{f:?}"),
         }

@@ -355,7 +355,12 @@ mod tests {
         let Probe::Table(t) = probe(&mut d.as_slice()).unwrap() else {
             panic!()
         };
-        assert_eq!(t.kind, TableKind::Mbr { signature: 0x1234_abcd });
+        assert_eq!(
+            t.kind,
+            TableKind::Mbr {
+                signature: 0x1234_abcd
+            }
+        );
         assert_eq!(t.partitions.len(), 2, "extended partition skipped");
         assert_eq!(t.partitions[0].start, 1024);
         assert_eq!(t.partitions[0].len, 5120);
@@ -390,8 +395,8 @@ mod tests {
         for (i, (first, last, id)) in parts.iter().enumerate() {
             let e = &mut array[i * 128..(i + 1) * 128];
             e[0..16].copy_from_slice(&[
-                0xaf, 0x3d, 0xc6, 0x0f, 0x83, 0x84, 0x72, 0x47, 0x8e, 0x79, 0x3d, 0x69, 0xd8,
-                0x47, 0x7d, 0xe4,
+                0xaf, 0x3d, 0xc6, 0x0f, 0x83, 0x84, 0x72, 0x47, 0x8e, 0x79, 0x3d, 0x69, 0xd8, 0x47,
+                0x7d, 0xe4,
             ]);
             e[16..32].fill(*id);
             e[32..40].copy_from_slice(&first.to_le_bytes());
