@@ -1336,7 +1336,7 @@ mod tests {
                 .size_limit
                 .unwrap(),
         );
-        assert_eq!(runtime, 64 << 20);
+        assert_eq!(runtime, (64 << 20) + IMAGE_KERNEL_SCRATCH);
     }
 
     /// The emptyDisk's sizeLimit holds the disk file the launcher creates once the guest has
