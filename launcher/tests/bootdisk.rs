@@ -566,3 +566,112 @@ fn damaged_boot_disks_fail_with_their_reason() {
     let r = launch(&vmi(t.path(), "trunc", &q, None));
     r.failed("NoBootableKernel", "qcow2");
 }
+
+/// `virt-launcher pod` with the operator's document and a containerDisk packed as KubeVirt packs
+/// it (`disk/<file>.qcow2` in the image, no `path`): the image's kernel boots rather than the
+/// default kernel image (the demo guest here, PVH entry), which boots only for a disk without
+/// a kernel, with root on the image's root partition.
+#[test]
+fn pod_mode_prefers_the_image_kernel_over_the_default_kernel_image() {
+    tools();
+    let t = TempDir::new("pod");
+    let grub = format!(
+        "menuentry 'Debian GNU/Linux' {{\n linux /boot/{KERNEL_NAME} root=PARTUUID={PART_UUID} ro from=pod-grub testguest.scenario=basic\n}}\n"
+    );
+    let with_kernel = t.path().join("k.ext4");
+    ext4(
+        t.path(),
+        &with_kernel,
+        8,
+        FS_UUID,
+        &[
+            (&format!("/boot/{KERNEL_NAME}"), &kernel()),
+            ("/boot/grub/grub.cfg", grub.as_bytes()),
+        ],
+    );
+    let without = t.path().join("n.ext4");
+    ext4(
+        t.path(),
+        &without,
+        8,
+        FS_UUID,
+        &[("/sbin/init", b"#!/bin/sh\n")],
+    );
+    for (name, fs, entry, cmdline_end) in [
+        (
+            "image-kernel",
+            &with_kernel,
+            "entry=linux64",
+            format!("root=PARTUUID={PART_UUID} ro from=pod-grub testguest.scenario=basic"),
+        ),
+        (
+            "default-kernel",
+            &without,
+            "entry=pvh",
+            format!("root=PARTUUID={PART_UUID} rw testguest.scenario=basic"),
+        ),
+    ] {
+        let raw = t.path().join(format!("{name}.raw"));
+        partitioned(&raw, Label::Gpt, &[fs], "L");
+        let q = qcow2(&raw);
+        let root = t.path().join(name);
+        let disk_dir = root.join("container-disks/root/disk");
+        std::fs::create_dir_all(&disk_dir).unwrap();
+        std::fs::copy(&q, disk_dir.join("disk.qcow2")).unwrap();
+        std::fs::create_dir_all(root.join("kernel-boot/boot")).unwrap();
+        std::fs::write(
+            root.join("kernel-boot/boot/vmlinux"),
+            launcher::demo::DEMO_GUEST,
+        )
+        .unwrap();
+        std::fs::create_dir_all(root.join("vmi")).unwrap();
+        let doc = serde_json::json!({
+            "apiVersion": "microvirt.io/v1alpha1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "namespace": "default", "uid": "0000-1111"},
+            "spec": {
+                "terminationGracePeriodSeconds": 5,
+                "domain": {
+                    "memory": {"guest": "32Mi"},
+                    "firmware": {"kernelBoot": {"container": {
+                        "image": "microvirt/guest-kernel:dev", "kernelPath": "/boot/vmlinux"}}},
+                    "devices": {"disks": [{"name": "root"}]}
+                },
+                "volumes": [{"name": "root", "containerDisk": {"image": "example/cloud:1"}}]
+            },
+            "guestMemoryBytes": 33554432u64,
+            "vcpus": 1,
+            "defaultKernel": {"kernelArgs": "root=/dev/vda rw testguest.scenario=basic"}
+        });
+        std::fs::write(root.join("vmi/vmi.json"), doc.to_string()).unwrap();
+        let log = t.path().join(format!("{name}.termination"));
+        let out = Command::new(BIN)
+            .arg("pod")
+            .env("MICROVIRT_ROOT", &root)
+            .env("MICROVIRT_TERMINATION_LOG", &log)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{name}:\n{stdout}\n{stderr}");
+        assert!(
+            stdout.contains(&format!("microvirt-testguest: {entry}")),
+            "{name}:\n{stdout}"
+        );
+        let cmdline = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdline: "))
+            .unwrap_or_else(|| panic!("{name}: no command line:\n{stdout}"));
+        assert!(cmdline.ends_with(&cmdline_end), "{name}: {cmdline}");
+        assert!(!cmdline.contains("root=/dev/vda "), "{name}: {cmdline}");
+        // The extracted kernel was an unlinked file: nothing is left in the runtime directory.
+        let left: Vec<_> = std::fs::read_dir(root.join("run"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("boot-disk"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
