@@ -122,7 +122,10 @@ fn le32(b: &[u8], at: usize) -> u32 {
 fn check_superblock(sb: &[u8; 1024], part_len: u64) -> Result<(), String> {
     let log = le32(sb, 0x18);
     if log > 6 {
-        return Err(format!("ext4 block size 2^{} (at most 64 KiB)", log + 10));
+        return Err(format!(
+            "ext4 block size 2^{} (at most 64 KiB)",
+            u64::from(log) + 10
+        ));
     }
     let block = 1024u64 << log;
     let incompat = le32(sb, 0x60);
@@ -290,6 +293,9 @@ mod tests {
         assert!(e.contains("larger than its partition"), "{e}");
         let e = check_superblock(&sb(7, 1, 1), 1 << 30).unwrap_err();
         assert!(e.contains("block size"), "{e}");
+        // Found by the bootdisk fuzz target: the message's exponent overflowed.
+        let e = check_superblock(&sb(u32::MAX, 1, 1), 1 << 30).unwrap_err();
+        assert!(e.contains("2^4294967305"), "{e}");
         let e = check_superblock(&sb(0, 1 << 20, 1), 1 << 30).unwrap_err();
         assert!(e.contains("block groups"), "{e}");
         let e = check_superblock(&sb(0, 10, 0), 1 << 30).unwrap_err();
