@@ -67,6 +67,18 @@ pub fn clip(s: &str) -> &str {
     &s[..end]
 }
 
+/// Cuts `s` to at most `max` bytes, at a character boundary (`String::truncate` panics
+/// inside a character).
+pub fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
 /// Words joined by single spaces.
 pub fn join(words: &[String]) -> String {
     words.join(" ")
@@ -99,6 +111,12 @@ mod tests {
         e.options = "x".repeat(OPTIONS_MAX + 1);
         assert!(e.check().unwrap_err().contains("longer"));
         assert_eq!(clip("äöü"), "äöü");
+        // Found by the bootcfg fuzz target: a cut inside a character.
+        let mut t = "aé".to_string();
+        truncate(&mut t, 2);
+        assert_eq!(t, "a");
+        truncate(&mut t, 5);
+        assert_eq!(t, "a");
         assert_eq!(clip(&"é".repeat(40)).len(), 64);
     }
 }

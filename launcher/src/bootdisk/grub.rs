@@ -119,7 +119,7 @@ fn statements(line: &str, vars: &BTreeMap<String, String>) -> Vec<Vec<String>> {
             }
         }
         if word.len() > MAX_VALUE {
-            word.truncate(MAX_VALUE);
+            entry::truncate(&mut word, MAX_VALUE);
         }
     }
     if in_word {
@@ -150,7 +150,7 @@ fn set_var(vars: &mut BTreeMap<String, String>, assignment: &str) {
     if let Some((k, v)) = assignment.split_once('=') {
         if vars.len() < MAX_VARS || vars.contains_key(k) {
             let mut v = v.to_string();
-            v.truncate(MAX_VALUE);
+            entry::truncate(&mut v, MAX_VALUE);
             vars.insert(k.to_string(), v);
         }
     }
@@ -364,7 +364,7 @@ pub fn parse_env(text: &str) -> BTreeMap<String, String> {
         if let Some((k, v)) = line.split_once('=') {
             if env.len() < MAX_VARS && k.len() <= 64 {
                 let mut v = v.to_string();
-                v.truncate(MAX_VALUE);
+                entry::truncate(&mut v, MAX_VALUE);
                 env.insert(k.to_string(), v);
             }
         }
@@ -489,6 +489,16 @@ submenu 'Advanced options for Debian GNU/Linux' $menuentry_id_option 'gnulinux-a
         assert!(default_entry(&many, &BTreeMap::new())
             .unwrap_err()
             .contains("more than"));
+    }
+
+    #[test]
+    fn values_are_cut_at_character_boundaries() {
+        // Found by the bootcfg fuzz target: a value cut inside a character panicked.
+        let long = format!("a{}", "é".repeat(MAX_VALUE));
+        let env = parse_env(&format!("x={long}\n"));
+        assert!(env["x"].len() <= MAX_VALUE);
+        let cfg = format!("set y={long}\nmenuentry 'a' {{\nlinux /a{long}\n}}\n");
+        assert!(default_entry(&cfg, &env).is_err());
     }
 
     #[test]
