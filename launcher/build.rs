@@ -1,6 +1,7 @@
 //! Embeds the test guest (guest-images/testguest, PVH ELF) in `virt-launcher` as the built-in
 //! demo guest. The guest is built by a nested cargo with its own target directory inside
-//! OUT_DIR, so it never waits on the outer build's target-directory lock.
+//! OUT_DIR, so it never waits on the outer build's target-directory lock. Its bzImage is left
+//! in OUT_DIR for the launcher's tests.
 
 use std::path::PathBuf;
 
@@ -31,6 +32,17 @@ fn main() {
             std::process::exit(1);
         }
     };
+    // The test guest as a bzImage, for tests that put it on a disk image as the image's own
+    // kernel (tests/bootdisk.rs); not embedded in the binary.
+    let bz = out.join("testguest-bzImage");
+    if let Err(e) = std::fs::copy(&artifacts.bzimage, &bz) {
+        eprintln!(
+            "copying {} to {}: {e}",
+            artifacts.bzimage.display(),
+            bz.display()
+        );
+        std::process::exit(1);
+    }
     let dest = out.join("demo-guest.elf");
     if let Err(e) = std::fs::copy(&artifacts.pvh, &dest) {
         eprintln!(

@@ -28,6 +28,12 @@ pub const KEY_BOOT_TIME_MS: &str = "bootTimeMs";
 /// Key present when the VM was stopped because the launcher was asked to stop it.
 pub const KEY_SHUTDOWN_REQUESTED: &str = "shutdownRequested";
 
+/// The boot disk holds no kernel the launcher can boot, and no fallback kernel applies.
+pub const NO_BOOTABLE_KERNEL: &str = "NoBootableKernel";
+/// The launcher's reasons that the operator copies to the VMI's `status.reason` as they are
+/// (other failures become `LauncherExited<code>`).
+pub const VMI_REASONS: &[&str] = &[NO_BOOTABLE_KERNEL];
+
 /// Who asked the launcher to stop the VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShutdownOrigin {

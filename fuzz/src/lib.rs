@@ -20,6 +20,7 @@ pub fn tracing() -> bool {
 
 pub mod backend;
 pub mod blk;
+pub mod bootdisk;
 pub mod dhcp;
 pub mod driver;
 pub mod input;
@@ -44,4 +45,6 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("dhcp_parse", dhcp::run),
     ("vmi_document", vmi::run),
     ("snapshot_state", snapshot::run),
+    ("bootdisk", bootdisk::run),
+    ("bootcfg", bootdisk::run_cfg),
 ];

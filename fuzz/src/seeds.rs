@@ -29,6 +29,9 @@ pub fn all() -> Vec<(&'static str, String, Vec<u8>)> {
     for (name, bytes) in snapshot() {
         v.push(("snapshot_state", name, bytes));
     }
+    for (name, bytes) in crate::bootdisk::cfg_seeds() {
+        v.push(("bootcfg", name, bytes));
+    }
     v
 }
 

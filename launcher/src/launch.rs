@@ -10,11 +10,12 @@ use vmm::devices::virtio::NetConfig;
 use vmm::timing::Clock;
 use vmm::{SerialConfig, VmConfig};
 
+use crate::caps;
 use crate::demo::DemoKernel;
 use crate::disks::{self, DiskError, Layout};
+use crate::kernel::{self, KernelError};
 use crate::runner::{LaunchConfig, Status};
 use crate::vmi::{VmiDocument, VmiError};
-use crate::{caps, paths};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
@@ -22,10 +23,8 @@ pub enum LaunchError {
     Vmi(#[from] VmiError),
     #[error(transparent)]
     Disk(#[from] DiskError),
-    #[error("firmware.kernelBoot.container: {0}")]
-    Kernel(String),
-    #[error("the built-in demo guest: {0}")]
-    Demo(std::io::Error),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
     #[error("pod network: {0}")]
     Network(String),
     #[error("{0}")]
@@ -188,27 +187,6 @@ fn setup_network(
     Ok((Some(setup), vec![nic], summary))
 }
 
-/// The kernel or initrd: in pod mode opened inside the kernel-boot image without following
-/// links (the VMM reopens the descriptor, which is pushed to `held`); in run mode a local path.
-fn kernel_path(layout: &Layout, p: &str, held: &mut Vec<File>) -> Result<PathBuf, LaunchError> {
-    match layout {
-        Layout::Pod { root, .. } => {
-            let kerr = |e: String| LaunchError::Kernel(e);
-            let rel = disks::relative_inside(p, "kernel-boot").map_err(|e| kerr(e.to_string()))?;
-            let dir = root.join("kernel-boot");
-            let f = paths::open_beneath(&dir, &rel, paths::OpenMode::ReadOnly)
-                .map_err(|e| kerr(e.to_string()))?;
-            if !f.metadata().is_ok_and(|m| m.is_file()) {
-                return Err(kerr(format!("{} is not a file", dir.join(rel).display())));
-            }
-            let path = paths::proc_path(&f);
-            held.push(f);
-            Ok(path)
-        }
-        Layout::Local { base_dir, .. } => Ok(disks::local(base_dir, p)),
-    }
-}
-
 /// Mode of a VM pool builder's snapshot directory once the launcher has handed it to its
 /// group: the launcher (after [`caps::become_user`]) writes the snapshot into it, the node
 /// agent (group 107 too) removes it when no pool uses it; nobody else gets in; new files
@@ -282,43 +260,21 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
         source,
     })?;
     let mut held = Vec::new();
-    let mut demo = None;
-    let kb = doc.kernel_boot();
-    let mut vm =
-        match kb.and_then(|k| k.container.as_ref()) {
-            None if !opts.demo_guest => return Err(LaunchError::Kernel(
-                "none given, and a pod never boots the built-in demo guest (the operator fills \
-                 in its --default-kernel-image; the image microvirt/demo-kernel:dev carries the \
-                 demo guest)"
-                    .into(),
-            )),
-            None => {
-                let d = DemoKernel::new().map_err(LaunchError::Demo)?;
-                let vm = VmConfig::new(d.path());
-                demo = Some(d);
-                vm
-            }
-            Some(c) => {
-                let k = c
-                    .kernel_path
-                    .as_deref()
-                    .ok_or_else(|| LaunchError::Kernel("kernelPath is required".into()))?;
-                let mut vm = VmConfig::new(kernel_path(&opts.layout, k, &mut held)?);
-                if let Some(i) = c.initrd_path.as_deref() {
-                    vm.initrd = Some(kernel_path(&opts.layout, i, &mut held)?);
-                }
-                for p in std::iter::once(&vm.kernel).chain(vm.initrd.as_ref()) {
-                    if !p.is_file() {
-                        return Err(LaunchError::Kernel(format!(
-                            "{} is not a file",
-                            p.display()
-                        )));
-                    }
-                }
-                vm
-            }
-        };
-    vm.cmdline = kb.and_then(|k| k.kernel_args.clone());
+    let mut prepared = disks::prepare_with(doc, &opts.layout, &opts.runtime_dir, block_devices)?;
+    let chosen = kernel::choose(
+        doc,
+        &opts.layout,
+        opts.demo_guest,
+        prepared.first(),
+        &opts.runtime_dir,
+        opts.restore.is_none(),
+    )?;
+    log::info!("kernel: {}", chosen.summary);
+    let mut vm = VmConfig::new(&chosen.kernel);
+    vm.initrd = chosen.initrd;
+    vm.cmdline = chosen.cmdline;
+    held.extend(chosen.held);
+    let demo = chosen.demo;
     vm.mem_mib = doc.guest_memory_bytes()?.div_ceil(1 << 20);
     vm.vcpus = doc.vcpus()?;
     vm.acpi = doc.acpi();
@@ -331,7 +287,6 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
         Console::Stdio | Console::Socket => SerialConfig::Unix(console_socket.clone()),
         Console::None => SerialConfig::None,
     };
-    let mut prepared = disks::prepare_with(doc, &opts.layout, &opts.runtime_dir, block_devices)?;
     vm.disks = prepared.iter().map(|d| d.config.clone()).collect();
     vm.rng = doc
         .spec

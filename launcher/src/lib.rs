@@ -9,12 +9,14 @@
 //! - [`runner`]: boot, signals, grace period, outcome; [`control`]: the control socket.
 //! - [`seccomp`], [`caps`], [`teardown`]: least privilege.
 
+pub mod bootdisk;
 pub mod caps;
 pub mod cloudinit;
 pub mod console;
 pub mod control;
 pub mod demo;
 pub mod disks;
+pub mod kernel;
 pub mod launch;
 pub mod paths;
 pub mod runner;

@@ -218,6 +218,9 @@ fn launch(doc: &VmiDocument, opts: &Options, keep_caps: bool, start: Clock) -> O
     }
     let mut prepared = match launch::prepare(doc, opts, start) {
         Ok(p) => p,
+        Err(
+            e @ launch::LaunchError::Kernel(launcher::kernel::KernelError::NoBootableKernel(_)),
+        ) => return Outcome::no_bootable_kernel(e.to_string()),
         Err(e) => return Outcome::setup_failed(e.to_string()),
     };
     // `run --pod-network` removes the network at exit, which needs CAP_NET_ADMIN: a helper

@@ -151,6 +151,10 @@ pub struct LaunchConfig {
     pub taps: Vec<vmm::devices::virtio::net::tap::Tap>,
 }
 
+/// The termination reason of a VMI whose boot disk has no kernel to boot (see
+/// [`Outcome::no_bootable_kernel`]); `microvirt_crds::termination::NO_BOOTABLE_KERNEL`.
+pub const REASON_NO_BOOTABLE_KERNEL: &str = microvirt_crds::termination::NO_BOOTABLE_KERNEL;
+
 /// Why the launcher ended and what it reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
@@ -172,6 +176,18 @@ impl Outcome {
             exit_code: exit_code::SETUP,
             message: format!("setup failed: {}", msg.into()),
             reason: "SetupFailed",
+            boot_time_ms: None,
+            shutdown_requested: None,
+        }
+    }
+
+    /// The boot disk holds nothing to boot (and no fallback kernel applies): exit code 3,
+    /// reason `NoBootableKernel`, which the operator copies to the VMI's reason.
+    pub fn no_bootable_kernel(msg: impl Into<String>) -> Self {
+        Self {
+            exit_code: exit_code::SETUP,
+            message: msg.into(),
+            reason: REASON_NO_BOOTABLE_KERNEL,
             boot_time_ms: None,
             shutdown_requested: None,
         }

@@ -62,6 +62,21 @@ pub struct VmiDocument {
     /// Set by the operator (pod mode): vCPU count after defaulting.
     #[serde(default)]
     pub vcpus: Option<u64>,
+    /// Set by the operator when `spec.domain.firmware.kernelBoot.container` is its default
+    /// kernel image, not the user's choice: a fallback for a boot disk without a kernel of its
+    /// own (docs/launcher-pod.md, "The guest kernel").
+    #[serde(default)]
+    pub default_kernel: Option<DefaultKernel>,
+}
+
+/// The operator's default kernel (the document's `defaultKernel`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DefaultKernel {
+    /// The operator's `--default-kernel-args` (`root=/dev/vda rw`), used when the VMI gives
+    /// no `kernelArgs`; its `root=` is replaced on a partitioned boot disk.
+    #[serde(default)]
+    pub kernel_args: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

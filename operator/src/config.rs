@@ -43,10 +43,13 @@ pub struct Config {
     /// containerDisks than this allows gets its pod evicted by the kubelet.
     pub container_disk_overlay: u64,
     /// kernelBoot image for VMIs that name no `firmware.kernelBoot.container` (the kernel is
-    /// [`DEFAULT_KERNEL_PATH`] inside it). `None`: such VMIs fail (`InvalidSpec`); the launcher
+    /// [`DEFAULT_KERNEL_PATH`] inside it): a fallback, used only when the VMI's boot disk has no
+    /// kernel of its own (the launcher looks first; docs/launcher-pod.md, "The guest kernel").
+    /// `None`: such VMIs boot the boot disk's kernel or fail (`NoBootableKernel`); the launcher
     /// never falls back to its built-in demo guest in a pod.
     pub default_kernel_image: Option<String>,
-    /// Kernel command line for those VMIs when they give no `kernelArgs`.
+    /// Kernel command line of the default kernel when the VMI gives no `kernelArgs` (its
+    /// `root=` is replaced by the image's root partition on a partitioned boot disk).
     pub default_kernel_args: String,
     /// Binding of the pod interface added to VMIs without interfaces and networks.
     pub default_network_interface: DefaultBinding,
@@ -78,6 +81,10 @@ pub const DEFAULT_KERNEL_PATH: &str = "/boot/vmlinux";
 /// Command line of the default kernel: root on the first disk (the containerDisk of a
 /// KubeVirt-style VMI), as the guest-images root file system expects.
 pub const DEFAULT_KERNEL_ARGS: &str = "root=/dev/vda rw";
+/// Local disk the launcher may use to extract a boot disk's kernel and initrd (its caps:
+/// 64 MiB kernel + 512 MiB initrds, launcher/src/bootdisk), added to the runtime directory's
+/// share for every VMI without `firmware.kernelBoot.container`.
+pub const IMAGE_KERNEL_SCRATCH: u64 = 576 << 20;
 /// Field manager of every server-side apply the operator does.
 pub const FIELD_MANAGER: &str = "microvirt-operator";
 /// Extended resource that grants `/dev/kvm` and `/dev/net/tun`.

@@ -52,11 +52,13 @@ struct Args {
     /// ephemeral-storage).
     #[arg(long, env = "MICROVIRT_CONTAINER_DISK_OVERLAY", default_value = "2Gi")]
     container_disk_overlay: String,
-    /// kernelBoot image for VMIs without firmware.kernelBoot.container (kernel at
-    /// /boot/vmlinux inside it); empty: such VMIs fail.
+    /// Fallback kernelBoot image for VMIs without firmware.kernelBoot.container whose boot
+    /// disk has no kernel of its own (kernel at /boot/vmlinux inside it); empty: such VMIs
+    /// boot their disk's kernel or fail (NoBootableKernel).
     #[arg(long, env = "MICROVIRT_DEFAULT_KERNEL_IMAGE", default_value = DEFAULT_KERNEL_IMAGE)]
     default_kernel_image: String,
-    /// Kernel command line for those VMIs when they give no kernelArgs.
+    /// Command line of the fallback kernel when the VMI gives no kernelArgs (root= is
+    /// replaced by the image's root partition on a partitioned boot disk).
     #[arg(long, default_value = DEFAULT_KERNEL_ARGS)]
     default_kernel_args: String,
     /// Binding of the pod network interface that VMIs without interfaces and networks get

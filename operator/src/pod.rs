@@ -23,7 +23,9 @@ use microvirt_crds::vmi::{
 };
 use serde::Serialize;
 
-use crate::config::{Config, DefaultBinding, KvmMode, DEFAULT_KERNEL_PATH, KVM_RESOURCE};
+use crate::config::{
+    Config, DefaultBinding, KvmMode, DEFAULT_KERNEL_PATH, IMAGE_KERNEL_SCRATCH, KVM_RESOURCE,
+};
 
 /// Annotation carrying the VMI document the launcher reads (through the downward API).
 pub const ANNOTATION_VMI_SPEC: &str = "microvirt.io/vmi-spec";
@@ -74,12 +76,6 @@ pub enum PodError {
         volume: String,
         source: QuantityError,
     },
-    /// The VMI names no kernel image and the operator has no default one.
-    #[error(
-        "no guest kernel: the VMI names no firmware.kernelBoot.container and the operator runs \
-         without --default-kernel-image"
-    )]
-    NoKernel,
     /// The VMI asks for KubeVirt sidecar hooks (an annotation CEL rules cannot see).
     #[error("{}", refusals::HOOK_SIDECARS)]
     HookSidecars,
@@ -104,6 +100,20 @@ pub struct LauncherDocument<'a> {
     pub guest_memory_bytes: u64,
     /// vCPU count after defaulting.
     pub vcpus: u32,
+    /// Present when `spec.domain.firmware.kernelBoot.container` is the operator's default
+    /// kernel image, filled in because the VMI names none: the launcher boots the boot disk's
+    /// own kernel when it has one, and this one only as a fallback.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_kernel: Option<DefaultKernel>,
+}
+
+/// The document's `defaultKernel`.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DefaultKernel {
+    /// `--default-kernel-args`: the default kernel's command line when the VMI gives no
+    /// `kernelArgs` (never written into the spec).
+    pub kernel_args: String,
 }
 
 /// Identity of the VMI inside [`LauncherDocument`].
@@ -395,28 +405,25 @@ pub fn pod_hostname(vmi: &VirtualMachineInstance) -> Option<String> {
 
 /// The spec the launcher gets: the VMI's, with the defaults the operator applies (as
 /// KubeVirt's virt-controller and webhooks do): a disk for every volume without one
-/// ([`with_default_volume_disks`]), disks in boot order ([`disks_in_boot_order`]), the pod network interface ([`default_pod_interface`]), and
-/// the operator's default kernel image (and, when the VMI has
-/// none, kernel arguments) when it names no kernelBoot container. A pod never boots the
-/// launcher's built-in demo guest: that takes an image that carries it.
+/// ([`with_default_volume_disks`]), disks in boot order ([`disks_in_boot_order`]), the pod
+/// network interface ([`default_pod_interface`]), and the operator's default kernel image when
+/// it names no kernelBoot container ([`default_kernel`] says so in the document; the VMI's
+/// `kernelArgs` stay as they are). A pod never boots the launcher's built-in demo guest: that
+/// takes an image that carries it.
 pub fn launcher_spec(
     vmi: &VirtualMachineInstance,
     cfg: &Config,
-) -> Result<microvirt_crds::VirtualMachineInstanceSpec, PodError> {
+) -> microvirt_crds::VirtualMachineInstanceSpec {
     let mut spec = vmi.spec.clone();
     with_default_volume_disks(&mut spec);
     disks_in_boot_order(&mut spec);
     with_default_pod_interface(&mut spec, cfg.default_network_interface);
-    let has_kernel = spec
-        .domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.kernel_boot.as_ref())
-        .is_some_and(|k| k.container.is_some());
-    if has_kernel {
-        return Ok(spec);
+    if names_kernel(&spec) {
+        return spec;
     }
-    let image = cfg.default_kernel_image.clone().ok_or(PodError::NoKernel)?;
+    let Some(image) = cfg.default_kernel_image.clone() else {
+        return spec;
+    };
     let kb = spec
         .domain
         .firmware
@@ -429,10 +436,24 @@ pub fn launcher_spec(
         initrd_path: None,
         image_pull_policy: None,
     });
-    if kb.kernel_args.is_none() {
-        kb.kernel_args = Some(cfg.default_kernel_args.clone());
-    }
-    Ok(spec)
+    spec
+}
+
+/// Whether the VMI names its kernel image (`firmware.kernelBoot.container`).
+pub fn names_kernel(spec: &microvirt_crds::VirtualMachineInstanceSpec) -> bool {
+    spec.domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
+        .is_some_and(|k| k.container.is_some())
+}
+
+/// The document's `defaultKernel`: present when the operator fills in its default kernel image
+/// ([`launcher_spec`]).
+pub fn default_kernel(vmi: &VirtualMachineInstance, cfg: &Config) -> Option<DefaultKernel> {
+    (!names_kernel(&vmi.spec) && cfg.default_kernel_image.is_some()).then(|| DefaultKernel {
+        kernel_args: cfg.default_kernel_args.clone(),
+    })
 }
 
 /// The launcher pod for a VMI. `block` names the persistentVolumeClaim volumes whose claims
@@ -453,7 +474,7 @@ pub fn desired_pod(
 
     let guest_memory = guest_memory_bytes(vmi, cfg)?;
     let vcpus = vmi.spec.vcpus().max(1);
-    let spec = spec_without_cloud_init_data(&launcher_spec(vmi, cfg)?);
+    let spec = spec_without_cloud_init_data(&launcher_spec(vmi, cfg));
     let doc = LauncherDocument {
         api_version: "microvirt.io/v1alpha1",
         kind: "VirtualMachineInstance",
@@ -465,6 +486,7 @@ pub fn desired_pod(
         spec: &spec,
         guest_memory_bytes: guest_memory,
         vcpus,
+        default_kernel: default_kernel(vmi, cfg),
     };
     let doc_json = serde_json::to_string(&doc)?;
 
@@ -855,8 +877,14 @@ fn runtime_scratch(vmi: &VirtualMachineInstance, cfg: &Config) -> u64 {
                 .any(|d| d.name == v.name && d.disk.as_ref().and_then(|t| t.readonly) == Some(true))
         })
         .count() as u64;
+    let image_kernel = if names_kernel(&vmi.spec) {
+        0
+    } else {
+        IMAGE_KERNEL_SCRATCH
+    };
     cfg.launcher_scratch
         .saturating_add(overlays.saturating_mul(cfg.container_disk_overlay))
+        .saturating_add(image_kernel)
 }
 
 /// Names of volumes of `desired` that `created` (as returned by the API server) lacks.
@@ -1277,7 +1305,8 @@ mod tests {
                 .size_limit
                 .unwrap(),
         );
-        assert_eq!(runtime, (64 << 20) + (1 << 30));
+        // The VMI names no kernel: room to extract its boot disk's kernel too.
+        assert_eq!(runtime, (64 << 20) + (1 << 30) + IMAGE_KERNEL_SCRATCH);
         let empty = bytes(&volume(&pod, "vol-1").empty_dir.unwrap().size_limit.unwrap());
         assert_eq!(empty, empty_disk_size_limit(1 << 30));
         assert!(empty > 1 << 30, "no room for the file system's overhead");
@@ -1307,7 +1336,7 @@ mod tests {
                 .size_limit
                 .unwrap(),
         );
-        assert_eq!(runtime, 64 << 20);
+        assert_eq!(runtime, (64 << 20) + IMAGE_KERNEL_SCRATCH);
     }
 
     /// The emptyDisk's sizeLimit holds the disk file the launcher creates once the guest has
@@ -1389,7 +1418,12 @@ mod tests {
         );
         let kb = &doc(&pod)["spec"]["domain"]["firmware"]["kernelBoot"];
         assert_eq!(kb["container"]["kernelPath"], DEFAULT_KERNEL_PATH);
-        assert_eq!(kb["kernelArgs"], crate::config::DEFAULT_KERNEL_ARGS);
+        // The default arguments are the fallback's, not the VMI's: they go to defaultKernel.
+        assert_eq!(kb.get("kernelArgs"), None);
+        assert_eq!(
+            doc(&pod)["defaultKernel"],
+            serde_json::json!({"kernelArgs": crate::config::DEFAULT_KERNEL_ARGS})
+        );
         // The VMI object itself is not changed.
         assert!(v.spec.domain.firmware.is_none());
 
@@ -1407,6 +1441,7 @@ mod tests {
             doc(&pod)["spec"]["domain"]["firmware"]["kernelBoot"]["kernelArgs"],
             "quiet"
         );
+        assert!(doc(&pod).get("defaultKernel").is_some());
 
         // A VMI naming its kernel image keeps it.
         sp.domain
@@ -1423,16 +1458,29 @@ mod tests {
         });
         let pod = desired_pod(&vmi(sp), &Config::default(), &BlockVolumes::new()).unwrap();
         assert_eq!(kernel_image(&pod).as_deref(), Some("my/kernel:1"));
+        // The user's kernel is no fallback: no defaultKernel, and no extraction allowance.
+        assert!(doc(&pod).get("defaultKernel").is_none());
+        let runtime = volume(&pod, "runtime")
+            .empty_dir
+            .unwrap()
+            .size_limit
+            .unwrap();
+        let cfg = Config::default();
+        assert_eq!(
+            bytes(&runtime),
+            cfg.launcher_scratch + cfg.container_disk_overlay
+        );
 
-        // No default configured: the VMI cannot run (never the demo guest).
+        // No default configured: the pod mounts no kernel image and the launcher boots the
+        // boot disk's own kernel or fails the VMI (NoBootableKernel), never the demo guest.
         let cfg = Config {
             default_kernel_image: None,
             ..Config::default()
         };
-        assert!(matches!(
-            desired_pod(&vmi(spec(Some("64Mi"), None)), &cfg, &BlockVolumes::new()),
-            Err(PodError::NoKernel)
-        ));
+        let pod = desired_pod(&vmi(spec(Some("64Mi"), None)), &cfg, &BlockVolumes::new()).unwrap();
+        assert_eq!(kernel_image(&pod), None);
+        assert!(doc(&pod).get("defaultKernel").is_none());
+        assert!(doc(&pod)["spec"]["domain"].get("firmware").is_none());
     }
 
     #[test]

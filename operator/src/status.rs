@@ -30,7 +30,7 @@
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use microvirt_crds::termination::TerminationMessage;
+use microvirt_crds::termination::{TerminationMessage, VMI_REASONS};
 use microvirt_crds::vmi::{
     InterfaceStatus, PhaseTransitionTimestamp, VirtualMachineInstance,
     VirtualMachineInstanceStatus, VmiCondition, VmiPhase, NODE_AGENT_CONDITIONS,
@@ -109,7 +109,13 @@ pub fn pod_phase(pod: &Pod, vmi_deleting: bool) -> (VmiPhase, Option<String>, Op
         (_, Some(t)) if t.exit_code == 0 => (VmiPhase::Succeeded, None, term_reason),
         (_, Some(t)) => (
             VmiPhase::Failed,
-            Some(format!("LauncherExited{}", t.exit_code)),
+            Some(
+                term_msg
+                    .reason
+                    .clone()
+                    .filter(|r| VMI_REASONS.contains(&r.as_str()))
+                    .unwrap_or_else(|| format!("LauncherExited{}", t.exit_code)),
+            ),
             term_reason.or_else(|| t.reason.clone()),
         ),
         (Some("Succeeded"), None) => (VmiPhase::Succeeded, None, None),
@@ -717,6 +723,32 @@ mod tests {
         assert_eq!(st.phase, Some(VmiPhase::Failed));
         assert_eq!(st.reason.as_deref(), Some("LauncherExited2"));
         assert_eq!(st.message.as_deref(), Some("disk missing: root"));
+        // The launcher's NoBootableKernel becomes the VMI's reason; other launcher reasons
+        // do not.
+        let p = pod(
+            Some("n1"),
+            terminated(
+                3,
+                "no bootable kernel: disk \"root\": no kernel\nreason=NoBootableKernel\nexitCode=3\n",
+            ),
+            "Failed",
+            false,
+        );
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.reason.as_deref(), Some("NoBootableKernel"));
+        assert_eq!(
+            st.message.as_deref(),
+            Some("no bootable kernel: disk \"root\": no kernel")
+        );
+        let p = pod(
+            Some("n1"),
+            terminated(3, "setup failed: x\nreason=SetupFailed\nexitCode=3\n"),
+            "Failed",
+            false,
+        );
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.reason.as_deref(), Some("LauncherExited3"));
         // Pod Failed without container status (e.g. evicted).
         let mut p = pod(Some("n1"), None, "Failed", false);
         p.status.as_mut().unwrap().reason = Some("Evicted".into());

@@ -130,14 +130,15 @@ async fn rng_block_claims_and_local_disk_reach_the_launcher_pod() -> Result<()> 
         "{mounts:?}"
     );
     // Local disk: the runtime directory (64Mi + a 2Gi overlay allowance for the writable
-    // containerDisk) and the 1Gi emptyDisk with room for file system metadata.
+    // containerDisk + room to extract the boot disk's kernel, the VMI naming none) and the 1Gi
+    // emptyDisk with room for file system metadata.
     let res = c.resources.as_ref().unwrap();
     let eph = |m: &Option<std::collections::BTreeMap<String, _>>| -> u64 {
         let q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity =
             &m.as_ref().unwrap()["ephemeral-storage"];
         microvirt_crds::quantity::parse_bytes(&q.0).unwrap()
     };
-    let scratch = (64u64 << 20) + (2 << 30);
+    let scratch = (64u64 << 20) + (2 << 30) + microvirt_operator::config::IMAGE_KERNEL_SCRATCH;
     let empty = microvirt_operator::pod::empty_disk_size_limit(1 << 30);
     assert_eq!(eph(&res.requests), scratch + empty);
     assert_eq!(eph(&res.limits), scratch + empty);

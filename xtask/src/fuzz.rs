@@ -29,6 +29,8 @@ pub const TARGETS: &[&str] = &[
     "dhcp_parse",
     "vmi_document",
     "snapshot_state",
+    "bootdisk",
+    "bootcfg",
 ];
 
 /// Seconds per target in `cargo xtask test` (issue 12 asks for about a minute each).
@@ -59,7 +61,7 @@ impl Options {
 fn usage() -> &'static str {
     "usage: cargo xtask fuzz [--secs N] [--jobs N] [--sanitizer address|none] [TARGET...]\n\
      targets (default: all): mmio_transport blk_raw blk_overlay blk_qcow2 net_rxtx dhcp_parse \
-     vmi_document snapshot_state"
+     vmi_document snapshot_state bootdisk bootcfg"
 }
 
 pub fn main(args: &[String]) -> Result<()> {
@@ -187,6 +189,9 @@ fn max_len(target: &str) -> usize {
         "snapshot_state" => 16384,
         // Images of 512-byte clusters made by qemu-img: a few KiB.
         "blk_qcow2" => 16384,
+        // Sparse disk images with ext4 file systems: 5 to 20 KiB.
+        "bootdisk" => 65536,
+        "bootcfg" => 8192,
         _ => 4096,
     }
 }

@@ -32,6 +32,8 @@ const PACKAGES: &[&str] = &[
     "iproute2",
     // vmm qcow2 tests: images made by qemu-img
     "qemu-utils",
+    // launcher boot-disk tests: partition tables (sfdisk) and ext4 file systems (e2fsprogs)
+    "fdisk",
     // test host and guest images
     "qemu-system-x86",
     "busybox-static",

@@ -280,7 +280,7 @@ fn dup_image(fd: std::os::fd::RawFd, read_only: bool) -> io::Result<File> {
 /// Opens a disk image. `/proc/self/fd/N` names a descriptor the embedder opened (e.g. before
 /// it gave up the privileges to): it is duplicated, not reopened, since a reopen checks the
 /// permissions again.
-pub(crate) fn open_image(path: &Path, read_only: bool) -> Result<File, DiskError> {
+pub fn open_image(path: &Path, read_only: bool) -> Result<File, DiskError> {
     let opened = match embedder_fd(path) {
         Some(fd) => dup_image(fd, read_only),
         None => OpenOptions::new().read(true).write(!read_only).open(path),
