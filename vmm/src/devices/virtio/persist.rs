@@ -12,12 +12,12 @@ use super::block::{BlockConfig, BlockDevice, IoThreadOptions};
 use super::mmio::{MmioTransport, MmioTransportState};
 use super::net::persist::NetState;
 use super::net::{NetConfig, NetDevice};
+pub use super::persist_error::PersistError;
 use super::rng::persist::RngState;
 use super::rng::RngDevice;
 use super::{
     attach_device, block_name, net_name, AttachContext, VirtioDevice, VirtioError, RNG_NAME,
 };
-pub use super::persist_error::PersistError;
 use crate::device_manager::mmio::MmioSlot;
 use crate::devices::interrupt::IrqLine;
 
