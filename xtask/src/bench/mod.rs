@@ -10,7 +10,7 @@
 //! - `virt-launcher` (built static like `microvm`) memory overhead with the embedded demo guest.
 //! - the machine's floor: spawn -> `main()` of a trivial Rust program built like `microvm`
 //!   (release, static-pie), measured the same way: what exec costs here before any VMM code runs.
-//! - snapshots and restores (`bench_snapshot.rs`; only those with `--snapshot-only`, all but
+//! - snapshots and restores (`snapshot.rs`; only those with `--snapshot-only`, all but
 //!   those with `--boot-only`).
 
 use std::io::{BufRead, BufReader};
@@ -19,6 +19,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+pub mod node;
+mod snapshot;
 
 pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc_timespec::default();
@@ -327,7 +330,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let microvm = build_release_microvm(&root)?;
     let guest = testguest_build::build()?;
     if only_snapshot {
-        return crate::bench_snapshot::run(&microvm, &guest, runs);
+        return snapshot::run(&microvm, &guest, runs);
     }
     println!(
         "microvm bench: {} runs per figure, test guest, 1 vCPU, 128 MiB, serial off",
@@ -450,5 +453,5 @@ pub fn main(args: &[String]) -> Result<()> {
     if only_boot {
         return Ok(());
     }
-    crate::bench_snapshot::run(&microvm, &guest, runs)
+    snapshot::run(&microvm, &guest, runs)
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{monotonic_ns, rss_split, stats};
+use super::{monotonic_ns, rss_split, stats};
 
 /// A scratch directory for the run, removed at the end.
 struct Scratch(PathBuf);
