@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
+use event_manager::{MutEventSubscriber, SubscriberOps};
 use kvm_bindings::CpuId;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestAddress;
@@ -48,7 +48,7 @@ pub const DEFAULT_CMDLINE: &str =
     "reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce";
 
 pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
-pub type VmmEventManager = EventManager<Subscriber>;
+pub use crate::devices::virtio::VmmEventManager;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmmError {
@@ -228,6 +228,22 @@ struct Parts {
     virtio: Vec<AttachedDevice>,
 }
 
+impl Parts {
+    /// The VM and its memory, with empty buses and event loop and no virtio device yet.
+    fn new(kvm: Kvm, vm: Arc<VmFd>, ram: GuestRam) -> Result<Parts, VmmError> {
+        Ok(Parts {
+            kvm,
+            vm,
+            ram,
+            pio: Bus::new(),
+            mmio: Bus::new(),
+            event_manager: VmmEventManager::new()
+                .map_err(|e| VmmError::EventLoop(e.to_string()))?,
+            virtio: Vec::new(),
+        })
+    }
+}
+
 /// The legacy devices; the serial and i8042 come from a snapshot when `saved` is given.
 struct Legacy {
     serial: Arc<Mutex<SerialDevice>>,
@@ -395,16 +411,7 @@ impl Vmm {
             None => (None, None),
         };
         phases.mark("load-kernel");
-        let mut p = Parts {
-            kvm,
-            vm,
-            ram,
-            pio: Bus::new(),
-            mmio: Bus::new(),
-            event_manager: VmmEventManager::new()
-                .map_err(|e| VmmError::EventLoop(e.to_string()))?,
-            virtio: Vec::new(),
-        };
+        let mut p = Parts::new(kvm, vm, ram)?;
 
         // virtio devices: the device manager assigns slots and IRQs, in config order.
         let mut mmio_mgr = MmioDeviceManager::new();
@@ -681,16 +688,7 @@ impl Vmm {
             dir: dir.clone(),
             detail: e.to_string(),
         })?;
-        let mut p = Parts {
-            kvm,
-            vm,
-            ram,
-            pio: Bus::new(),
-            mmio: Bus::new(),
-            event_manager: VmmEventManager::new()
-                .map_err(|e| VmmError::EventLoop(e.to_string()))?,
-            virtio: Vec::new(),
-        };
+        let mut p = Parts::new(kvm, vm, ram)?;
         // Overlays written for this VM are removed again if the restore fails.
         let mut written_overlays = OverlayCleanup(Vec::new());
         let mut mmio_mgr = MmioDeviceManager::new();
