@@ -1,14 +1,13 @@
-//! Builds a VM paused — from a kernel ([`Vmm::build`]) or from a snapshot ([`Vmm::restore`]) —
-//! then runs it on the calling thread: the VMM thread runs the event loop (device I/O, control
-//! actions, snapshots, vCPU exits) while each vCPU runs on its own thread.
+//! Builds a VM paused — from a kernel ([`Vmm::build`]) or from a snapshot ([`Vmm::restore`]):
+//! guest memory, the boot image, the devices on their buses and the vCPU threads. Running it
+//! is `event_loop.rs`'s job; what other threads may ask of it is in `actions.rs`.
 
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
 
-use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
+use event_manager::{MutEventSubscriber, SubscriberOps};
 use kvm_bindings::CpuId;
 use kvm_ioctls::{Kvm, VmFd};
 use vm_memory::GuestAddress;
@@ -29,19 +28,16 @@ use crate::devices::legacy::serial::{
 };
 use crate::devices::virtio::persist::{restore_device, AttachedDevice, DeviceState, PersistError};
 use crate::devices::virtio::{self, AttachContext, BlockConfig, NetConfig};
-use crate::lifecycle::{InvalidTransition, Lifecycle, VmState};
+use crate::lifecycle::Lifecycle;
 use crate::machine::Machine;
 use crate::reboot::{BootImage, Loaded};
 use crate::snapshot::host::HostError;
 use crate::snapshot::state::MachineInfo;
-use crate::snapshot::{LoadedSnapshot, SnapshotError, SnapshotSummary, SnapshotWriter};
-use crate::timing::{cpu_time_us, Clock, Phases};
-use crate::vstate::exits::{AddressNames, ExitStats};
+use crate::snapshot::{LoadedSnapshot, SnapshotError};
+use crate::timing::{Clock, Phases};
 use crate::vstate::memory::{self, GuestRam};
 use crate::vstate::persist as vpersist;
-use crate::vstate::vcpu::{
-    self, RunMarks, SaveSpec, Vcpu, VcpuCmd, VcpuContext, VcpuExitReason, VcpuHandle,
-};
+use crate::vstate::vcpu::{self, RunMarks, SaveSpec, Vcpu, VcpuContext};
 use crate::vstate::vm;
 
 /// The command line the VMM starts from (the user's is appended); every argument and why it is
@@ -52,7 +48,7 @@ pub const DEFAULT_CMDLINE: &str =
     "reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce";
 
 pub type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
-pub type VmmEventManager = EventManager<Subscriber>;
+pub use crate::devices::virtio::VmmEventManager;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmmError {
@@ -84,8 +80,6 @@ pub enum VmmError {
     #[error("event loop: {0}")]
     EventLoop(String),
     #[error(transparent)]
-    Lifecycle(#[from] InvalidTransition),
-    #[error(transparent)]
     Virtio(#[from] virtio::VirtioError),
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
@@ -103,158 +97,12 @@ pub enum VmmError {
     RestoreState { dir: String, detail: String },
     #[error("KVM: {0}")]
     Kvm(String),
-    #[error("VMM thread setup: {0}")]
-    ThreadSetup(String),
 }
 
-/// How a VM run ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ExitReason {
-    /// The guest reset the machine (i8042, ACPI reset register or KVM reset event).
-    GuestReset,
-    /// The guest powered off (ACPI S5) / halted.
-    GuestPowerOff,
-    /// A `Stop` action ended the VM.
-    Stopped,
-    /// A vCPU hit something the VMM cannot continue from.
-    Fault(String),
-}
-
-impl ExitReason {
-    /// Process exit status for this reason: 0 when the guest shut itself down.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            ExitReason::GuestReset | ExitReason::GuestPowerOff => 0,
-            ExitReason::Stopped => 2,
-            ExitReason::Fault(_) => 1,
-        }
-    }
-}
-
-/// Requests other threads can send to a running VMM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    Pause,
-    Resume,
-    /// Ask the guest to shut down (Ctrl-Alt-Del through the i8042).
-    CtrlAltDel,
-    /// Press the ACPI power button (the GED raises its interrupt; the guest's `_EVT` notifies
-    /// the power button device). Refused when the VM has no ACPI.
-    PowerButton,
-    /// Ask the guest to shut down the way it listens to: the ACPI power button when the VM has
-    /// ACPI and the guest armed the GED's interrupt (its IOAPIC pin is unmasked, as Linux's GED
-    /// driver leaves it once bound), else Ctrl-Alt-Del (see [`Machine::power_button_armed`]).
-    Shutdown,
-    /// Stop now.
-    Stop,
-}
-
-/// What the VMM thread is asked to do.
-enum Request {
-    Action(Action),
-    State,
-    Status,
-    Snapshot(SnapshotWriter),
-}
-
-enum Reply {
-    State(VmState),
-    Status(VmStatus),
-    Snapshot(SnapshotSummary),
-}
-
-/// The VM's lifecycle state and how often the guest rebooted in place.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct VmStatus {
-    pub state: VmState,
-    /// In-place reboots so far (`RebootPolicy::InPlace`).
-    pub reboots: u64,
-}
-
-/// A request and where to send its outcome.
-type Envelope = (Request, Option<Sender<Result<Reply, String>>>);
-
-/// A handle to send [`Action`]s (and snapshot requests) to the VMM thread.
-#[derive(Clone)]
-pub struct VmmController {
-    tx: Sender<Envelope>,
-    evt: Arc<EventFd>,
-    overlay_devices: Arc<Vec<usize>>,
-}
-
-impl VmmController {
-    fn call(&self, req: Request) -> Result<Reply, String> {
-        let (reply_tx, reply_rx) = channel();
-        self.tx
-            .send((req, Some(reply_tx)))
-            .map_err(|_| "the VM is gone".to_string())?;
-        self.evt.write(1).map_err(|e| e.to_string())?;
-        reply_rx.recv().map_err(|_| "the VM is gone".to_string())?
-    }
-
-    /// Sends `action` and waits for the VMM thread to carry it out; returns the new state.
-    pub fn request(&self, action: Action) -> Result<VmState, String> {
-        match self.call(Request::Action(action))? {
-            Reply::State(s) => Ok(s),
-            _ => Err("unexpected reply".into()),
-        }
-    }
-
-    /// The VM's lifecycle state.
-    pub fn state(&self) -> Result<VmState, String> {
-        match self.call(Request::State)? {
-            Reply::State(s) => Ok(s),
-            _ => Err("unexpected reply".into()),
-        }
-    }
-
-    /// The VM's lifecycle state and reboot count.
-    pub fn status(&self) -> Result<VmStatus, String> {
-        match self.call(Request::Status)? {
-            Reply::Status(s) => Ok(s),
-            _ => Err("unexpected reply".into()),
-        }
-    }
-
-    /// Sends `action` without waiting.
-    pub fn send(&self, action: Action) -> Result<(), String> {
-        self.tx
-            .send((Request::Action(action), None))
-            .map_err(|_| "the VM is gone".to_string())?;
-        self.evt.write(1).map_err(|e| e.to_string())
-    }
-
-    /// Has the VMM thread write a snapshot through `files` (see [`crate::snapshot::create`],
-    /// which makes them): pauses a running VM and leaves it paused when the snapshot was
-    /// written; on failure a VM that was running runs again.
-    pub fn snapshot(&self, files: SnapshotWriter) -> Result<SnapshotSummary, String> {
-        match self.call(Request::Snapshot(files))? {
-            Reply::Snapshot(s) => Ok(s),
-            _ => Err("unexpected reply".into()),
-        }
-    }
-
-    /// Indices of the virtio devices whose disk overlay a snapshot copies (fixed at build).
-    pub fn overlay_devices(&self) -> &[usize] {
-        &self.overlay_devices
-    }
-}
-
-/// A thread of a built VM, as passed to [`BuildOptions::thread_hook`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VmThread {
-    /// The thread that runs [`Vmm::run`] (event loop, device I/O).
-    Vmm,
-    /// The thread of vCPU `id`.
-    Vcpu(u8),
-}
-
-/// Runs once on each thread of the VM after the VM is built: on each vCPU thread when it
-/// starts (before its first `KVM_RUN`) and on the VMM thread at the start of [`Vmm::run`] or
-/// [`Vmm::run_paused`] (before the vCPUs are resumed). An embedder installs per-thread restrictions here (the
-/// launcher stacks a tighter seccomp filter). An error on a vCPU ends the VM with a fault; on
-/// the VMM thread `run` fails.
-pub type ThreadHook = Arc<dyn Fn(VmThread) -> Result<(), String> + Send + Sync>;
+pub use crate::actions::{Action, ExitReason, RunTimings, VmStatus, VmmController};
+use crate::event_loop::Control;
+pub use crate::event_loop::{RunError, Vmm};
+pub use crate::threads::{ThreadHook, VmThread};
 
 /// Options for embedding the VMM (the launcher) and for tests.
 #[derive(Default)]
@@ -293,351 +141,6 @@ pub struct RestoreConfig {
     pub expect_mem_mib: Option<u64>,
     /// When given, the snapshot must have this many vCPUs.
     pub expect_vcpus: Option<u64>,
-}
-
-/// Timestamps of a run, relative to the build start, and the run's VM exits.
-#[derive(Clone, Debug, Default)]
-pub struct RunTimings {
-    /// Building (or restoring) the VM.
-    pub build_us: u64,
-    pub first_debug_port_us: Option<u64>,
-    pub boot_timer: Option<BootTime>,
-    /// First KVM_RUN of any vCPU: the guest is running.
-    pub first_vcpu_entry_us: Option<u64>,
-    /// First return from KVM_RUN: the guest executed instructions.
-    pub first_vcpu_exit_us: Option<u64>,
-    /// VM exits of the whole run, by reason (see [`ExitStats`]).
-    pub exits: ExitStats,
-}
-
-/// Names exit addresses after the devices on the buses.
-struct BusNames<'a> {
-    pio: &'a Bus,
-    mmio: &'a Bus,
-}
-
-impl AddressNames for BusNames<'_> {
-    fn pio_name(&self, port: u16) -> Option<(String, String)> {
-        self.pio.describe(u64::from(port))
-    }
-    fn mmio_name(&self, addr: u64) -> Option<(String, String)> {
-        self.mmio.describe(addr)
-    }
-}
-
-/// The state the control subscriber acts on.
-struct Control {
-    lifecycle: Lifecycle,
-    vcpus: Vec<VcpuHandle>,
-    machine: Machine,
-    reset_evt: Arc<EventFd>,
-    /// Written by the ACPI sleep control register on S5.
-    poweroff_evt: Arc<EventFd>,
-    vcpu_exit_evt: Arc<EventFd>,
-    vcpu_exits: Receiver<(u8, VcpuExitReason)>,
-    action_evt: Arc<EventFd>,
-    actions: Receiver<Envelope>,
-    exit: Option<ExitReason>,
-    /// A restored VM tells `boot_notify` when its vCPUs first run.
-    restored_notify: Option<(Clock, Sender<BootTime>)>,
-    /// What an in-place reboot loads again; `None`: a guest reboot ends the VM.
-    boot_image: Option<BootImage>,
-    /// With a boot image: whether a reboot happens in place only when the guest uses ACPI.
-    in_place_if_acpi: bool,
-    reboots: u64,
-    reboot_notify: Option<Sender<u64>>,
-}
-
-const EV_RESET: u32 = 0;
-const EV_VCPU_EXIT: u32 = 1;
-const EV_ACTION: u32 = 2;
-const EV_POWEROFF: u32 = 3;
-
-impl Control {
-    fn set_vcpus(&mut self, cmd: VcpuCmd) -> Result<(), String> {
-        for v in &mut self.vcpus {
-            v.command(cmd).map_err(|e| e.to_string())?;
-        }
-        if cmd == VcpuCmd::Resume {
-            if let Some((start, tx)) = self.restored_notify.take() {
-                let _ = tx.send(BootTime {
-                    wall_us: start.wall.elapsed().as_micros() as u64,
-                    cpu_us: cpu_time_us().saturating_sub(start.cpu_us),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// A guest-initiated reboot: in place when the VM keeps a boot image, else the VM ends.
-    fn guest_reset(&mut self) {
-        if self.exit.is_some() || self.lifecycle.state() == VmState::Stopped {
-            return;
-        }
-        if self.boot_image.is_none() {
-            self.finish(ExitReason::GuestReset);
-            return;
-        }
-        if self.in_place_if_acpi && !self.machine.power_button_armed() {
-            log::info!("the guest does not use ACPI (it cannot power off): its reboot ends the VM");
-            self.finish(ExitReason::GuestReset);
-            return;
-        }
-        if let Err(e) = self.reboot() {
-            log::error!("in-place reboot failed: {e}");
-            self.finish(ExitReason::Fault(format!("in-place reboot failed: {e}")));
-        }
-    }
-
-    /// Resets the VM to its boot state and runs it again (or leaves it paused when it was):
-    /// every vCPU leaves the guest, the devices reset, the boot image puts irqchip and RAM back
-    /// (reboot.rs), every vCPU goes back to its boot state.
-    fn reboot(&mut self) -> Result<(), String> {
-        let back_to = self.lifecycle.state();
-        self.lifecycle
-            .transition(VmState::Rebooting)
-            .map_err(|e| e.to_string())?;
-        let t0 = Instant::now();
-        self.set_vcpus(VcpuCmd::Pause)?;
-        self.machine.reset_devices()?;
-        let mut image = self.boot_image.take().ok_or("no boot image")?;
-        let loaded = image.load(&self.machine.ram, &self.machine.vm);
-        self.boot_image = Some(image);
-        loaded.map_err(|e| e.to_string())?;
-        for v in &mut self.vcpus {
-            v.reset().map_err(|e| e.to_string())?;
-        }
-        self.reboots += 1;
-        // A guest can reboot in a loop: rate-limited like every line a guest triggers.
-        crate::guest_log!(
-            log::Level::Info,
-            "guest rebooted in place (reboot {}; reset in {} us)",
-            self.reboots,
-            t0.elapsed().as_micros()
-        );
-        if let Some(tx) = &self.reboot_notify {
-            let _ = tx.send(self.reboots);
-        }
-        self.lifecycle
-            .transition(back_to)
-            .map_err(|e| e.to_string())?;
-        if back_to == VmState::Running {
-            self.set_vcpus(VcpuCmd::Resume)?;
-        }
-        Ok(())
-    }
-
-    fn finish(&mut self, reason: ExitReason) {
-        if self.exit.is_none() {
-            self.exit = Some(reason);
-        }
-        if self.lifecycle.state() != VmState::Stopped {
-            let _ = self.lifecycle.transition(VmState::Stopped);
-        }
-        for v in &mut self.vcpus {
-            v.stop();
-        }
-    }
-
-    fn apply(&mut self, action: Action) -> Result<VmState, String> {
-        match action {
-            Action::Pause => {
-                self.lifecycle
-                    .transition(VmState::Paused)
-                    .map_err(|e| e.to_string())?;
-                self.set_vcpus(VcpuCmd::Pause)?;
-            }
-            Action::Resume => {
-                self.lifecycle
-                    .transition(VmState::Running)
-                    .map_err(|e| e.to_string())?;
-                self.set_vcpus(VcpuCmd::Resume)?;
-            }
-            Action::CtrlAltDel => {
-                if self.lifecycle.state() != VmState::Running {
-                    return Err(format!(
-                        "cannot send Ctrl-Alt-Del to a {} VM",
-                        self.lifecycle.state()
-                    ));
-                }
-                self.machine
-                    .i8042
-                    .lock()
-                    .expect("i8042 lock")
-                    .trigger_ctrl_alt_del();
-            }
-            Action::PowerButton => {
-                if self.lifecycle.state() != VmState::Running {
-                    return Err(format!(
-                        "cannot press the power button of a {} VM",
-                        self.lifecycle.state()
-                    ));
-                }
-                let Some(pm) = &self.machine.acpi_pm else {
-                    return Err("the VM has no ACPI, so no power button".into());
-                };
-                pm.lock()
-                    .expect("ACPI lock")
-                    .press_power_button()
-                    .map_err(|e| format!("power button: {e}"))?;
-            }
-            Action::Shutdown => {
-                if self.machine.power_button_armed() {
-                    log::info!("asking the guest to shut down: ACPI power button");
-                    return self.apply(Action::PowerButton);
-                }
-                log::info!(
-                    "asking the guest to shut down: Ctrl-Alt-Del ({})",
-                    if self.machine.acpi_pm.is_some() {
-                        "the guest has not armed the ACPI power button"
-                    } else {
-                        "the VM has no ACPI"
-                    }
-                );
-                return self.apply(Action::CtrlAltDel);
-            }
-            Action::Stop => {
-                if self.lifecycle.state() == VmState::Stopped {
-                    return Err("the VM is already stopped".into());
-                }
-                self.finish(ExitReason::Stopped);
-            }
-        }
-        Ok(self.lifecycle.state())
-    }
-
-    /// Pauses the VM if it runs, writes the snapshot and leaves the VM paused; on failure a VM
-    /// that was running runs again.
-    fn snapshot(&mut self, files: SnapshotWriter) -> Result<SnapshotSummary, String> {
-        let state = self.lifecycle.state();
-        if state == VmState::Stopped {
-            return Err("the VM is stopped".into());
-        }
-        let was_running = state == VmState::Running;
-        let paused_at = Instant::now();
-        if was_running {
-            self.apply(Action::Pause)?;
-        }
-        let result = self.machine.save(&mut self.vcpus, files);
-        match result {
-            Ok(mut s) => {
-                s.was_running = was_running;
-                if was_running {
-                    s.paused_us = paused_at.elapsed().as_micros() as u64;
-                }
-                log::info!(
-                    "snapshot written in {} ms: {} MiB of RAM, {} KiB touched, {} KiB memory file data, {} KiB overlays",
-                    s.write_us / 1000,
-                    s.ram_bytes >> 20,
-                    s.touched_bytes >> 10,
-                    s.memory_bytes >> 10,
-                    s.overlay_bytes >> 10
-                );
-                Ok(s)
-            }
-            Err(e) => {
-                if was_running {
-                    if let Err(r) = self.apply(Action::Resume) {
-                        log::error!("resuming after a failed snapshot: {r}");
-                    }
-                }
-                Err(format!("snapshot failed: {e}"))
-            }
-        }
-    }
-}
-
-impl MutEventSubscriber for Control {
-    fn init(&mut self, ops: &mut EventOps) {
-        for (evt, data) in [
-            (&self.reset_evt, EV_RESET),
-            (&self.poweroff_evt, EV_POWEROFF),
-            (&self.vcpu_exit_evt, EV_VCPU_EXIT),
-            (&self.action_evt, EV_ACTION),
-        ] {
-            if let Err(e) = ops.add(Events::with_data(evt.as_ref(), data, EventSet::IN)) {
-                log::error!("event loop: cannot watch control event {data}: {e}");
-            }
-        }
-    }
-
-    fn process(&mut self, events: Events, _ops: &mut EventOps) {
-        match events.data() {
-            EV_RESET => {
-                let _ = self.reset_evt.read();
-                self.guest_reset();
-            }
-            EV_POWEROFF => {
-                let _ = self.poweroff_evt.read();
-                self.finish(ExitReason::GuestPowerOff);
-            }
-            EV_VCPU_EXIT => {
-                let _ = self.vcpu_exit_evt.read();
-                while let Ok((id, reason)) = self.vcpu_exits.try_recv() {
-                    let r = match reason {
-                        VcpuExitReason::Reset => {
-                            self.guest_reset();
-                            continue;
-                        }
-                        VcpuExitReason::PowerOff => ExitReason::GuestPowerOff,
-                        VcpuExitReason::Fault(msg) => {
-                            log::debug!("vcpu{id} fault");
-                            ExitReason::Fault(msg)
-                        }
-                    };
-                    self.finish(r);
-                }
-            }
-            EV_ACTION => {
-                let _ = self.action_evt.read();
-                while let Ok((req, reply)) = self.actions.try_recv() {
-                    let result = match req {
-                        Request::Action(action) => {
-                            let r = self.apply(action);
-                            if let Err(e) = &r {
-                                log::warn!("action {action:?} refused: {e}");
-                            }
-                            r.map(Reply::State)
-                        }
-                        Request::State => Ok(Reply::State(self.lifecycle.state())),
-                        Request::Status => Ok(Reply::Status(VmStatus {
-                            state: self.lifecycle.state(),
-                            reboots: self.reboots,
-                        })),
-                        Request::Snapshot(files) => {
-                            let r = self.snapshot(files);
-                            if let Err(e) = &r {
-                                log::warn!("{e}");
-                            }
-                            r.map(Reply::Snapshot)
-                        }
-                    };
-                    if let Some(r) = reply {
-                        let _ = r.send(result);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// A built VM, paused until [`Vmm::run`] (or [`Vmm::run_paused`] and a `Resume`).
-pub struct Vmm {
-    control: Arc<Mutex<Control>>,
-    event_manager: VmmEventManager,
-    controller: VmmController,
-    marks: Arc<RunMarks>,
-    /// The buses, to name the addresses of exits.
-    pio: Bus,
-    mmio: Bus,
-    timings: RunTimings,
-    first_debug_port_us: Arc<Mutex<Option<u64>>>,
-    boot_time: Arc<Mutex<Option<BootTime>>>,
-    cmdline: String,
-    restored: bool,
-    thread_hook: Option<ThreadHook>,
-    console_queue: Option<Arc<OutputQueue>>,
 }
 
 fn compose_cmdline(cfg: &VmConfig, device_entries: &[String]) -> String {
@@ -723,6 +226,22 @@ struct Parts {
     mmio: Bus,
     event_manager: VmmEventManager,
     virtio: Vec<AttachedDevice>,
+}
+
+impl Parts {
+    /// The VM and its memory, with empty buses and event loop and no virtio device yet.
+    fn new(kvm: Kvm, vm: Arc<VmFd>, ram: GuestRam) -> Result<Parts, VmmError> {
+        Ok(Parts {
+            kvm,
+            vm,
+            ram,
+            pio: Bus::new(),
+            mmio: Bus::new(),
+            event_manager: VmmEventManager::new()
+                .map_err(|e| VmmError::EventLoop(e.to_string()))?,
+            virtio: Vec::new(),
+        })
+    }
 }
 
 /// The legacy devices; the serial and i8042 come from a snapshot when `saved` is given.
@@ -892,16 +411,7 @@ impl Vmm {
             None => (None, None),
         };
         phases.mark("load-kernel");
-        let mut p = Parts {
-            kvm,
-            vm,
-            ram,
-            pio: Bus::new(),
-            mmio: Bus::new(),
-            event_manager: VmmEventManager::new()
-                .map_err(|e| VmmError::EventLoop(e.to_string()))?,
-            virtio: Vec::new(),
-        };
+        let mut p = Parts::new(kvm, vm, ram)?;
 
         // virtio devices: the device manager assigns slots and IRQs, in config order.
         let mut mmio_mgr = MmioDeviceManager::new();
@@ -1178,16 +688,7 @@ impl Vmm {
             dir: dir.clone(),
             detail: e.to_string(),
         })?;
-        let mut p = Parts {
-            kvm,
-            vm,
-            ram,
-            pio: Bus::new(),
-            mmio: Bus::new(),
-            event_manager: VmmEventManager::new()
-                .map_err(|e| VmmError::EventLoop(e.to_string()))?,
-            virtio: Vec::new(),
-        };
+        let mut p = Parts::new(kvm, vm, ram)?;
         // Overlays written for this VM are removed again if the restore fails.
         let mut written_overlays = OverlayCleanup(Vec::new());
         let mut mmio_mgr = MmioDeviceManager::new();
@@ -1370,96 +871,6 @@ impl Vmm {
             thread_hook,
             console_queue: legacy.console_queue,
         })
-    }
-
-    /// A handle other threads use to pause, resume, stop or snapshot this VM.
-    pub fn controller(&self) -> VmmController {
-        self.controller.clone()
-    }
-
-    /// The serial console's output queue (stdio and socket consoles): bytes dropped because
-    /// the reader was too slow, bytes waiting.
-    pub fn console_output(&self) -> Option<Arc<OutputQueue>> {
-        self.console_queue.clone()
-    }
-
-    /// The full kernel command line the guest received.
-    pub fn cmdline(&self) -> &str {
-        &self.cmdline
-    }
-
-    /// Whether this VM came from a snapshot.
-    pub fn is_restored(&self) -> bool {
-        self.restored
-    }
-
-    /// How long building (or restoring) took, in microseconds.
-    pub fn build_us(&self) -> u64 {
-        self.timings.build_us
-    }
-
-    /// Resumes the vCPUs and runs the event loop on this thread until the VM ends.
-    pub fn run(self) -> Result<(ExitReason, RunTimings), VmmError> {
-        self.run_with(VmState::Running)
-    }
-
-    /// Runs the event loop with the vCPUs paused: the VM waits for a `Resume` action, which only
-    /// has to start the vCPUs (used for restores kept ready to go).
-    pub fn run_paused(self) -> Result<(ExitReason, RunTimings), VmmError> {
-        self.run_with(VmState::Paused)
-    }
-
-    fn run_with(mut self, first: VmState) -> Result<(ExitReason, RunTimings), VmmError> {
-        if let Some(hook) = self.thread_hook.take() {
-            if let Err(e) = hook(VmThread::Vmm) {
-                let mut c = self.control.lock().expect("control lock");
-                c.finish(ExitReason::Fault(format!("VMM thread setup: {e}")));
-                return Err(VmmError::ThreadSetup(e));
-            }
-        }
-        {
-            let mut c = self.control.lock().expect("control lock");
-            c.lifecycle.transition(first)?;
-            if first == VmState::Running {
-                c.set_vcpus(VcpuCmd::Resume).map_err(VmmError::EventLoop)?;
-            }
-        }
-        let reason = loop {
-            if let Some(r) = self.control.lock().expect("control lock").exit.clone() {
-                break r;
-            }
-            if let Err(e) = self.event_manager.run() {
-                let mut c = self.control.lock().expect("control lock");
-                c.finish(ExitReason::Fault(format!("event loop failed: {e}")));
-                return Err(VmmError::EventLoop(e.to_string()));
-            }
-        };
-        // Give the console reader the guest's last output (bounded: a reader that does not
-        // read is not waited for).
-        if let Some(q) = &self.console_queue {
-            let end = std::time::Instant::now() + std::time::Duration::from_millis(500);
-            while q.pending() > 0 && std::time::Instant::now() < end {
-                if self.event_manager.run_with_timeout(10).is_err() {
-                    break;
-                }
-            }
-        }
-        let reports: Vec<_> = {
-            let mut c = self.control.lock().expect("control lock");
-            c.vcpus.iter_mut().filter_map(|v| v.take_report()).collect()
-        };
-        self.timings.exits = ExitStats::collect(
-            &reports,
-            &BusNames {
-                pio: &self.pio,
-                mmio: &self.mmio,
-            },
-        );
-        self.timings.first_debug_port_us = *self.first_debug_port_us.lock().expect("lock");
-        self.timings.boot_timer = *self.boot_time.lock().expect("lock");
-        self.timings.first_vcpu_entry_us = self.marks.first_entry_us();
-        self.timings.first_vcpu_exit_us = self.marks.first_exit_us();
-        Ok((reason, self.timings))
     }
 }
 

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::builder::{Action, VmmController};
+use crate::actions::{Action, VmmController};
 use crate::lifecycle::VmState;
 
 /// Longest request line; a client cannot make the server buffer without limit.

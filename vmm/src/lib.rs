@@ -6,22 +6,25 @@
 //! save and restore; `docs/snapshot.md`).
 
 pub mod acpi;
+pub mod actions;
 pub mod arch;
 pub mod builder;
 pub mod config;
 pub mod control;
 pub mod device_manager;
 pub mod devices;
+pub mod event_loop;
 pub mod lifecycle;
 pub mod logging;
 pub mod machine;
 pub mod reboot;
 pub mod snapshot;
+pub mod threads;
 pub mod timing;
 pub mod vstate;
 
-pub use builder::{
-    Action, BuildOptions, ExitReason, RestoreConfig, ThreadHook, VmStatus, VmThread, Vmm,
-    VmmController, VmmError,
-};
+pub use actions::{Action, ExitReason, RunTimings, VmStatus, VmmController};
+pub use builder::{BuildOptions, RestoreConfig, VmmError};
 pub use config::{SerialConfig, VmConfig};
+pub use event_loop::{RunError, Vmm};
+pub use threads::{ThreadHook, VmThread};

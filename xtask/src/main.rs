@@ -5,8 +5,6 @@
 use anyhow::{bail, Result};
 
 mod bench;
-mod bench_node;
-mod bench_snapshot;
 mod cluster;
 mod demo;
 mod fuzz;
@@ -59,7 +57,7 @@ fn main() -> Result<()> {
         "cluster" => cluster::main(rest),
         "images" => images::main(rest),
         "oci-images" => oci_images::main(rest),
-        "bench-node" => bench_node::main(rest),
+        "bench-node" => bench::node::main(rest),
         "testhost" => testhost::main(rest),
         "bench-testhost" => testhost::bench_main(rest),
         "bench-stock" => testhost::bench_stock_main(rest),

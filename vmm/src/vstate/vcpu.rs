@@ -15,8 +15,8 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::exits::{self, Access, ExitKind, VcpuExitCounters, VcpuExitReport};
 use crate::arch::x86_64::{cpuid, regs};
-use crate::builder::{ThreadHook, VmThread};
 use crate::devices::bus::Bus;
+use crate::threads::{ThreadHook, VmThread};
 use crate::vstate::memory::GuestMemoryMmap;
 use crate::vstate::persist::{self, StateError, VcpuCaps, VcpuState};
 
@@ -422,7 +422,7 @@ impl Vcpu {
     }
 
     /// Starts the vCPU thread, paused. Exits are reported on `exits` and `exit_evt`.
-    /// `hook` runs first on the new thread (see [`crate::builder::ThreadHook`]).
+    /// `hook` runs first on the new thread (see [`crate::threads::ThreadHook`]).
     pub fn start_paused(
         self,
         exits: Sender<(u8, VcpuExitReason)>,

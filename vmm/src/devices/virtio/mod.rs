@@ -22,6 +22,7 @@ pub mod mmio;
 pub mod net;
 pub mod notify;
 pub mod persist;
+pub mod persist_error;
 pub mod rng;
 pub mod testing;
 

@@ -16,7 +16,7 @@ use super::open::open_disk;
 use super::overlay::Overlay;
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;
-use crate::devices::virtio::persist::PersistError;
+use crate::devices::virtio::persist_error::PersistError;
 use crate::devices::virtio::{VirtioDevice, VirtioError};
 
 /// A virtio-blk device in a snapshot.

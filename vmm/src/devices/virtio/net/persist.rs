@@ -12,7 +12,7 @@ use super::device::{NetBackend, NetDevice, NetDeviceState};
 use super::tap::Tap;
 use super::NetConfig;
 use crate::devices::interrupt::IrqLine;
-use crate::devices::virtio::persist::PersistError;
+use crate::devices::virtio::persist_error::PersistError;
 use crate::devices::virtio::{VirtioDevice, VirtioError};
 use crate::snapshot::blob;
 

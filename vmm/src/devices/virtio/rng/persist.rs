@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::device::{RngDevice, RngDeviceState};
 use crate::devices::interrupt::IrqLine;
-use crate::devices::virtio::persist::PersistError;
+use crate::devices::virtio::persist_error::PersistError;
 use crate::devices::virtio::VirtioDevice;
 
 /// A virtio-rng device in a snapshot.

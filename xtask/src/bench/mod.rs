@@ -10,7 +10,7 @@
 //! - `virt-launcher` (built static like `microvm`) memory overhead with the embedded demo guest.
 //! - the machine's floor: spawn -> `main()` of a trivial Rust program built like `microvm`
 //!   (release, static-pie), measured the same way: what exec costs here before any VMM code runs.
-//! - snapshots and restores (`bench_snapshot.rs`; only those with `--snapshot-only`, all but
+//! - snapshots and restores (`snapshot.rs`; only those with `--snapshot-only`, all but
 //!   those with `--boot-only`).
 
 use std::io::{BufRead, BufReader};
@@ -20,23 +20,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-pub(crate) fn monotonic_ns() -> u64 {
-    let mut ts = libc_timespec::default();
-    // SAFETY: clock_gettime writes into the struct we own; CLOCK_MONOTONIC is valid.
-    unsafe { clock_gettime(1, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+use measure::{field, monotonic_ns, print_row, rss_split, stats};
 
-#[repr(C)]
-#[derive(Default)]
-struct libc_timespec {
-    tv_sec: i64,
-    tv_nsec: i64,
-}
-
-extern "C" {
-    fn clock_gettime(clk: i32, ts: *mut libc_timespec) -> i32;
-}
+mod measure;
+pub mod node;
+mod snapshot;
 
 /// The release `microvm`, statically linked (no dynamic loader at exec; docs/boot-time.md).
 pub fn build_release_microvm(_root: &Path) -> Result<PathBuf> {
@@ -106,11 +94,6 @@ fn floor_sample(bin: &Path) -> Result<u64> {
     field(text.trim(), "spawn-to-main-us").context("floor program: no spawn-to-main-us")
 }
 
-fn field(line: &str, key: &str) -> Option<u64> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
-}
-
 struct Sample {
     phases: Vec<(String, u64)>,
     to_main_us: u64,
@@ -169,33 +152,6 @@ fn one_boot(microvm: &Path, kernel: &Path) -> Result<Sample> {
         boot_cpu_us: field(line, "boot-timer-cpu-us").unwrap_or(0),
         wall_us,
     })
-}
-
-pub(crate) fn stats(mut v: Vec<u64>) -> (f64, f64, f64) {
-    v.sort_unstable();
-    let ms = |x: u64| x as f64 / 1000.0;
-    let p = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
-    (ms(v[0]), ms(p(0.5)), ms(p(0.95)))
-}
-
-/// RSS of `pid` split into (total KiB, guest-RAM KiB) using /proc/PID/smaps.
-pub(crate) fn rss_split(pid: u32, guest_kib: u64) -> Result<(u64, u64)> {
-    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
-    let (mut total, mut guest) = (0u64, 0u64);
-    let mut in_guest = false;
-    for line in smaps.lines() {
-        if let Some(v) = line.strip_prefix("Size:") {
-            let kib: u64 = v.trim().trim_end_matches(" kB").trim().parse().unwrap_or(0);
-            in_guest = kib == guest_kib;
-        } else if let Some(v) = line.strip_prefix("Rss:") {
-            let kib: u64 = v.trim().trim_end_matches(" kB").trim().parse().unwrap_or(0);
-            total += kib;
-            if in_guest {
-                guest += kib;
-            }
-        }
-    }
-    Ok((total, guest))
 }
 
 fn memory_overhead(microvm: &Path, kernel: &Path) -> Result<(u64, u64)> {
@@ -327,7 +283,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let microvm = build_release_microvm(&root)?;
     let guest = testguest_build::build()?;
     if only_snapshot {
-        return crate::bench_snapshot::run(&microvm, &guest, runs);
+        return snapshot::run(&microvm, &guest, runs);
     }
     println!(
         "microvm bench: {} runs per figure, test guest, 1 vCPU, 128 MiB, serial off",
@@ -383,14 +339,7 @@ pub fn main(args: &[String]) -> Result<()> {
             ),
         ];
         for (label, v) in rows {
-            let (min, med, p95) = stats(v);
-            println!(
-                "{:<44} {:>9.2} {:>9.2} {:>9.2}",
-                format!("[{name}] {label}"),
-                min,
-                med,
-                p95
-            );
+            print_row(name, label, v);
         }
         if name == "pvh" {
             let names: Vec<String> = samples
@@ -450,5 +399,5 @@ pub fn main(args: &[String]) -> Result<()> {
     if only_boot {
         return Ok(());
     }
-    crate::bench_snapshot::run(&microvm, &guest, runs)
+    snapshot::run(&microvm, &guest, runs)
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{monotonic_ns, rss_split, stats};
+use super::measure::{field, monotonic_ns, print_row, rss_split, stats};
 
 /// A scratch directory for the run, removed at the end.
 struct Scratch(PathBuf);
@@ -121,11 +121,6 @@ struct Restore {
     to_output_us: u64,
     /// Inside the VMM: main() → restored (before the vCPUs start).
     restore_us: u64,
-}
-
-fn field(line: &str, key: &str) -> Option<u64> {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix(key)?.strip_prefix('=')?.parse().ok())
 }
 
 /// Restores `snap`, waits for the first console output, stops the VM, reads its timings.
@@ -337,14 +332,7 @@ pub fn run(microvm: &Path, guest: &testguest_build::Artifacts, runs: usize) -> R
             ),
         ];
         for (label, v) in rows {
-            let (min, med, p95) = stats(v);
-            println!(
-                "{:<44} {:>9.2} {:>9.2} {:>9.2}",
-                format!("[{mem} MiB] {label}"),
-                min,
-                med,
-                p95
-            );
+            print_row(&format!("{mem} MiB"), label, v);
         }
         let mut resumes = Vec::new();
         for _ in 0..runs {
