@@ -347,7 +347,11 @@ async fn prepare(
 }
 
 /// The pod condition `type_` of pod `name`: (status, reason, lastTransitionTime).
-async fn pod_condition(pods: &Api<Pod>, name: &str, type_: &str) -> Option<(String, String, String)> {
+async fn pod_condition(
+    pods: &Api<Pod>,
+    name: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
     let p = pods.get(name).await.ok()?;
     let c = p
         .status?
@@ -364,12 +368,20 @@ async fn pod_condition(pods: &Api<Pod>, name: &str, type_: &str) -> Option<(Stri
 }
 
 /// Waits until the pod's readiness gate `microvirt.io/vm-running` is `status` with `reason`.
-async fn gate_is(pods: &Api<Pod>, name: &str, status: &str, reason: &str) -> (String, String, String) {
-    wait_for(&format!("{name}: vm-running={status} ({reason})"), || async {
-        pod_condition(pods, name, GATE)
-            .await
-            .filter(|(s, r, _)| s == status && r == reason)
-    })
+async fn gate_is(
+    pods: &Api<Pod>,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> (String, String, String) {
+    wait_for(
+        &format!("{name}: vm-running={status} ({reason})"),
+        || async {
+            pod_condition(pods, name, GATE)
+                .await
+                .filter(|(s, r, _)| s == status && r == reason)
+        },
+    )
     .await
 }
 
@@ -500,7 +512,10 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
         pod_condition(&pods, "virt-launcher-vm1", BOOTED)
     })
     .await;
-    assert_eq!((booted.0.as_str(), booted.1.as_str()), ("True", "GuestBooted"));
+    assert_eq!(
+        (booted.0.as_str(), booted.1.as_str()),
+        ("True", "GuestBooted")
+    );
     // vm2's launcher was followed (boot time on its pod) but its VMI was not written.
     wait_for("vm2 boot-time annotation", || async {
         pods.get("virt-launcher-vm2")
@@ -1029,7 +1044,10 @@ async fn readiness_gate_without_the_boot_timer() {
     )
     .unwrap();
     assert_eq!(status["state"], "running", "{}", diag(&handler, &launcher));
-    assert_eq!(status["booted"], false, "the guest signalled boot: {status}");
+    assert_eq!(
+        status["booted"], false,
+        "the guest signalled boot: {status}"
+    );
     let p = pods.get(pod).await.unwrap();
     assert_eq!(pod_condition(&pods, pod, BOOTED).await, None);
     assert!(!p.annotations().contains_key("microvirt.io/boot-time-ms"));

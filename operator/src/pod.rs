@@ -1036,8 +1036,12 @@ mod tests {
 
     #[test]
     fn readiness_is_a_gate_the_node_agent_sets_not_a_probe() {
-        let pod = desired_pod(&vmi(spec(None, None)), &Config::default(), &BlockVolumes::new())
-            .unwrap();
+        let pod = desired_pod(
+            &vmi(spec(None, None)),
+            &Config::default(),
+            &BlockVolumes::new(),
+        )
+        .unwrap();
         let c = container(&pod);
         assert!(c.readiness_probe.is_none(), "{:?}", c.readiness_probe);
         assert!(c.liveness_probe.is_none() && c.startup_probe.is_none());

@@ -659,11 +659,13 @@ mod tests {
         assert!(m.unwrap().contains("microvirt.io/vm-running"));
         // The VM runs: the kubelet makes the pod Ready, and the VMI is Ready (no boot time).
         let mut p = pod(Some("n1"), running(), "Running", true);
-        p.status.as_mut().unwrap().conditions.as_mut().unwrap().push(gate(
-            "True",
-            "VMRunning",
-            "",
-        ));
+        p.status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+            .push(gate("True", "VMRunning", ""));
         let st = desired_status(&v, Some(&p), &now);
         assert_eq!(ready(&st), ("True".into(), Some("VMRunning".into()), None));
         assert_eq!(st.boot_time_ms, None);
@@ -671,11 +673,13 @@ mod tests {
         let mut v2 = v.clone();
         v2.status = Some(st);
         let mut p = pod(Some("n1"), running(), "Running", false);
-        p.status.as_mut().unwrap().conditions.as_mut().unwrap().push(gate(
-            "False",
-            "VMPaused",
-            "the VM's vCPUs are paused",
-        ));
+        p.status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+            .push(gate("False", "VMPaused", "the VM's vCPUs are paused"));
         let st = desired_status(&v2, Some(&p), &t(200));
         assert_eq!(
             ready(&st),

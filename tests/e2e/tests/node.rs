@@ -429,7 +429,11 @@ fn ready_without_the_boot_timer(env: &Env) -> Result<()> {
         "vmi/stock",
     ])?;
     let v = env.k.get(ns, "vmi", "stock")?.context("VMI")?;
-    ensure!(running_ready(env, &v), "not Running and Ready: {}", v["status"]);
+    ensure!(
+        running_ready(env, &v),
+        "not Running and Ready: {}",
+        v["status"]
+    );
     ensure!(
         v["status"]["bootTimeMs"].is_null(),
         "the guest signalled boot: {}",
@@ -473,8 +477,7 @@ fn ready_without_the_boot_timer(env: &Env) -> Result<()> {
     let st = kubectl_virt(env, &["-n", ns, "pause", "stock"]).output()?;
     ensure!(st.status.success(), "kubectl virt pause: {st:?}");
     let v = wait_vmi(env, ns, "stock", "paused and not Ready", |v| {
-        condition_true(v, "Paused")
-            && condition(v, "Ready").is_some_and(|c| c["status"] == "False")
+        condition_true(v, "Paused") && condition(v, "Ready").is_some_and(|c| c["status"] == "False")
     })?;
     ensure!(
         condition(&v, "Ready").is_some_and(|c| c["reason"] == "VMPaused"),
