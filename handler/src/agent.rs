@@ -68,6 +68,10 @@ pub const REASON_PAUSED: &str = "PausedByUser";
 pub const REASON_NOT_PAUSED: &str = "NotPaused";
 /// Longest delay between retries of a failed API write.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How often the agent looks for the control socket of a launcher whose container runs, and
+/// for how many tries (5 s) before it falls back to [`AgentConfig::retry`].
+const FAST_CONNECT: Duration = Duration::from_millis(20);
+const FAST_CONNECT_TRIES: u32 = 250;
 /// Commands a control request may carry.
 pub const CONTROL_COMMANDS: &[&str] = &["pause", "unpause", "snapshot"];
 /// How long a launcher may take to write a snapshot.
@@ -139,6 +143,17 @@ impl ControlRequest {
 /// The id a result annotation answers.
 fn result_id(s: &str) -> Option<&str> {
     s.split_whitespace().next()
+}
+
+/// Whether a container of the pod runs.
+fn container_running(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        })
 }
 
 /// Whether a pod is finished (its launcher is gone for good).
@@ -306,6 +321,7 @@ async fn launcher_task(
         want_boot_ms: None,
     };
     let mut logged_wait = false;
+    let mut fast_left = FAST_CONNECT_TRIES;
     'connect: loop {
         if shutdown.is_set() {
             return;
@@ -317,8 +333,17 @@ async fn launcher_task(
                     tracing::debug!("{ns}/{pod_name}: waiting for the launcher: {e}");
                     logged_wait = true;
                 }
+                // The container runs: its launcher serves the socket within moments, and
+                // the pod's readiness waits for this connection. Look again soon (for a
+                // bounded while), else at the normal pace.
+                let delay = if fast_left > 0 && container_running(&pod_rx.borrow()) {
+                    fast_left -= 1;
+                    FAST_CONNECT.min(cfg.retry)
+                } else {
+                    cfg.retry
+                };
                 tokio::select! {
-                    _ = tokio::time::sleep(cfg.retry) => {}
+                    _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.wait() => return,
                     r = pod_rx.changed() => if r.is_err() { return },
                 }
