@@ -165,12 +165,30 @@ fn not_ready_reason(pod: Option<&Pod>) -> (String, Option<String>) {
     )
 }
 
+/// Whether the pod is Ready, by the kubelet's rule: with readiness gates, its containers are
+/// ready (`ContainersReady`) and every gate's condition is `True`; without, its `Ready`. The
+/// rule is evaluated here rather than waiting for the kubelet to write `Ready`: when the node
+/// agent sets the launcher's gate, the VMI turns Ready without the kubelet's pod sync and
+/// status write in between (the pod's own `Ready`, which Services follow, comes a moment
+/// later), and a gate that turned `False` (paused) counts at once.
 fn pod_ready(pod: &Pod) -> bool {
-    pod.status
+    let is_true = |t: &str| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == t))
+            .is_some_and(|c| c.status == "True")
+    };
+    let gates = pod
+        .spec
         .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status == "True")
+        .and_then(|s| s.readiness_gates.as_deref())
+        .unwrap_or_default();
+    if gates.is_empty() {
+        is_true("Ready")
+    } else {
+        is_true("ContainersReady") && gates.iter().all(|g| is_true(&g.condition_type))
+    }
 }
 
 /// Set or update a condition, keeping `lastTransitionTime` when the status did not change.
@@ -691,6 +709,27 @@ mod tests {
         );
         let c = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(c.last_transition_time, Some(t(200)));
+
+        // With the gate in the pod's spec, the kubelet's rule is evaluated from the
+        // conditions (containers ready, every gate True) without waiting for its Ready.
+        let gated = |containers: &str, gate_status: &str, pod_ready: bool| {
+            let mut p = pod(Some("n1"), running(), "Running", pod_ready);
+            p.spec.as_mut().unwrap().readiness_gates =
+                Some(vec![k8s_openapi::api::core::v1::PodReadinessGate {
+                    condition_type: POD_CONDITION_VM_RUNNING.into(),
+                }]);
+            let cs = p.status.as_mut().unwrap().conditions.as_mut().unwrap();
+            cs.push(PodCondition {
+                type_: "ContainersReady".into(),
+                status: containers.into(),
+                ..Default::default()
+            });
+            cs.push(gate(gate_status, "VMRunning", ""));
+            desired_status(&v, Some(&p), &now).is_ready()
+        };
+        assert!(gated("True", "True", false), "the kubelet's Ready lags");
+        assert!(!gated("True", "False", true), "the kubelet's Ready lags a pause");
+        assert!(!gated("False", "True", true));
     }
 
     #[test]

@@ -439,10 +439,16 @@ fn ready_without_the_boot_timer(env: &Env) -> Result<()> {
         "the guest signalled boot: {}",
         v["status"]
     );
-    let pod = env
-        .k
-        .get(ns, "pod", "virt-launcher-stock")?
-        .context("launcher pod")?;
+    // The pod's own Ready (what Services follow) comes from the kubelet, a moment after the
+    // operator saw the gate.
+    let pod = wait_for("the launcher pod Ready", READY, |last| {
+        let p = env.k.get(ns, "pod", "virt-launcher-stock")?;
+        *last = p
+            .as_ref()
+            .map(|p| p["status"]["conditions"].to_string())
+            .unwrap_or_default();
+        Ok(p.filter(|p| condition_true(p, "Ready")))
+    })?;
     ensure!(
         pod["spec"]["containers"][0]["readinessProbe"].is_null(),
         "the launcher has a readiness probe: {}",
