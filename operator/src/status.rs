@@ -728,7 +728,10 @@ mod tests {
             desired_status(&v, Some(&p), &now).is_ready()
         };
         assert!(gated("True", "True", false), "the kubelet's Ready lags");
-        assert!(!gated("True", "False", true), "the kubelet's Ready lags a pause");
+        assert!(
+            !gated("True", "False", true),
+            "the kubelet's Ready lags a pause"
+        );
         assert!(!gated("False", "True", true));
     }
 
