@@ -38,6 +38,25 @@ pub const CONDITION_PAUSED: &str = "Paused";
 /// VMI conditions whose owner is the node agent (field manager `virt-handler`); the operator
 /// leaves them alone while the VMI runs.
 pub const NODE_AGENT_CONDITIONS: &[&str] = &[CONDITION_PAUSED];
+/// Pod condition, and the launcher pod's only readiness gate: `True` while the launcher's VM
+/// runs (for a VM pool's unclaimed warm member: restored and waiting paused), `False` once it
+/// is paused or stopped. Written by the node agent `virt-handler` on `pods/status` from the
+/// launcher's `watch` stream; absent (so the pod is not Ready) until the agent has seen the
+/// launcher. The kubelet's pod Ready, and so the VMI's Ready, follow it (KubeVirt's Ready: the
+/// VM runs in a Ready launcher pod; a paused VMI is not Ready).
+pub const POD_CONDITION_VM_RUNNING: &str = "microvirt.io/vm-running";
+/// Pod condition, informational (not a readiness gate): `True` once the guest signalled boot
+/// through the boot timer (the shipped guest images do; a stock guest never does). Its
+/// `lastTransitionTime` is when the node agent saw the boot; a VM pool's builder is snapshotted
+/// `afterBootSeconds` after it. Written by the node agent, never set back to `False`.
+pub const POD_CONDITION_GUEST_BOOTED: &str = "microvirt.io/guest-booted";
+/// Reasons of the two pod conditions above.
+pub const REASON_VM_RUNNING: &str = "VMRunning";
+pub const REASON_VM_PAUSED: &str = "VMPaused";
+pub const REASON_VM_STARTING: &str = "VMStarting";
+pub const REASON_VM_STOPPED: &str = "VMStopped";
+pub const REASON_WARM_MEMBER: &str = "RestoredPaused";
+pub const REASON_GUEST_BOOTED: &str = "GuestBooted";
 
 #[allow(clippy::duplicated_attributes)] // repeated printcolumn(...) arguments of #[kube]
 /// Desired state of a microVM.

@@ -9,7 +9,14 @@
 //!   server-side apply of the VMI status under field manager [`FIELD_MANAGER`], with the
 //!   VMI's uid as precondition; it owns only that list entry (`status.conditions` is a map
 //!   list keyed by `type`), the operator owns the rest;
-//! - sets the pod annotation `microvirt.io/boot-time-ms` once the guest has booted;
+//! - sets the launcher pod's readiness gate, the pod condition `microvirt.io/vm-running`
+//!   (strategic merge patch on `pods/status`): `True` while the launcher's VM runs (and while a
+//!   VM pool's unclaimed warm member waits paused, restored), `False` when it is paused,
+//!   starting or stopped; absent until the agent has reached the launcher. The kubelet's pod
+//!   Ready follows it, and the operator's VMI Ready follows the pod (KubeVirt's Ready, without
+//!   probes: nothing runs while the VM idles);
+//! - sets the informational pod condition `microvirt.io/guest-booted` and the pod annotation
+//!   `microvirt.io/boot-time-ms` once the guest signalled boot through the boot timer;
 //! - carries out control requests that the operator writes on the pod (annotation
 //!   `microvirt.io/control-request: <id> pause|unpause|snapshot`) once per id and answers with
 //!   `microvirt.io/control-result: <id> ok|error <message>` — the path a warm-pool claim uses
@@ -35,9 +42,12 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
+use microvirt_crds::pool::LABEL_POOL_ROLE;
 use microvirt_crds::vmi::{
     VirtualMachineInstance, VmiCondition, ANNOTATION_BOOT_TIME_MS, ANNOTATION_CONTROL_REQUEST,
     ANNOTATION_CONTROL_RESULT, ANNOTATION_VMI_UID, CONDITION_PAUSED, LABEL_VMI_NAME,
+    POD_CONDITION_GUEST_BOOTED, POD_CONDITION_VM_RUNNING, REASON_GUEST_BOOTED, REASON_VM_PAUSED,
+    REASON_VM_RUNNING, REASON_VM_STARTING, REASON_VM_STOPPED, REASON_WARM_MEMBER,
 };
 use serde_json::json;
 use tokio::sync::watch;
@@ -58,6 +68,10 @@ pub const REASON_PAUSED: &str = "PausedByUser";
 pub const REASON_NOT_PAUSED: &str = "NotPaused";
 /// Longest delay between retries of a failed API write.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How often the agent looks for the control socket of a launcher whose container runs, and
+/// for how many tries (5 s) before it falls back to [`AgentConfig::retry`].
+const FAST_CONNECT: Duration = Duration::from_millis(20);
+const FAST_CONNECT_TRIES: u32 = 250;
 /// Commands a control request may carry.
 pub const CONTROL_COMMANDS: &[&str] = &["pause", "unpause", "snapshot"];
 /// How long a launcher may take to write a snapshot.
@@ -129,6 +143,17 @@ impl ControlRequest {
 /// The id a result annotation answers.
 fn result_id(s: &str) -> Option<&str> {
     s.split_whitespace().next()
+}
+
+/// Whether a container of the pod runs.
+fn container_running(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        })
 }
 
 /// Whether a pod is finished (its launcher is gone for good).
@@ -267,11 +292,18 @@ async fn launcher_task(
         &cfg.runtime_volume,
         &cfg.control_socket,
     );
+    let (gate_written, booted_written) = written_conditions(&pod);
     let mut st = TaskState {
         client: client.clone(),
         host_facts: cfg.host_facts.clone(),
         pods,
         pod_name: pod_name.clone(),
+        pod_uid: uid.clone(),
+        warm: is_warm(&pod),
+        state: None,
+        booted: false,
+        gate_written,
+        booted_written,
         vmi,
         socket: socket.clone(),
         vmi_read: false,
@@ -289,6 +321,7 @@ async fn launcher_task(
         want_boot_ms: None,
     };
     let mut logged_wait = false;
+    let mut fast_left = FAST_CONNECT_TRIES;
     'connect: loop {
         if shutdown.is_set() {
             return;
@@ -300,8 +333,17 @@ async fn launcher_task(
                     tracing::debug!("{ns}/{pod_name}: waiting for the launcher: {e}");
                     logged_wait = true;
                 }
+                // The container runs: its launcher serves the socket within moments, and
+                // the pod's readiness waits for this connection. Look again soon (for a
+                // bounded while), else at the normal pace.
+                let delay = if fast_left > 0 && container_running(&pod_rx.borrow()) {
+                    fast_left -= 1;
+                    FAST_CONNECT.min(cfg.retry)
+                } else {
+                    cfg.retry
+                };
                 tokio::select! {
-                    _ = tokio::time::sleep(cfg.retry) => {}
+                    _ = tokio::time::sleep(delay) => {}
                     _ = shutdown.wait() => return,
                     r = pod_rx.changed() => if r.is_err() { return },
                 }
@@ -325,8 +367,10 @@ async fn launcher_task(
                     Err(e) => {
                         tracing::info!("{ns}/{pod_name}: launcher connection ended: {e}");
                         if !st.socket.exists() {
-                            // The launcher removes its socket when it exits: not paused any more.
+                            // The launcher removes its socket when it exits: not paused any
+                            // more, and its VM does not run.
                             st.want_paused = Some(false);
+                            st.state = Some("stopped".into());
                             st.flush().await;
                         }
                         continue 'connect;
@@ -354,6 +398,19 @@ struct TaskState {
     host_facts: Option<String>,
     pods: Api<Pod>,
     pod_name: String,
+    /// The pod's uid (a precondition of every status patch).
+    pod_uid: String,
+    /// The pod is a VM pool's unclaimed warm member (label `microvirt.io/pool-role=warm`).
+    warm: bool,
+    /// The launcher's state as last seen (None: not reached yet).
+    state: Option<String>,
+    /// The launcher says the guest booted.
+    booted: bool,
+    /// The readiness gate as last read from the pod or written: status, reason and when its
+    /// status last changed.
+    gate_written: Option<Gate>,
+    /// The pod has `microvirt.io/guest-booted=True`.
+    booted_written: bool,
     vmi: Option<VmiRef>,
     socket: PathBuf,
     /// Whether `reported` was read from the VMI.
@@ -372,20 +429,100 @@ impl TaskState {
     fn observe(&mut self, s: &LauncherStatus) {
         tracing::debug!("{}: launcher state {}", self.pod_name, s.state);
         self.want_paused = Some(s.paused());
+        self.state = Some(s.state.clone());
         if s.booted {
+            self.booted = true;
             self.want_boot_ms = s.boot_time_ms;
         }
+    }
+
+    /// The readiness gate the launcher's state asks for (None before the launcher was reached).
+    fn want_gate(&self) -> Option<(bool, &'static str)> {
+        Some(gate_for(self.state.as_deref()?, self.warm))
     }
 
     /// Whether a write is still to be done (and so retried).
     fn pending(&self) -> bool {
         let paused = self.want_paused.is_some() && self.want_paused != self.reported;
         let boot = self.want_boot_ms.is_some() && self.want_boot_ms != self.boot_ms_written;
-        paused || boot
+        paused || boot || self.pod_conditions_pending()
     }
 
-    /// Writes what differs: the Paused condition, the boot-time annotation.
+    fn pod_conditions_pending(&self) -> bool {
+        let gate = self.want_gate().is_some_and(|(status, reason)| {
+            self.gate_written
+                .as_ref()
+                .is_none_or(|g| g.status != status || g.reason != reason)
+        });
+        gate || (self.booted && !self.booted_written)
+    }
+
+    /// Writes the readiness gate and the guest-booted condition where they differ from what the
+    /// pod has: one strategic merge patch of `pods/status` (`conditions` merge by `type`, so the
+    /// kubelet's conditions stay), with the pod's uid as precondition.
+    async fn flush_pod_conditions(&mut self) {
+        if !self.pod_conditions_pending() {
+            return;
+        }
+        let now = Time(Timestamp::now());
+        let mut conditions = Vec::new();
+        let mut gate = None;
+        if let Some((status, reason)) = self.want_gate() {
+            let since = match &self.gate_written {
+                Some(g) if g.status == status => g.since.clone(),
+                _ => Some(now.clone()),
+            };
+            conditions.push(json!({
+                "type": POD_CONDITION_VM_RUNNING,
+                "status": cap(status),
+                "reason": reason,
+                "message": gate_message(reason),
+                "lastTransitionTime": since,
+            }));
+            gate = Some(Gate {
+                status,
+                reason: reason.to_string(),
+                since,
+            });
+        }
+        if self.booted && !self.booted_written {
+            conditions.push(json!({
+                "type": POD_CONDITION_GUEST_BOOTED,
+                "status": "True",
+                "reason": REASON_GUEST_BOOTED,
+                "message": "the guest signalled boot through the boot timer",
+                "lastTransitionTime": now,
+            }));
+        }
+        let patch = json!({
+            "metadata": {"uid": self.pod_uid},
+            "status": {"conditions": conditions},
+        });
+        match self
+            .pods
+            .patch_status(&self.pod_name, &merge_params(), &Patch::Strategic(&patch))
+            .await
+        {
+            Ok(_) => {
+                if let Some(g) = gate {
+                    tracing::info!(
+                        "pod {}: {POD_CONDITION_VM_RUNNING}={} ({})",
+                        self.pod_name,
+                        cap(g.status),
+                        g.reason
+                    );
+                    self.gate_written = Some(g);
+                }
+                self.booted_written |= self.booted;
+            }
+            Err(e) => tracing::warn!("pod {}: writing its conditions: {e}", self.pod_name),
+        }
+    }
+
+    /// Writes what differs: the pod's conditions (readiness gate first: it is on the path to
+    /// Ready), the Paused condition, the boot-time annotation.
     async fn flush(&mut self) {
+        self.flush_pod_conditions().await;
         self.flush_paused().await;
         if let Some(ms) = self
             .want_boot_ms
@@ -407,6 +544,7 @@ impl TaskState {
     /// Follows the VMI the pod names now: a pool's warm member names none until it is
     /// claimed, then the claiming VMI (the claim also asks for the resume).
     fn follow_vmi(&mut self, pod: &Pod) {
+        self.warm = is_warm(pod);
         let (Some(name), Some(uid)) = (
             pod.labels().get(LABEL_VMI_NAME),
             pod.annotations().get(ANNOTATION_VMI_UID),
@@ -464,6 +602,7 @@ impl TaskState {
                 match launcher::request_json(&self.socket, &req, SNAPSHOT_TIMEOUT).await {
                     Ok(answer) => {
                         self.want_paused = Some(true);
+                        self.state = Some("paused".into());
                         tracing::info!("pod {}: snapshot taken: {answer}", self.pod_name);
                         match &self.host_facts {
                             Some(f) => format!("{id} ok {f}"),
@@ -477,6 +616,7 @@ impl TaskState {
                 Ok(answer) => {
                     if let Ok(s) = LauncherStatus::from_answer(&answer) {
                         self.want_paused = Some(s.paused());
+                        self.state = Some(s.state);
                     }
                     format!("{id} ok")
                 }
@@ -494,6 +634,67 @@ impl TaskState {
             Err(e) => tracing::warn!("pod {}: writing the control result: {e}", self.pod_name),
         }
     }
+}
+
+/// The readiness gate as the pod has it (or as the agent wrote it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Gate {
+    status: bool,
+    reason: String,
+    /// Its `lastTransitionTime` (kept while the status stays).
+    since: Option<Time>,
+}
+
+/// The readiness gate for a launcher in `state`: `True` while the VM runs, and while an
+/// unclaimed warm member (`warm`) waits paused after its restore — Ready to be claimed, as the
+/// pool counts it; `False` (with why) otherwise. A paused VMI's pod is not Ready (KubeVirt's
+/// `kubevirt.io/virtual-machine-unpaused` gate does the same).
+pub fn gate_for(state: &str, warm: bool) -> (bool, &'static str) {
+    match state {
+        "running" => (true, REASON_VM_RUNNING),
+        "paused" if warm => (true, REASON_WARM_MEMBER),
+        "paused" => (false, REASON_VM_PAUSED),
+        "starting" => (false, REASON_VM_STARTING),
+        // shutting-down, stopping, stopped, or a state a newer launcher has.
+        _ => (false, REASON_VM_STOPPED),
+    }
+}
+
+fn gate_message(reason: &str) -> &'static str {
+    match reason {
+        REASON_VM_RUNNING => "the VM is running",
+        REASON_WARM_MEMBER => "a warm pool member: restored, paused until it is claimed",
+        REASON_VM_PAUSED => "the VM's vCPUs are paused",
+        REASON_VM_STARTING => "the VM is starting",
+        _ => "the VM is not running",
+    }
+}
+
+/// Whether the pod is a VM pool's unclaimed warm member.
+fn is_warm(pod: &Pod) -> bool {
+    pod.labels().get(LABEL_POOL_ROLE).map(String::as_str) == Some("warm")
+}
+
+/// The readiness gate and whether `microvirt.io/guest-booted` is True, as the pod has them (a
+/// restarted agent writes only what differs).
+fn written_conditions(pod: &Pod) -> (Option<Gate>, bool) {
+    let conds = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let gate = conds
+        .iter()
+        .find(|c| c.type_ == POD_CONDITION_VM_RUNNING)
+        .map(|c| Gate {
+            status: c.status == "True",
+            reason: c.reason.clone().unwrap_or_default(),
+            since: c.last_transition_time.clone(),
+        });
+    let booted = conds
+        .iter()
+        .any(|c| c.type_ == POD_CONDITION_GUEST_BOOTED && c.status == "True");
+    (gate, booted)
 }
 
 fn cap(b: bool) -> &'static str {
@@ -641,5 +842,18 @@ mod tests {
         assert_eq!(ControlRequest::parse("a b c"), None);
         assert_eq!(ControlRequest::parse(""), None);
         assert_eq!(result_id("claim-7 error boom"), Some("claim-7"));
+    }
+
+    #[test]
+    fn the_readiness_gate_follows_the_launchers_state() {
+        assert_eq!(gate_for("running", false), (true, "VMRunning"));
+        assert_eq!(gate_for("running", true), (true, "VMRunning"));
+        assert_eq!(gate_for("paused", false), (false, "VMPaused"));
+        assert_eq!(gate_for("paused", true), (true, "RestoredPaused"));
+        assert_eq!(gate_for("starting", false), (false, "VMStarting"));
+        for s in ["shutting-down", "stopping", "stopped", "something-new"] {
+            assert_eq!(gate_for(s, false), (false, "VMStopped"), "{s}");
+            assert!(!gate_for(s, true).0, "{s}");
+        }
     }
 }

@@ -258,6 +258,33 @@ async fn launch_with(
     annotations: serde_json::Value,
     env: &[(&str, PathBuf)],
 ) -> (Proc, PathBuf) {
+    let (mut cmd, runtime, log) = prepare(
+        pods,
+        tmp,
+        bin,
+        name,
+        labels,
+        annotations,
+        env,
+        "halt-forever",
+    )
+    .await;
+    (Proc::spawn(&mut cmd, log), runtime)
+}
+
+/// Creates the pod and the kubelet's directories of [`launch_with`], with the test guest's
+/// `scenario`; returns the launcher's command (not started), its runtime directory and log.
+#[allow(clippy::too_many_arguments)]
+async fn prepare(
+    pods: &Api<Pod>,
+    tmp: &Path,
+    bin: &Path,
+    name: &str,
+    labels: serde_json::Value,
+    annotations: serde_json::Value,
+    env: &[(&str, PathBuf)],
+    scenario: &str,
+) -> (Command, PathBuf, PathBuf) {
     let vmi_uid = annotations["microvirt.io/vmi-uid"]
         .as_str()
         .unwrap_or("")
@@ -300,7 +327,7 @@ async fn launch_with(
         "spec": {
             "terminationGracePeriodSeconds": 2,
             "domain": {"firmware": {"kernelBoot": {
-                "kernelArgs": "testguest.scenario=halt-forever",
+                "kernelArgs": format!("testguest.scenario={scenario}"),
                 "container": {"image": "microvirt/demo-kernel:dev", "kernelPath": "/boot/vmlinux"}
             }}}
         },
@@ -316,9 +343,50 @@ async fn launch_with(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let launcher = Proc::spawn(&mut cmd, tmp.join(format!("launcher-{name}.log")));
-    (launcher, runtime)
+    (cmd, runtime, tmp.join(format!("launcher-{name}.log")))
 }
+
+/// The pod condition `type_` of pod `name`: (status, reason, lastTransitionTime).
+async fn pod_condition(
+    pods: &Api<Pod>,
+    name: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let p = pods.get(name).await.ok()?;
+    let c = p
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == type_)?;
+    Some((
+        c.status,
+        c.reason.unwrap_or_default(),
+        c.last_transition_time
+            .map(|t| t.0.to_string())
+            .unwrap_or_default(),
+    ))
+}
+
+/// Waits until the pod's readiness gate `microvirt.io/vm-running` is `status` with `reason`.
+async fn gate_is(
+    pods: &Api<Pod>,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> (String, String, String) {
+    wait_for(
+        &format!("{name}: vm-running={status} ({reason})"),
+        || async {
+            pod_condition(pods, name, GATE)
+                .await
+                .filter(|(s, r, _)| s == status && r == reason)
+        },
+    )
+    .await
+}
+
+const GATE: &str = "microvirt.io/vm-running";
+const BOOTED: &str = "microvirt.io/guest-booted";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
@@ -438,6 +506,16 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     })
     .await;
     assert!(ms.parse::<u64>().is_ok(), "{ms}");
+    // The pod's readiness gate: the VM runs; this guest wrote the boot timer.
+    gate_is(&pods, "virt-launcher-vm1", "True", "VMRunning").await;
+    let booted = wait_for("guest-booted", || {
+        pod_condition(&pods, "virt-launcher-vm1", BOOTED)
+    })
+    .await;
+    assert_eq!(
+        (booted.0.as_str(), booted.1.as_str()),
+        ("True", "GuestBooted")
+    );
     // vm2's launcher was followed (boot time on its pod) but its VMI was not written.
     wait_for("vm2 boot-time annotation", || async {
         pods.get("virt-launcher-vm2")
@@ -472,6 +550,8 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     let c = wait_for("Paused=True", || paused_is(&vmis, "vm1", "True")).await;
     let pause_to_condition = t0.elapsed();
     assert_eq!(c.reason.as_deref(), Some("PausedByUser"));
+    // A paused VM's pod is not Ready (KubeVirt's virtual-machine-unpaused gate).
+    gate_is(&pods, "virt-launcher-vm1", "False", "VMPaused").await;
     // The operator re-applies its status (without Paused): Paused stays.
     vmis.patch_status("vm1", &op, &Patch::Apply(&operator_status))
         .await
@@ -517,6 +597,7 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     })
     .await;
     let request_to_condition = t0.elapsed();
+    gate_is(&pods, "virt-launcher-vm1", "True", "VMRunning").await;
     eprintln!(
         "latency: pause -> VMI Paused=True {:.1} ms; control request -> launcher running {:.1} ms, -> VMI Paused=False {:.1} ms",
         pause_to_condition.as_secs_f64() * 1e3,
@@ -572,6 +653,7 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
         paused_is(&vmis, "vm1", "False")
     })
     .await;
+    gate_is(&pods, "virt-launcher-vm1", "False", "VMStopped").await;
 
     // 6. SIGTERM: exit 0 with the API server up, and with the API server hung (stopped).
     let mut second = Proc::spawn(
@@ -779,15 +861,9 @@ async fn claims_host_facts_and_unused_snapshots() {
     .await;
     tokio::task::block_in_place(|| launcher.wait_log("restored paused"));
     assert_eq!(launcher_state(&bin, &runtime), "paused");
-    let probe = Command::new(&bin)
-        .args(["probe", "ready"])
-        .env("MICROVIRT_ROOT", &runtime)
-        .status()
-        .unwrap();
-    assert!(
-        probe.success(),
-        "a restored warm member is ready to be claimed"
-    );
+    // Ready to be claimed: the readiness gate is True while it waits paused (the pool counts
+    // its Ready warm members), and says why.
+    gate_is(&pods, "virt-launcher-web-abcde", "True", "RestoredPaused").await;
 
     // 1b. The node's host facts.
     let got = wait_for("host facts on the node", || async {
@@ -859,6 +935,8 @@ async fn claims_host_facts_and_unused_snapshots() {
     })
     .await;
     assert_eq!(c.reason.as_deref(), Some("NotPaused"));
+    // Claimed and running: still Ready, now as a running VM.
+    gate_is(&pods, "virt-launcher-web-abcde", "True", "VMRunning").await;
     eprintln!(
         "latency: claim patch -> control result {:.1} ms, -> VMI Paused=False {:.1} ms",
         to_result.as_secs_f64() * 1e3,
@@ -867,6 +945,8 @@ async fn claims_host_facts_and_unused_snapshots() {
     // From now on the agent reports for that VMI.
     launcher_cmd(&bin, &runtime, "pause");
     wait_for("Paused=True", || paused_is(&vmis, "web-abcde", "True")).await;
+    // A claimed member is a VMI's pod: paused, it is not Ready.
+    gate_is(&pods, "virt-launcher-web-abcde", "False", "VMPaused").await;
 
     // 4. The pool and the member go: so does the member's snapshot, and the pool's directory.
     pools.delete("web", &Default::default()).await.unwrap();
@@ -888,6 +968,131 @@ async fn claims_host_facts_and_unused_snapshots() {
     })
     .await;
     assert!(root.exists());
+    handler.signal(libc::SIGTERM);
+    assert_eq!(
+        tokio::task::block_in_place(|| handler.wait_exit(WAIT)),
+        Some(0),
+        "{}",
+        handler.log()
+    );
+}
+
+/// KubeVirt's Ready without the boot timer: a guest that never signals boot (every stock
+/// guest) gets its pod's readiness gate `True` once its VM runs. The gate is absent until the
+/// agent has reached the launcher, follows pause/unpause and the launcher's exit, and a
+/// restarted agent re-applies the launcher's current state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_gate_without_the_boot_timer() {
+    let bin = tokio::task::block_in_place(launcher_bin);
+    let tmp = TempDir::new("gate");
+    let (_cluster, client, sa_kubeconfig) = cluster_for_agent(&tmp.0).await;
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "stock"},
+        "spec": {"domain": {"memory": {"guest": "32Mi"}}}
+    }))
+    .unwrap();
+    let uid = vmis
+        .create(&PostParams::default(), &vmi)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let pod = "virt-launcher-stock";
+    let (mut cmd, runtime, log) = prepare(
+        &pods,
+        &tmp.0,
+        &bin,
+        "stock",
+        json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/vmi": "stock"}),
+        json!({"microvirt.io/vmi-uid": uid}),
+        &[],
+        "no-boot-timer",
+    )
+    .await;
+    let start_handler = |log: &str| {
+        Proc::spawn(
+            Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+                .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
+                .arg("--kubelet-root")
+                .arg(tmp.0.join("kubelet"))
+                .env("KUBECONFIG", &sa_kubeconfig)
+                .env("RUST_LOG", "info,microvirt_handler=debug"),
+            tmp.0.join(log),
+        )
+    };
+
+    // 1. The agent follows the pod, but the launcher has not started: no gate (not Ready).
+    let mut handler = start_handler("handler-gate.log");
+    tokio::task::block_in_place(|| handler.wait_log("waiting for the launcher"));
+    assert_eq!(pod_condition(&pods, pod, GATE).await, None);
+
+    // 2. The launcher runs a guest that never writes the boot timer: Ready anyway.
+    let mut launcher = Proc::spawn(&mut cmd, log);
+    let diag = |h: &Proc, l: &Proc| format!("handler:\n{}\nlauncher:\n{}", h.log(), l.log());
+    let (_, _, since) = gate_is(&pods, pod, "True", "VMRunning").await;
+    let status: serde_json::Value = serde_json::from_slice(
+        &Command::new(&bin)
+            .arg("status")
+            .env("MICROVIRT_ROOT", &runtime)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(status["state"], "running", "{}", diag(&handler, &launcher));
+    assert_eq!(
+        status["booted"], false,
+        "the guest signalled boot: {status}"
+    );
+    let p = pods.get(pod).await.unwrap();
+    assert_eq!(pod_condition(&pods, pod, BOOTED).await, None);
+    assert!(!p.annotations().contains_key("microvirt.io/boot-time-ms"));
+    // The kubelet's own conditions are not the agent's to write.
+    let types: Vec<String> = p
+        .status
+        .unwrap()
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    assert_eq!(types, vec![GATE.to_string()]);
+
+    // 3. Paused → False; resumed → True again, with a new transition time.
+    launcher_cmd(&bin, &runtime, "pause");
+    gate_is(&pods, pod, "False", "VMPaused").await;
+    launcher_cmd(&bin, &runtime, "unpause");
+    let (_, _, since2) = gate_is(&pods, pod, "True", "VMRunning").await;
+    assert!(since2 >= since, "{since2} < {since}");
+
+    // 4. A restarted agent re-applies the launcher's state: here over a gate someone set wrong
+    //    while no agent ran.
+    handler.signal(libc::SIGTERM);
+    assert_eq!(
+        tokio::task::block_in_place(|| handler.wait_exit(WAIT)),
+        Some(0)
+    );
+    let wrong = json!({"status": {"conditions": [{"type": GATE, "status": "False",
+        "reason": "SetByHand", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    pods.patch_status(pod, &PatchParams::default(), &Patch::Strategic(&wrong))
+        .await
+        .unwrap();
+    let mut handler = start_handler("handler-gate-2.log");
+    gate_is(&pods, pod, "True", "VMRunning").await;
+
+    // 5. The launcher exits: False.
+    launcher_cmd(&bin, &runtime, "stop");
+    assert_eq!(
+        tokio::task::block_in_place(|| launcher.wait_exit(WAIT)),
+        Some(5),
+        "{}",
+        diag(&handler, &launcher)
+    );
+    gate_is(&pods, pod, "False", "VMStopped").await;
     handler.signal(libc::SIGTERM);
     assert_eq!(
         tokio::task::block_in_place(|| handler.wait_exit(WAIT)),

@@ -59,10 +59,11 @@ enum Cmd {
     /// (default /dev/termination-log), MICROVIRT_POD_INTERFACE (default eth0),
     /// MICROVIRT_RESOLV_CONF (default /etc/resolv.conf), MICROVIRT_RESTORE (a snapshot
     /// directory: restore it instead of booting, as run --restore does),
-    /// MICROVIRT_RESTORE_PAUSED=1 (stay paused until `unpause`; the readiness probe passes once
-    /// restored: a VM pool's warm member).
+    /// MICROVIRT_RESTORE_PAUSED=1 (stay paused until `unpause`: a VM pool's warm member; the
+    /// booted marker is written once restored).
     Pod,
-    /// Readiness probe: exit 0 once the guest has booted ($MICROVIRT_ROOT/booted exists).
+    /// Exit 0 once the guest has booted ($MICROVIRT_ROOT/booted exists). A local check: the
+    /// launcher pod's readiness is the node agent's readiness gate, not a probe.
     Probe {
         #[arg(value_enum)]
         what: ProbeWhat,

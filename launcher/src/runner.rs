@@ -451,9 +451,9 @@ pub fn run(
 
     if cfg.restore.as_ref().is_some_and(|r| r.paused) {
         // A paused restore (a VM pool's warm member) is ready to be resumed now: its guest had
-        // booted when the snapshot was taken. The readiness probe passes from here on, so the
-        // pod is Ready before anyone claims it; the guest's own "booted" (first vCPU run) comes
-        // with the resume.
+        // booted when the snapshot was taken. The node agent makes a paused warm member's pod
+        // Ready (its readiness gate), so the pool can claim it; the guest's own "booted" (first
+        // vCPU run) comes with the resume.
         if let Some(m) = &cfg.booted_marker {
             if let Err(e) = std::fs::write(m, "restored\n") {
                 log::error!("cannot write the booted marker {}: {e}", m.display());

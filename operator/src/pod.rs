@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
-    EnvVar, ExecAction, HostPathVolumeSource, ImageVolumeSource, KeyToPath, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
+    EnvVar, HostPathVolumeSource, ImageVolumeSource, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, Pod, PodReadinessGate, PodSecurityContext, PodSpec,
     ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Volume,
     VolumeDevice, VolumeMount,
 };
@@ -19,7 +19,7 @@ use microvirt_crds::refusals;
 use microvirt_crds::vmi::{
     Disk, Interface, InterfaceBridge, InterfaceMasquerade, KernelBootContainer, Network,
     PodNetwork, PullPolicy, VirtualMachineInstance, VirtualMachineInstanceSpec, ANNOTATION_VMI_UID,
-    DEFAULT_NETWORK_NAME, LABEL_VMI_NAME,
+    DEFAULT_NETWORK_NAME, LABEL_VMI_NAME, POD_CONDITION_VM_RUNNING,
 };
 use serde::Serialize;
 
@@ -767,16 +767,9 @@ pub fn desired_pod(
             limits: Some(limits),
             ..Default::default()
         }),
-        readiness_probe: Some(Probe {
-            exec: Some(ExecAction {
-                command: Some(vec!["virt-launcher".into(), "probe".into(), "ready".into()]),
-            }),
-            period_seconds: Some(1),
-            timeout_seconds: Some(1),
-            failure_threshold: Some(1),
-            success_threshold: Some(1),
-            ..Default::default()
-        }),
+        // No probe: readiness is the pod's readiness gate (below), which the node agent sets
+        // from the launcher's status stream. An exec probe cost a runtime exec per VM per
+        // second for the pod's whole life.
         // The launcher starts as root only for its setup: the pod network (NET_ADMIN: tap,
         // bridge, nftables; NET_BIND_SERVICE: the DHCP server's UDP port 67) and opening
         // /dev/kvm; then it becomes LAUNCHER_UID:LAUNCHER_GID (SETUID, SETGID), which leaves
@@ -833,6 +826,11 @@ pub fn desired_pod(
             tolerations: vmi.spec.tolerations.clone(),
             affinity: vmi.spec.affinity.clone(),
             volumes: Some(volumes),
+            // Ready while the VM runs (KubeVirt's Ready without probes): the node agent sets
+            // this pod condition on pods/status from the launcher's `watch` stream.
+            readiness_gates: Some(vec![PodReadinessGate {
+                condition_type: POD_CONDITION_VM_RUNNING.into(),
+            }]),
             // Volumes group-owned (and writable) by the launcher's group after the uid drop.
             security_context: Some(PodSecurityContext {
                 fs_group: Some(LAUNCHER_GID),
@@ -1062,6 +1060,23 @@ mod tests {
             .unwrap()
             .iter()
             .all(|v| v.host_path.is_none()));
+    }
+
+    #[test]
+    fn readiness_is_a_gate_the_node_agent_sets_not_a_probe() {
+        let pod = desired_pod(
+            &vmi(spec(None, None)),
+            &Config::default(),
+            &BlockVolumes::new(),
+        )
+        .unwrap();
+        let c = container(&pod);
+        assert!(c.readiness_probe.is_none(), "{:?}", c.readiness_probe);
+        assert!(c.liveness_probe.is_none() && c.startup_probe.is_none());
+        let gates = pod.spec.as_ref().unwrap().readiness_gates.clone().unwrap();
+        assert_eq!(gates.len(), 1);
+        assert_eq!(gates[0].condition_type, POD_CONDITION_VM_RUNNING);
+        assert_eq!(POD_CONDITION_VM_RUNNING, "microvirt.io/vm-running");
     }
 
     #[test]

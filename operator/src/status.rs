@@ -19,7 +19,9 @@
 //! documents that only a guest that stopped by itself keeps a `RerunOnFailure` VM down
 //! (kubevirt/kubevirt#9823 is the bug report where KubeVirt itself gets this wrong).
 //!
-//! Ready comes from the pod's Ready condition (readiness probe = guest booted) and, for a VMI
+//! Ready comes from the pod's Ready condition (KubeVirt's Ready: the VM runs in a Ready launcher
+//! pod; the pod's only readiness gate, `microvirt.io/vm-running`, is the node agent's, True
+//! while the launcher's VM runs, so a paused VMI is not Ready) and, for a VMI
 //! claimed from a pool's warm member, the node agent's answer to the claim's resume request
 //! (`microvirt.io/control-result: claim-<uid> ok`; an error fails the VMI). `Paused` is the
 //! node agent's (virt-handler): kept as it is while the VMI runs, `False` once it is final.
@@ -34,6 +36,7 @@ use microvirt_crds::termination::{TerminationMessage, VMI_REASONS};
 use microvirt_crds::vmi::{
     InterfaceStatus, PhaseTransitionTimestamp, VirtualMachineInstance,
     VirtualMachineInstanceStatus, VmiCondition, VmiPhase, NODE_AGENT_CONDITIONS,
+    POD_CONDITION_VM_RUNNING, REASON_VM_RUNNING,
 };
 
 use crate::pod::{ANNOTATION_BOOT_TIME_MS, COMPUTE_CONTAINER};
@@ -45,6 +48,9 @@ pub const REASON_POD_GONE: &str = "LauncherPodGone";
 pub const REASON_LAUNCHER_STOPPED: &str = "LauncherStopped";
 /// Reason set when the node agent could not resume a claimed warm member.
 pub const REASON_RESUME_FAILED: &str = "ResumeFailed";
+/// Reason of `Ready=False` when the launcher pod is not Ready for another reason than the node
+/// agent's readiness gate (or the gate is not set yet).
+pub const REASON_POD_NOT_READY: &str = "PodNotReady";
 
 /// The terminated state of the compute container, if it has terminated.
 fn compute_terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
@@ -143,12 +149,52 @@ pub fn pod_phase(pod: &Pod, vmi_deleting: bool) -> (VmiPhase, Option<String>, Op
     }
 }
 
+/// Why a launcher pod whose container runs is not Ready: the node agent's readiness gate
+/// (`VMPaused`, `VMStarting`, `VMStopped`, with its message), else `PodNotReady` with the
+/// kubelet's message (e.g. the gate is not set yet: the agent has not reached the launcher).
+fn not_ready_reason(pod: Option<&Pod>) -> (String, Option<String>) {
+    let conds = pod
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.conditions.as_ref());
+    let find = |t: &str| conds.and_then(|cs| cs.iter().find(|c| c.type_ == t));
+    if let Some(g) = find(POD_CONDITION_VM_RUNNING).filter(|c| c.status != "True") {
+        if let Some(r) = g.reason.clone().filter(|r| !r.is_empty()) {
+            return (r, g.message.clone().filter(|m| !m.is_empty()));
+        }
+    }
+    (
+        REASON_POD_NOT_READY.to_string(),
+        find("Ready")
+            .filter(|c| c.status != "True")
+            .and_then(|c| c.message.clone())
+            .filter(|m| !m.is_empty()),
+    )
+}
+
+/// Whether the pod is Ready, by the kubelet's rule: with readiness gates, its containers are
+/// ready (`ContainersReady`) and every gate's condition is `True`; without, its `Ready`. The
+/// rule is evaluated here rather than waiting for the kubelet to write `Ready`: when the node
+/// agent sets the launcher's gate, the VMI turns Ready without the kubelet's pod sync and
+/// status write in between (the pod's own `Ready`, which Services follow, comes a moment
+/// later), and a gate that turned `False` (paused) counts at once.
 fn pod_ready(pod: &Pod) -> bool {
-    pod.status
+    let is_true = |t: &str| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == t))
+            .is_some_and(|c| c.status == "True")
+    };
+    let gates = pod
+        .spec
         .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status == "True")
+        .and_then(|s| s.readiness_gates.as_deref())
+        .unwrap_or_default();
+    if gates.is_empty() {
+        is_true("Ready")
+    } else {
+        is_true("ContainersReady") && gates.iter().all(|g| is_true(&g.condition_type))
+    }
 }
 
 /// Set or update a condition, keeping `lastTransitionTime` when the status did not change.
@@ -383,18 +429,22 @@ pub fn desired_status(
             Some(msg.clone()).filter(|m| !m.is_empty()),
             now,
         ),
-        _ => set_condition(
-            &mut conditions,
-            &old.conditions,
-            "Ready",
-            ready,
-            if ready {
-                "GuestBooted"
+        _ => {
+            let (why, msg) = if ready {
+                (REASON_VM_RUNNING.to_string(), None)
             } else {
-                "GuestNotReady"
-            },
-            now,
-        ),
+                not_ready_reason(pod.filter(|_| phase == VmiPhase::Running))
+            };
+            set_condition_msg(
+                &mut conditions,
+                &old.conditions,
+                "Ready",
+                ready,
+                &why,
+                msg,
+                now,
+            )
+        }
     }
     if let Some(("PodScheduled", why, msg)) = &stuck {
         set_condition_msg(
@@ -600,6 +650,97 @@ mod tests {
         );
     }
 
+    /// KubeVirt's Ready: the VM runs in a Ready launcher pod. The pod's readiness is the node
+    /// agent's gate (no boot-timer probe): a paused or not yet seen VM is not Ready, and says why.
+    #[test]
+    fn ready_follows_the_launcher_pods_readiness_gate() {
+        let v = vmi();
+        let now = t(100);
+        let gate = |status: &str, reason: &str, msg: &str| PodCondition {
+            type_: POD_CONDITION_VM_RUNNING.into(),
+            status: status.into(),
+            reason: Some(reason.into()),
+            message: Some(msg.into()),
+            ..Default::default()
+        };
+        let ready = |st: &VirtualMachineInstanceStatus| {
+            st.conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+                .unwrap()
+        };
+        // Running, the agent has not reached the launcher yet: no gate, pod not Ready.
+        let mut p = pod(Some("n1"), running(), "Running", false);
+        p.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].message = Some(
+            "the status of pod readiness gate \"microvirt.io/vm-running\" is not \"True\", but False"
+                .into(),
+        );
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Running));
+        let (s, r, m) = ready(&st);
+        assert_eq!((s.as_str(), r.as_deref()), ("False", Some("PodNotReady")));
+        assert!(m.unwrap().contains("microvirt.io/vm-running"));
+        // The VM runs: the kubelet makes the pod Ready, and the VMI is Ready (no boot time).
+        let mut p = pod(Some("n1"), running(), "Running", true);
+        p.status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+            .push(gate("True", "VMRunning", ""));
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(ready(&st), ("True".into(), Some("VMRunning".into()), None));
+        assert_eq!(st.boot_time_ms, None);
+        // Paused: the gate is False, the pod is not Ready, the VMI says why.
+        let mut v2 = v.clone();
+        v2.status = Some(st);
+        let mut p = pod(Some("n1"), running(), "Running", false);
+        p.status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()
+            .push(gate("False", "VMPaused", "the VM's vCPUs are paused"));
+        let st = desired_status(&v2, Some(&p), &t(200));
+        assert_eq!(
+            ready(&st),
+            (
+                "False".into(),
+                Some("VMPaused".into()),
+                Some("the VM's vCPUs are paused".into())
+            )
+        );
+        let c = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(c.last_transition_time, Some(t(200)));
+
+        // With the gate in the pod's spec, the kubelet's rule is evaluated from the
+        // conditions (containers ready, every gate True) without waiting for its Ready.
+        let gated = |containers: &str, gate_status: &str, pod_ready: bool| {
+            let mut p = pod(Some("n1"), running(), "Running", pod_ready);
+            p.spec.as_mut().unwrap().readiness_gates =
+                Some(vec![k8s_openapi::api::core::v1::PodReadinessGate {
+                    condition_type: POD_CONDITION_VM_RUNNING.into(),
+                }]);
+            let cs = p.status.as_mut().unwrap().conditions.as_mut().unwrap();
+            cs.push(PodCondition {
+                type_: "ContainersReady".into(),
+                status: containers.into(),
+                ..Default::default()
+            });
+            cs.push(gate(gate_status, "VMRunning", ""));
+            desired_status(&v, Some(&p), &now).is_ready()
+        };
+        assert!(gated("True", "True", false), "the kubelet's Ready lags");
+        assert!(
+            !gated("True", "False", true),
+            "the kubelet's Ready lags a pause"
+        );
+        assert!(!gated("False", "True", true));
+    }
+
     #[test]
     fn a_claimed_warm_member_is_ready_once_the_agent_resumed_it() {
         use microvirt_crds::pool::LABEL_POOL_ROLE;
@@ -694,7 +835,7 @@ mod tests {
         let st = desired_status(&v, Some(&p), &now);
         assert_eq!(
             cond(&st, "Ready").unwrap().1.as_deref(),
-            Some("GuestNotReady")
+            Some("PodNotReady")
         );
     }
 

@@ -300,11 +300,20 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
         Some(107)
     );
     assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
-    let probe = c.readiness_probe.clone().context("readiness probe")?;
-    assert_eq!(
-        probe.exec.and_then(|e| e.command),
-        Some(vec!["virt-launcher".into(), "probe".into(), "ready".into()])
+    // No probe (an exec probe costs a runtime exec per VM per second): readiness is the
+    // readiness gate the node agent sets from the launcher's status, as the API server keeps it.
+    assert!(
+        c.readiness_probe.is_none() && c.liveness_probe.is_none() && c.startup_probe.is_none(),
+        "the launcher container has a probe: {c:?}"
     );
+    let gates: Vec<String> = spec
+        .readiness_gates
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|g| g.condition_type)
+        .collect();
+    assert_eq!(gates, vec!["microvirt.io/vm-running".to_string()]);
     assert_eq!(
         c.termination_message_path.as_deref(),
         Some("/dev/termination-log")
@@ -364,6 +373,10 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
     })
     .await?;
     let st = v.status.clone().unwrap();
+    // KubeVirt's Ready: the VM runs in a Ready pod (no boot time needed).
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.reason.as_deref(), Some("VMRunning"));
+    assert_eq!(st.boot_time_ms, None);
     assert_eq!(st.interfaces[0].ip_address.as_deref(), Some("10.244.0.7"));
     assert_eq!(st.interfaces[0].name.as_deref(), Some("default"));
     let phases: Vec<VmiPhase> = st

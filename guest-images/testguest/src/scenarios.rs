@@ -62,6 +62,12 @@ pub fn run(bi: &BootInfo) -> ! {
             println!("halting");
             halt_forever()
         }
+        // As `halt-forever`, but the boot timer was never written (see `report`): a guest
+        // that runs without ever signalling boot, as every stock guest does.
+        b"no-boot-timer" => {
+            println!("no-boot-timer: running, halting");
+            halt_forever()
+        }
         other => {
             print!("unknown scenario: ");
             serial::write_bytes_escaped(other);

@@ -6,8 +6,9 @@
 //!                                     └──> Failed <┘ ──(back-off)──> (next attempt)
 //! ```
 //!
-//! - **Capturing**: a builder pod boots the template cold. Once the pod is Ready (the guest
-//!   signalled boot) and `afterBootSeconds` have passed, the operator asks the node agent for a
+//! - **Capturing**: a builder pod boots the template cold. Once the guest signalled boot (the
+//!   node agent's pod condition `microvirt.io/guest-booted`; the pod's Ready comes earlier, when
+//!   the VM starts running) and `afterBootSeconds` have passed, the operator asks the node agent for a
 //!   snapshot (`microvirt.io/control-request: snap-<id> snapshot`); the agent's answer
 //!   `snap-<id> ok <host facts>` makes it Ready, an error or a builder that ends, disappears or
 //!   does not boot within `captureTimeoutSeconds` makes it Failed. The builder is deleted
@@ -28,6 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use microvirt_crds::pool::{PoolSnapshot, SnapshotPhase};
+use microvirt_crds::vmi::POD_CONDITION_GUEST_BOOTED;
 
 use super::members::{builder_pod_name, control_result, snapshot_id, snapshot_request_id};
 
@@ -186,21 +188,34 @@ pub fn terminated(pod: &Pod) -> Option<(i32, String)> {
     pod_terminated(pod)
 }
 
-/// When the pod turned Ready (None while not Ready).
-pub fn ready_since(pod: &Pod) -> Option<Timestamp> {
+/// When the pod's condition `type_` turned True (None while it is not True).
+fn true_since(pod: &Pod, type_: &str) -> Option<Timestamp> {
     let c = pod
         .status
         .as_ref()?
         .conditions
         .as_ref()?
         .iter()
-        .find(|c| c.type_ == "Ready")?;
+        .find(|c| c.type_ == type_)?;
     (c.status == "True").then(|| {
         c.last_transition_time
             .as_ref()
             .map(|t| t.0)
             .unwrap_or(Timestamp::UNIX_EPOCH)
     })
+}
+
+/// When the pod turned Ready (None while not Ready). A warm member is Ready once it restored
+/// the snapshot and waits paused (the node agent's readiness gate, docs/pools.md).
+pub fn ready_since(pod: &Pod) -> Option<Timestamp> {
+    true_since(pod, "Ready")
+}
+
+/// When the guest signalled boot (the node agent's `microvirt.io/guest-booted` pod condition;
+/// None before). A pod is Ready as soon as its VM runs, before the guest has booted, so a
+/// builder's snapshot waits for this instead.
+pub fn booted_since(pod: &Pod) -> Option<Timestamp> {
+    true_since(pod, POD_CONDITION_GUEST_BOOTED)
 }
 
 impl SnapshotStep {
@@ -464,10 +479,10 @@ fn capturing(inp: &SnapshotInputs, cur: &PoolSnapshot, out: &mut SnapshotStep) {
         }
         return;
     }
-    match ready_since(b) {
+    match booted_since(b) {
         Some(since) => {
-            // Condition times are whole seconds (RFC 3339 without a fraction): the pod may have
-            // turned Ready up to a second after `since`. Counting from the end of that second
+            // Condition times are whole seconds (RFC 3339 without a fraction): the guest may
+            // have booted up to a second after `since`. Counting from the end of that second
             // never asks early; at worst it asks up to a second late.
             let booted_for = Duration::try_from(now.duration_since(since))
                 .unwrap_or_default()
@@ -531,7 +546,9 @@ mod tests {
         }
     }
 
-    fn builder(ready_at: Option<i64>, annotations: &[(&str, &str)]) -> Pod {
+    /// A builder whose VM has run (pod Ready) since second 3 and whose guest signalled boot at
+    /// `booted_at`.
+    fn builder(booted_at: Option<i64>, annotations: &[(&str, &str)]) -> Pod {
         let mut p = Pod::default();
         p.metadata.name = Some("virt-launcher-web-snap-h1-1".into());
         p.metadata.annotations = Some(
@@ -546,14 +563,19 @@ mod tests {
         });
         p.status = Some(PodStatus {
             phase: Some("Running".into()),
-            conditions: ready_at.map(|s| {
-                vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: "True".into(),
-                    last_transition_time: Some(Time(t(s))),
-                    ..Default::default()
-                }]
-            }),
+            conditions: Some(
+                [("Ready", Some(3)), (POD_CONDITION_GUEST_BOOTED, booted_at)]
+                    .into_iter()
+                    .filter_map(|(type_, at)| {
+                        Some(PodCondition {
+                            type_: type_.into(),
+                            status: "True".into(),
+                            last_transition_time: Some(Time(t(at?))),
+                            ..Default::default()
+                        })
+                    })
+                    .collect(),
+            ),
             ..Default::default()
         });
         p
@@ -598,14 +620,17 @@ mod tests {
         i.builder_pending = true;
         assert!(!step(&i).create_builder);
 
-        // Booting.
+        // Booting: the pod is Ready (its VM runs) since second 3, but the guest has not
+        // signalled boot: no snapshot, however long ago the pod turned Ready.
         let b = builder(None, &[]);
-        let s = step(&inputs(Some(&snap), Some(&b), 5));
-        assert!(s.request.is_none());
-        assert_eq!(s.snapshot.as_ref().unwrap().node.as_deref(), Some("n1"));
+        for now in [5, 30] {
+            let s = step(&inputs(Some(&snap), Some(&b), now));
+            assert!(s.request.is_none());
+            assert_eq!(s.snapshot.as_ref().unwrap().node.as_deref(), Some("n1"));
+        }
 
-        // Ready since second 9 (at any time within it): at second 10 it may have been
-        // Ready for only a moment, wait 2 s more; at second 11, 1 s more.
+        // Booted at second 9 (at any time within it): at second 10 it may have been
+        // booted for only a moment, wait 2 s more; at second 11, 1 s more.
         let b = builder(Some(9), &[]);
         let s = step(&inputs(Some(&snap), Some(&b), 10));
         assert!(s.request.is_none());
@@ -613,7 +638,7 @@ mod tests {
         let s = step(&inputs(Some(&snap), Some(&b), 11));
         assert!(s.request.is_none());
         assert_eq!(s.requeue, Some(Duration::from_secs(1)));
-        // Ready for at least 2 s: request it.
+        // Booted for at least 2 s: request it.
         let s = step(&inputs(Some(&snap), Some(&b), 12));
         assert_eq!(
             s.request,

@@ -323,27 +323,35 @@ fn now_rfc3339() -> String {
         .to_string()
 }
 
-/// Simulated kubelet, part 3: the compute container runs; `ready` sets the Ready condition
-/// (the readiness probe = guest booted).
+/// Simulated kubelet and node agent, part 3: the compute container runs; `ready`: the node
+/// agent saw the VM running and the guest booted (pod conditions `microvirt.io/vm-running`, the
+/// readiness gate, and `microvirt.io/guest-booted`) and the kubelet set Ready from the gate.
 pub async fn mark_running(pods: &Api<Pod>, name: &str, ip: &str, ready: bool) -> Result<()> {
     let now = now_rfc3339();
     let r = if ready { "True" } else { "False" };
+    let mut conditions = vec![
+        json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": now}),
+        json!({"type": "Ready", "status": r, "lastTransitionTime": now}),
+        json!({"type": "ContainersReady", "status": "True", "lastTransitionTime": now}),
+        json!({"type": "microvirt.io/vm-running", "status": r, "lastTransitionTime": now}),
+    ];
+    if ready {
+        conditions.push(
+            json!({"type": "microvirt.io/guest-booted", "status": "True", "lastTransitionTime": now}),
+        );
+    }
     let status = json!({
         "status": {
             "phase": "Running",
             "podIP": ip,
             "podIPs": [{"ip": ip}],
             "startTime": now,
-            "conditions": [
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
-                {"type": "Ready", "status": r, "lastTransitionTime": now},
-                {"type": "ContainersReady", "status": r, "lastTransitionTime": now},
-            ],
+            "conditions": conditions,
             "containerStatuses": [{
                 "name": "compute",
                 "image": "microvirt/virt-launcher:dev",
                 "imageID": "sha256:0000",
-                "ready": ready,
+                "ready": true,
                 "restartCount": 0,
                 "started": true,
                 "state": {"running": {"startedAt": now}},

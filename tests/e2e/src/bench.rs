@@ -6,7 +6,8 @@
 //! The guest boots, writes the boot timer and halts its vCPU (`halt-forever`): an idle VMI
 //! that uses no CPU, as a real idle guest would.
 //! Intervals, from the create (or the scale) as the client saw it, to the first watch event
-//! showing: the launcher pod Running, the VMI Running, the VMI Ready (guest booted). Watches
+//! showing: the launcher pod Running, the VMI Running, the VMI Ready (its VM runs: the node
+//! agent's readiness gate on the launcher pod; the guest's boot is not waited for). Watches
 //! are `kubectl get -w -o json` streams timestamped on arrival, so the numbers include the
 //! watch delivery (a few ms) like any client's view. Memory: RSS and PSS of each launcher and
 //! of its runtime helpers (containerd shim, sandbox `pause`), and the part of the launcher's
@@ -251,7 +252,7 @@ impl Shape {
             format!(
                 "{from} -> VMI Ready ({})",
                 if self.pods_started {
-                    "guest booted"
+                    "VM running"
                 } else {
                     "resumed"
                 }

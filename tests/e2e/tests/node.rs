@@ -47,6 +47,10 @@ type Scenario = fn(&Env) -> Result<()>;
 fn scenarios() -> Vec<(&'static str, Scenario)> {
     vec![
         ("vmirs_of_5_runs_and_scales_5_10_2", vmirs_scale),
+        (
+            "vmi_ready_without_the_boot_timer",
+            ready_without_the_boot_timer,
+        ),
         ("console_pause_unpause_on_a_real_pod", console_pause_unpause),
         ("launcher_pod_deleted_by_hand", launcher_pod_deleted),
         ("vm_run_strategies_and_vmi_deletion", vm_lifecycle),
@@ -416,6 +420,93 @@ fn console_pause_unpause(env: &Env) -> Result<()> {
     Ok(())
 }
 
+/// KubeVirt's Ready: a guest that never writes the boot timer (every stock guest) is Ready
+/// once its VM runs in a Ready launcher pod — `kubectl wait --for=condition=Ready` returns —
+/// through the node agent's readiness gate, not a probe; paused it is not Ready.
+fn ready_without_the_boot_timer(env: &Env) -> Result<()> {
+    let ns = TestNamespace::create(&env.k, "e2e-ready")?;
+    let ns = ns.name();
+    env.k.apply(ns, &vmi_yaml("stock", "no-boot-timer", 2))?;
+    // The VMI must exist before `kubectl wait` (it fails at once on a missing object).
+    wait_vmi(env, ns, "stock", "created", |_| true)?;
+    env.k.run(&[
+        "-n",
+        ns,
+        "wait",
+        "--for=condition=Ready",
+        "--timeout=120s",
+        "vmi/stock",
+    ])?;
+    let v = env.k.get(ns, "vmi", "stock")?.context("VMI")?;
+    ensure!(
+        running_ready(env, &v),
+        "not Running and Ready: {}",
+        v["status"]
+    );
+    ensure!(
+        v["status"]["bootTimeMs"].is_null(),
+        "the guest signalled boot: {}",
+        v["status"]
+    );
+    // The pod's own Ready (what Services follow) comes from the kubelet, a moment after the
+    // operator saw the gate.
+    let pod = wait_for("the launcher pod Ready", READY, |last| {
+        let p = env.k.get(ns, "pod", "virt-launcher-stock")?;
+        *last = p
+            .as_ref()
+            .map(|p| p["status"]["conditions"].to_string())
+            .unwrap_or_default();
+        Ok(p.filter(|p| condition_true(p, "Ready")))
+    })?;
+    ensure!(
+        pod["spec"]["containers"][0]["readinessProbe"].is_null(),
+        "the launcher has a readiness probe: {}",
+        pod["spec"]["containers"][0]
+    );
+    ensure!(
+        pod["spec"]["readinessGates"][0]["conditionType"] == "microvirt.io/vm-running"
+            && condition_true(&pod, "microvirt.io/vm-running")
+            && condition_true(&pod, "Ready")
+            && condition(&pod, "microvirt.io/guest-booted").is_none(),
+        "launcher pod: {} {}",
+        pod["spec"]["readinessGates"],
+        pod["status"]["conditions"]
+    );
+    // The guest runs (its console is the pod's log) and never wrote the boot timer.
+    wait_for("the guest's console", READY, |last| {
+        *last = env
+            .k
+            .run(&["-n", ns, "logs", "virt-launcher-stock"])
+            .unwrap_or_default();
+        Ok(last
+            .contains("no-boot-timer: running, halting")
+            .then_some(()))
+    })
+    .map(|_| ())?;
+    let log = env.k.run(&["-n", ns, "logs", "virt-launcher-stock"])?;
+    ensure!(
+        log.contains("boot-timer: not written") && !log.contains("guest booted"),
+        "console: {log}"
+    );
+    // Paused: not Ready (pod and VMI); unpaused: Ready again.
+    let st = kubectl_microvirt(env, &["-n", ns, "pause", "stock"]).output()?;
+    ensure!(st.status.success(), "kubectl microvirt pause: {st:?}");
+    let v = wait_vmi(env, ns, "stock", "paused and not Ready", |v| {
+        condition_true(v, "Paused") && condition(v, "Ready").is_some_and(|c| c["status"] == "False")
+    })?;
+    ensure!(
+        condition(&v, "Ready").is_some_and(|c| c["reason"] == "VMPaused"),
+        "Ready while paused: {}",
+        v["status"]
+    );
+    let st = kubectl_microvirt(env, &["-n", ns, "unpause", "stock"]).output()?;
+    ensure!(st.status.success(), "kubectl microvirt unpause: {st:?}");
+    wait_vmi(env, ns, "stock", "Ready again", |v| {
+        !condition_true(v, "Paused") && running_ready(env, v)
+    })?;
+    Ok(())
+}
+
 fn launcher_pod_deleted(env: &Env) -> Result<()> {
     let ns = TestNamespace::create(&env.k, "e2e-poddel")?;
     let ns = ns.name();
@@ -517,6 +608,14 @@ fn vm_lifecycle(env: &Env) -> Result<()> {
     let grace = 60;
     env.k.apply(ns, &vmi_yaml("short", "ctrlaltdel", grace))?;
     wait_ready(env, ns, "short")?;
+    // Ready means the VM runs, not that the guest got this far: wait until it listens.
+    wait_for("the guest to wait for Ctrl-Alt-Del", READY, |last| {
+        *last = env
+            .k
+            .run(&["-n", ns, "logs", "virt-launcher-short"])
+            .unwrap_or_default();
+        Ok(last.contains("waiting for ctrl-alt-del").then_some(()))
+    })?;
     let t = Instant::now();
     env.k
         .run(&["-n", ns, "delete", "vmi", "short", "--wait=false"])?;
