@@ -678,6 +678,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_cloud_grub_cfg_has_debians_shape() {
+        let cfg = cloud_grub_cfg("6.1.0-9-cloud-amd64");
+        let linux: Vec<&str> = cfg
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix("linux\t"))
+            .collect();
+        assert_eq!(linux.len(), 3, "{cfg}");
+        assert_eq!(
+            linux[0],
+            format!("/boot/vmlinuz-6.1.0-9-cloud-amd64 root=UUID={CLOUD_FS_UUID} ro {CLOUD_ARGS}")
+        );
+        assert!(linux[2].contains(" single "), "{cfg}");
+        assert_eq!(
+            cfg.matches("initrd\t/boot/initrd.img-6.1.0-9-cloud-amd64\n")
+                .count(),
+            3
+        );
+        assert!(cfg.contains("set default=\"0\"") && cfg.contains("submenu 'Advanced options"));
+        assert_eq!(cfg.matches('{').count(), cfg.matches('}').count(), "{cfg}");
+    }
+
+    #[test]
     fn bench_lines_parse_into_samples() {
         let lines: Vec<String> = [
             "[l1   79.16] T microvm 1 init 53.46 46.02",
