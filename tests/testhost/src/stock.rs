@@ -10,6 +10,9 @@
 //! `~/.cache/microvirt/stock/<kernel package>_<version>-<hash>/`, keyed by the kernel
 //! package's version, initramfs-tools' version and this recipe. The disk is cached next to it,
 //! keyed by the init script, busybox-static's version and the kernel directory.
+//! [`cloud_image`] lays the same pieces out as a Debian cloud image (GPT, the kernel and
+//! initramfs under `/boot`, a Debian-style `grub.cfg`, `qemu-img convert -O qcow2 -c`), cached
+//! under `cloud-<hash>/`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
