@@ -844,6 +844,7 @@ impl Vmm {
             restored_notify,
             boot_image: reboots.image,
             in_place_if_acpi: reboots.if_acpi,
+            acpi_seen: false,
             reboots: 0,
             reboot_notify: reboots.notify,
         }));

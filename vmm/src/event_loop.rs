@@ -71,8 +71,21 @@ pub(crate) struct Control {
     pub(crate) boot_image: Option<BootImage>,
     /// With a boot image: whether a reboot happens in place only when the guest uses ACPI.
     pub(crate) in_place_if_acpi: bool,
+    /// The guest armed the GED at some point since it last booted (latched by the event loop's
+    /// [`ACPI_POLL_MS`] tick: Linux frees the GED's interrupt in its `shutdown` hook, so the pin
+    /// is masked again by the time the guest resets).
+    pub(crate) acpi_seen: bool,
     pub(crate) reboots: u64,
     pub(crate) reboot_notify: Option<Sender<u64>>,
+}
+
+/// How often the event loop looks whether the guest armed the GED, until it has.
+const ACPI_POLL_MS: i32 = 500;
+
+/// Whether a guest reset reboots in place (given a boot image): always, or with
+/// `in-place-if-acpi` when the guest armed the GED since it booted (`seen`) or has it armed now.
+fn reboot_in_place(if_acpi: bool, seen: bool, armed_now: impl FnOnce() -> bool) -> bool {
+    !if_acpi || seen || armed_now()
 }
 
 const EV_RESET: u32 = 0;
@@ -105,7 +118,9 @@ impl Control {
             self.finish(ExitReason::GuestReset);
             return;
         }
-        if self.in_place_if_acpi && !self.machine.power_button_armed() {
+        if !reboot_in_place(self.in_place_if_acpi, self.acpi_seen, || {
+            self.machine.power_button_armed()
+        }) {
             log::info!("the guest does not use ACPI (it cannot power off): its reboot ends the VM");
             self.finish(ExitReason::GuestReset);
             return;
@@ -135,6 +150,7 @@ impl Control {
             v.reset().map_err(|e| e.to_string())?;
         }
         self.reboots += 1;
+        self.acpi_seen = false;
         // A guest can reboot in a loop: rate-limited like every line a guest triggers.
         crate::guest_log!(
             log::Level::Info,
@@ -424,7 +440,21 @@ impl Vmm {
             if let Some(r) = self.control.lock().expect("control lock").exit.clone() {
                 break r;
             }
-            if let Err(e) = self.event_manager.run() {
+            // Until the guest armed the GED, look every ACPI_POLL_MS whether it has (for
+            // `in-place-if-acpi`); otherwise wait for events only.
+            let poll = {
+                let mut c = self.control.lock().expect("control lock");
+                if c.in_place_if_acpi && c.boot_image.is_some() && !c.acpi_seen {
+                    c.acpi_seen = c.machine.power_button_armed();
+                }
+                c.in_place_if_acpi && c.boot_image.is_some() && !c.acpi_seen
+            };
+            let ran = if poll {
+                self.event_manager.run_with_timeout(ACPI_POLL_MS)
+            } else {
+                self.event_manager.run()
+            };
+            if let Err(e) = ran {
                 let mut c = self.control.lock().expect("control lock");
                 c.finish(ExitReason::Fault(format!("event loop failed: {e}")));
                 return Err(RunError::EventLoop(e.to_string()));
@@ -456,5 +486,20 @@ impl Vmm {
         self.timings.first_vcpu_entry_us = self.marks.first_entry_us();
         self.timings.first_vcpu_exit_us = self.marks.first_exit_us();
         Ok((reason, self.timings))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guest_that_armed_the_ged_once_reboots_in_place() {
+        // Linux masks the GED's pin again in its shutdown hook before it resets: what it did
+        // earlier in the boot counts.
+        assert!(reboot_in_place(true, true, || false));
+        assert!(reboot_in_place(true, false, || true));
+        assert!(!reboot_in_place(true, false, || false));
+        assert!(reboot_in_place(false, false, || false));
     }
 }
