@@ -432,9 +432,14 @@ pub async fn run(
     let ready_flag = ready.clone();
     let (pods_r, presets_r, vmis_r) = (pods.clone(), presets.clone(), vmis.clone());
     let readiness = tokio::spawn(async move {
+        // Each cache is named as it fills, so a start that never gets ready says which list
+        // it still waits for.
         let _ = pods_r.wait_until_ready().await;
+        tracing::info!("launcher pods cache filled");
         let _ = presets_r.wait_until_ready().await;
+        tracing::info!("presets cache filled");
         let _ = vmis_r.wait_until_ready().await;
+        tracing::info!("VMIs cache filled");
         ready_flag.store(true, Ordering::SeqCst);
         tracing::info!("caches filled; controllers running");
     });
