@@ -272,48 +272,89 @@ fn disk(boot: &StockGuest) -> Result<PathBuf, StockError> {
         .join("stock")
         .join(format!("disk-{}", &key[..16]));
     let img = dir.join("disk.img");
-    if dir.join("done").exists() {
-        return Ok(img);
+    cached_build(&dir, "the stock guest's disk", || {
+        progress("building the root disk (MBR, ext4 on partition 1)");
+        let stage = dir.join("stage");
+        stage_root(boot, &stage)?;
+        one_partition_disk(
+            &dir,
+            &stage,
+            &["-L", "stock-root"],
+            ROOTFS_MIB,
+            // The whole disk: 1 MiB before the partition.
+            ROOTFS_MIB + 1,
+            &format!("label: dos\\nlabel-id: {DISK_ID}\\nunit: sectors\\n\\nstart=2048, size={}, type=83\\n", ROOTFS_MIB * 2048),
+            &img,
+        )
+    })?;
+    Ok(img)
+}
+
+/// Builds into `dir` once: returns at once when `dir` holds a finished build, else takes the
+/// stock cache's lock, looks again (another process may have built it meanwhile), clears `dir`
+/// and runs `build`, then marks `dir` finished.
+fn cached_build(
+    dir: &Path,
+    what: &str,
+    build: impl FnOnce() -> Result<(), StockError>,
+) -> Result<(), StockError> {
+    let done = dir.join("done");
+    if done.exists() {
+        return Ok(());
     }
     let _lock = cmd::CacheLock::acquire(
         &cmd::cache_root().join("stock.lock"),
-        "building the stock guest's disk",
+        &format!("building {what}"),
     )?;
-    if dir.join("done").exists() {
-        return Ok(img);
+    if done.exists() {
+        return Ok(());
     }
-    progress("building the root disk (MBR, ext4 on partition 1)");
-    cmd::remove_dir(&dir)?;
-    let stage = dir.join("stage");
-    stage_root(boot, &stage)?;
+    cmd::remove_dir(dir)?;
+    build()?;
+    cmd::write(&done, b"")?;
+    Ok(())
+}
+
+/// Writes `img`: a disk of `disk_mib` MiB laid out by the sfdisk script `layout`, whose one
+/// partition (at 1 MiB) holds an ext4 of `fs_mib` MiB made from `stage` with the extra
+/// `mkfs.ext4` arguments `mkfs`. Removes `stage` and the file system image afterwards.
+fn one_partition_disk(
+    dir: &Path,
+    stage: &Path,
+    mkfs: &[&str],
+    fs_mib: u64,
+    disk_mib: u64,
+    layout: &str,
+    img: &Path,
+) -> Result<(), StockError> {
     let fs = dir.join("root.ext4");
     cmd::run(
         Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-L", "stock-root", "-E", "root_owner=0:0", "-d"])
-            .arg(&stage)
+            .args(["-q", "-F"])
+            .args(mkfs)
+            .args(["-E", "root_owner=0:0", "-d"])
+            .arg(stage)
             .arg(&fs)
-            .arg(format!("{ROOTFS_MIB}M")),
+            .arg(format!("{fs_mib}M")),
     )?;
-    let sectors = ROOTFS_MIB * 2048;
     cmd::run(
         Command::new("truncate")
             .arg("-s")
-            .arg(format!("{}M", ROOTFS_MIB + 1))
-            .arg(&img),
+            .arg(format!("{disk_mib}M"))
+            .arg(img),
     )?;
     cmd::sh(&format!(
-        "printf 'label: dos\\nlabel-id: {DISK_ID}\\nunit: sectors\\n\\nstart=2048, size={sectors}, type=83\\n' | sfdisk -q {img}",
-        img = cmd::quote(&img)
+        "printf '{layout}' | sfdisk -q {img}",
+        img = cmd::quote(img)
     ))?;
     cmd::sh(&format!(
         "dd if={fs} of={img} bs=1M seek=1 conv=notrunc status=none",
         fs = cmd::quote(&fs),
-        img = cmd::quote(&img)
+        img = cmd::quote(img)
     ))?;
-    cmd::remove_dir(&stage)?;
+    cmd::remove_dir(stage)?;
     let _ = std::fs::remove_file(&fs);
-    cmd::write(&dir.join("done"), b"")?;
-    Ok(img)
+    Ok(())
 }
 
 /// Fills `stage` with the root file system: busybox-static and its applets, the init as
@@ -469,63 +510,39 @@ pub fn cloud_image(boot: &StockGuest) -> Result<CloudImage, StockError> {
         qcow2: qcow2.clone(),
         release: boot.release.clone(),
     };
-    if dir.join("done").exists() {
-        return Ok(out);
-    }
-    let _lock = cmd::CacheLock::acquire(
-        &cmd::cache_root().join("stock.lock"),
-        "building the stock guest's cloud image",
-    )?;
-    if dir.join("done").exists() {
-        return Ok(out);
-    }
-    progress("building the cloud image (GPT, ext4 root with /boot and grub.cfg, qcow2)");
-    cmd::remove_dir(&dir)?;
-    let stage = dir.join("stage");
-    stage_root(boot, &stage)?;
-    let r = &boot.release;
-    cmd::mkdirs(&stage.join("boot/grub"))?;
-    cmd::copy(&boot.vmlinuz, &stage.join(format!("boot/vmlinuz-{r}")))?;
-    cmd::copy(&boot.initrd, &stage.join(format!("boot/initrd.img-{r}")))?;
-    cmd::copy(&boot.config, &stage.join(format!("boot/config-{r}")))?;
-    cmd::write(&stage.join("boot/grub/grub.cfg"), grub.as_bytes())?;
-    let fs = dir.join("root.ext4");
-    cmd::run(
-        Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-L", "debian-root", "-U", CLOUD_FS_UUID])
-            .args(["-E", "root_owner=0:0", "-d"])
-            .arg(&stage)
-            .arg(&fs)
-            .arg(format!("{CLOUD_ROOTFS_MIB}M")),
-    )?;
-    // 1 MiB before the partition, 1 MiB after it for the backup GPT.
-    let img = dir.join("disk.img");
-    cmd::run(
-        Command::new("truncate")
-            .arg("-s")
-            .arg(format!("{}M", CLOUD_ROOTFS_MIB + 2))
-            .arg(&img),
-    )?;
-    cmd::sh(&format!(
-        "printf 'label: gpt\\nunit: sectors\\n\\nstart=2048, size={sectors}, type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, name=root\\n' | sfdisk -q {img}",
-        sectors = CLOUD_ROOTFS_MIB * 2048,
-        img = cmd::quote(&img)
-    ))?;
-    cmd::sh(&format!(
-        "dd if={fs} of={img} bs=1M seek=1 conv=notrunc status=none",
-        fs = cmd::quote(&fs),
-        img = cmd::quote(&img)
-    ))?;
-    cmd::run(
-        Command::new("qemu-img")
-            .args(["convert", "-q", "-f", "raw", "-O", "qcow2", "-c"])
-            .arg(&img)
-            .arg(&qcow2),
-    )?;
-    cmd::remove_dir(&stage)?;
-    let _ = std::fs::remove_file(&fs);
-    let _ = std::fs::remove_file(&img);
-    cmd::write(&dir.join("done"), b"")?;
+    cached_build(&dir, "the stock guest's cloud image", || {
+        progress("building the cloud image (GPT, ext4 root with /boot and grub.cfg, qcow2)");
+        let stage = dir.join("stage");
+        stage_root(boot, &stage)?;
+        let r = &boot.release;
+        cmd::mkdirs(&stage.join("boot/grub"))?;
+        cmd::copy(&boot.vmlinuz, &stage.join(format!("boot/vmlinuz-{r}")))?;
+        cmd::copy(&boot.initrd, &stage.join(format!("boot/initrd.img-{r}")))?;
+        cmd::copy(&boot.config, &stage.join(format!("boot/config-{r}")))?;
+        cmd::write(&stage.join("boot/grub/grub.cfg"), grub.as_bytes())?;
+        let img = dir.join("disk.img");
+        one_partition_disk(
+            &dir,
+            &stage,
+            &["-L", "debian-root", "-U", CLOUD_FS_UUID],
+            CLOUD_ROOTFS_MIB,
+            // 1 MiB before the partition, 1 MiB after it for the backup GPT.
+            CLOUD_ROOTFS_MIB + 2,
+            &format!(
+                "label: gpt\\nunit: sectors\\n\\nstart=2048, size={}, type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, name=root\\n",
+                CLOUD_ROOTFS_MIB * 2048
+            ),
+            &img,
+        )?;
+        cmd::run(
+            Command::new("qemu-img")
+                .args(["convert", "-q", "-f", "raw", "-O", "qcow2", "-c"])
+                .arg(&img)
+                .arg(&qcow2),
+        )?;
+        let _ = std::fs::remove_file(&img);
+        Ok(())
+    })?;
     Ok(out)
 }
 
