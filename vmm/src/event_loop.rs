@@ -132,8 +132,9 @@ impl Control {
     }
 
     /// Resets the VM to its boot state and runs it again (or leaves it paused when it was):
-    /// every vCPU leaves the guest, the devices reset, the boot image puts irqchip and RAM back
-    /// (reboot.rs), every vCPU goes back to its boot state.
+    /// every vCPU leaves the guest and turns its paravirtual MSRs off (else KVM may still write
+    /// the old kernel's steal-time flag into the new kernel's RAM), the devices reset, the boot
+    /// image puts irqchip and RAM back (reboot.rs), every vCPU goes back to its boot state.
     fn reboot(&mut self) -> Result<(), String> {
         let back_to = self.lifecycle.state();
         self.lifecycle
@@ -141,6 +142,9 @@ impl Control {
             .map_err(|e| e.to_string())?;
         let t0 = Instant::now();
         self.set_vcpus(VcpuCmd::Pause)?;
+        for v in &mut self.vcpus {
+            v.paravirt_off().map_err(|e| e.to_string())?;
+        }
         self.machine.reset_devices()?;
         let mut image = self.boot_image.take().ok_or("no boot image")?;
         let loaded = image.load(&self.machine.ram, &self.machine.vm);

@@ -54,6 +54,7 @@ pub const STOCK: &[Scenario] = &[
     scenario!("stock-kernel"),
     scenario!("stock-power-button"),
     scenario!("stock-no-acpi"),
+    scenario!("stock-reboot-loop"),
 ];
 
 /// Looks a scenario up by name (in [`ALL`] and [`STOCK`]).

@@ -3,7 +3,7 @@
 //! disk (`tests/testhost/src/stock.rs` builds them from Debian's packages and caches them).
 //! That kernel has no MP-table parser and no command-line virtio devices: it finds its second
 //! CPU, the IOAPIC, its disks and its NIC only through microvm's ACPI tables. One test-host boot
-//! runs the scenarios of `scenarios::STOCK` but `stock-no-acpi`; each test asserts on its own.
+//! runs the scenarios of `scenarios::STOCK` named in `IN_SUITE`; each test asserts on its own.
 //! `stock-no-acpi` (the same kernel without ACPI finds no disk and no second CPU) hung once in
 //! the suite under two busy loops (no console output for 470 s after the kernel's PCI line; the
 //! root cause is not known) and is left to `cargo xtask testhost stock-no-acpi`.
@@ -12,6 +12,10 @@ use std::sync::OnceLock;
 
 use microvirt_testhost::scenarios::{self, Section, SuiteResult};
 use microvirt_testhost::stock;
+
+/// The stock scenarios the suite runs. `stock-no-acpi` (it hung once under load, see
+/// docs/testing.md) and the `stock-reboot-loop` soak run only as `cargo xtask testhost NAME`.
+const IN_SUITE: &[&str] = &["stock-kernel", "stock-power-button"];
 
 fn suite() -> &'static SuiteResult {
     static SUITE: OnceLock<Result<SuiteResult, String>> = OnceLock::new();
@@ -32,7 +36,7 @@ fn suite() -> &'static SuiteResult {
         let selected: Vec<scenarios::Scenario> = scenarios::STOCK
             .iter()
             .copied()
-            .filter(|s| s.name != "stock-no-acpi")
+            .filter(|s| IN_SUITE.contains(&s.name))
             .collect();
         let r = scenarios::run_suite(&prep, &selected, echo).map_err(|e| e.to_string())?;
         eprintln!(

@@ -294,14 +294,46 @@ pub fn restore_vcpu(fd: &VcpuFd, state: &VcpuState, tsc_delta: u64) -> Result<()
 
 /// Puts a vCPU that has run back into `boot`, the state it had when it was built (an in-place
 /// reboot): everything [`restore_vcpu`] writes except the CPUID (unchanged, and KVM refuses a
-/// different one after the first KVM_RUN) and the TSC, which keeps counting (the guest's
-/// kvm-clock MSRs go back to off with the other MSRs, so nothing writes to the cleared RAM).
+/// different one after the first KVM_RUN) and the TSC, which keeps counting. The paravirtual
+/// MSRs must already be off ([`paravirt_off`]) when RAM is cleared; this writes them again.
 pub fn reset_vcpu(fd: &VcpuFd, boot: &VcpuState) -> Result<(), StateError> {
     let msrs = restore_msrs(boot, 0)
         .into_iter()
         .filter(|m| m.index != msr::MSR_IA32_TSC)
         .collect();
     write_vcpu_state(fd, boot, msrs)
+}
+
+/// Writes `boot`'s values (off) of the paravirtual MSRs ([`msr::is_paravirt`]) into a paused
+/// vCPU: afterwards KVM writes nothing into guest RAM on the guest's behalf (no kvm-clock
+/// page, no steal-time record, no PV EOI flag). An in-place reboot does this before it clears
+/// RAM and loads the kernel again: KVM records steal time's "preempted" flag whenever the vCPU
+/// thread is preempted inside a vCPU ioctl, which would land in the new kernel's memory.
+pub fn paravirt_off(fd: &VcpuFd, boot: &VcpuState) -> Result<(), StateError> {
+    let entries: Vec<kvm_msr_entry> = boot
+        .msrs
+        .iter()
+        .filter(|m| msr::is_paravirt(m.index))
+        .map(|m| kvm_msr_entry {
+            index: m.index,
+            data: m.data,
+            ..Default::default()
+        })
+        .collect();
+    set_msrs(fd, &entries)
+}
+
+fn set_msrs(fd: &VcpuFd, entries: &[kvm_msr_entry]) -> Result<(), StateError> {
+    let list = Msrs::from_entries(entries).map_err(|_| StateError::List("MSR"))?;
+    let set = fd.set_msrs(&list).map_err(kvm("KVM_SET_MSRS"))?;
+    if set != entries.len() {
+        return Err(StateError::MsrRefused {
+            index: entries[set].index,
+            set,
+            total: entries.len(),
+        });
+    }
+    Ok(())
 }
 
 /// MP state, registers, FPU, LAPIC, `msrs` and events, in KVM's order.
@@ -330,15 +362,7 @@ fn write_vcpu_state(fd: &VcpuFd, state: &VcpuState, msrs: Vec<MsrEntry>) -> Resu
             ..Default::default()
         })
         .collect();
-    let list = Msrs::from_entries(&entries).map_err(|_| StateError::List("MSR"))?;
-    let set = fd.set_msrs(&list).map_err(kvm("KVM_SET_MSRS"))?;
-    if set != entries.len() {
-        return Err(StateError::MsrRefused {
-            index: entries[set].index,
-            set,
-            total: entries.len(),
-        });
-    }
+    set_msrs(fd, &entries)?;
     if let Some(e) = &state.events {
         fd.set_vcpu_events(&e.0)
             .map_err(kvm("KVM_SET_VCPU_EVENTS"))?;
@@ -488,5 +512,33 @@ mod tests {
         let j = serde_json::to_string(&s).unwrap();
         let back: VcpuState = serde_json::from_str(&j).unwrap();
         assert_eq!(back, s);
+    }
+
+    /// On this machine's KVM: a vCPU whose guest turned kvm-clock and steal time on (as Linux
+    /// does at boot) has both off again after `paravirt_off` with its boot state.
+    #[test]
+    fn paravirt_off_turns_kvm_clock_and_steal_time_off() {
+        const SYSTEM_TIME_NEW: u32 = 0x4b56_4d01;
+        const STEAL_TIME: u32 = 0x4b56_4d03;
+        let kvm = kvm_ioctls::Kvm::new().expect("opening /dev/kvm");
+        let vm = kvm.create_vm().expect("KVM_CREATE_VM");
+        vm.create_irq_chip().expect("KVM_CREATE_IRQCHIP");
+        let fd = vm.create_vcpu(0).expect("KVM_CREATE_VCPU");
+        let indices = msrs_to_save(&kvm).expect("MSR list");
+        for i in [SYSTEM_TIME_NEW, STEAL_TIME] {
+            assert!(indices.contains(&i), "KVM does not list MSR {i:#x}");
+        }
+        let boot = save_vcpu(&fd, 0, &indices, VcpuCaps::probe(&kvm)).expect("boot state");
+        let on = |index, data| kvm_msr_entry {
+            index,
+            data,
+            ..Default::default()
+        };
+        set_msrs(&fd, &[on(SYSTEM_TIME_NEW, 0x2001), on(STEAL_TIME, 0x3001)])
+            .expect("the guest's kvm-clock and steal time");
+        let read = |fd: &VcpuFd| get_msrs(fd, &[SYSTEM_TIME_NEW, STEAL_TIME]).unwrap();
+        assert!(read(&fd).iter().all(|m| m.data & 1 == 1), "{:?}", read(&fd));
+        paravirt_off(&fd, &boot).expect("paravirt_off");
+        assert!(read(&fd).iter().all(|m| m.data == 0), "{:?}", read(&fd));
     }
 }

@@ -124,6 +124,9 @@ pub enum VcpuCmd {
     /// Put the vCPU back into its boot state (only while paused; an in-place reboot);
     /// answered on the reset channel.
     Reset,
+    /// Turn the guest's paravirtual MSRs off (only while paused; an in-place reboot, before
+    /// guest RAM is cleared: [`persist::paravirt_off`]); answered on the reset channel.
+    ParavirtOff,
 }
 
 /// A configured vCPU, not yet running.
@@ -553,6 +556,18 @@ impl Vcpu {
                     let _ = replies.resets.send(r);
                     continue;
                 }
+                Some(VcpuCmd::ParavirtOff) => {
+                    let r = if running {
+                        Err(VcpuError::State {
+                            id: self.id,
+                            source: StateError::List("paravirtual MSRs of a running vCPU"),
+                        })
+                    } else {
+                        self.paravirt_off()
+                    };
+                    let _ = replies.resets.send(r);
+                    continue;
+                }
                 Some(VcpuCmd::Resume) => {
                     // A vCPU that already left the guest stays out until stopped.
                     running = !exited;
@@ -592,6 +607,18 @@ impl Vcpu {
             });
         };
         persist::reset_vcpu(&self.fd, boot).map_err(|source| VcpuError::State { id, source })
+    }
+
+    /// Turns the guest's paravirtual MSRs off (their boot values).
+    fn paravirt_off(&mut self) -> Result<(), VcpuError> {
+        let id = self.id;
+        let Some(boot) = &self.boot_state else {
+            return Err(VcpuError::State {
+                id,
+                source: StateError::List("boot state (not kept)"),
+            });
+        };
+        persist::paravirt_off(&self.fd, boot).map_err(|source| VcpuError::State { id, source })
     }
 
     /// This vCPU's exit counters and KVM's statistics (read now, once).
@@ -645,8 +672,18 @@ impl VcpuHandle {
 
     /// Puts the vCPU back into its boot state on its thread. The vCPU must be paused.
     pub fn reset(&mut self) -> Result<(), VcpuError> {
+        self.reset_cmd(VcpuCmd::Reset)
+    }
+
+    /// Turns the guest's paravirtual MSRs off on the vCPU's thread (see
+    /// [`persist::paravirt_off`]). The vCPU must be paused.
+    pub fn paravirt_off(&mut self) -> Result<(), VcpuError> {
+        self.reset_cmd(VcpuCmd::ParavirtOff)
+    }
+
+    fn reset_cmd(&mut self, cmd: VcpuCmd) -> Result<(), VcpuError> {
         self.cmd
-            .send(VcpuCmd::Reset)
+            .send(cmd)
             .map_err(|_| VcpuError::ThreadGone(self.id))?;
         self.resets
             .recv()
@@ -660,8 +697,8 @@ impl VcpuHandle {
         if cmd == VcpuCmd::SaveState {
             return self.save_state().map(|_| ());
         }
-        if cmd == VcpuCmd::Reset {
-            return self.reset();
+        if cmd == VcpuCmd::Reset || cmd == VcpuCmd::ParavirtOff {
+            return self.reset_cmd(cmd);
         }
         self.cmd
             .send(cmd)

@@ -79,6 +79,17 @@ pub fn should_save(index: u32) -> bool {
     )
 }
 
+/// Whether `index` is a KVM paravirtual MSR: kvm-clock (old and new numbers), steal time,
+/// async page faults, PV EOI, poll control. KVM writes into guest RAM at the addresses these
+/// hold (steal time even outside KVM_RUN, when the vCPU thread is preempted inside any vCPU
+/// ioctl), so an in-place reboot turns them off before it clears RAM.
+pub fn is_paravirt(index: u32) -> bool {
+    matches!(
+        index,
+        MSR_KVM_WALL_CLOCK | MSR_KVM_SYSTEM_TIME | MSR_KVM_PV_FIRST..=MSR_KVM_PV_LAST
+    )
+}
+
 /// Sort key for writing MSRs back: TSC first, TSC deadline last, the rest by index.
 pub fn restore_order(index: u32) -> (u8, u32) {
     match index {
@@ -104,6 +115,8 @@ mod tests {
         ] {
             assert!(should_save(i), "{i:#x}");
         }
+        assert!(is_paravirt(MSR_KVM_SYSTEM_TIME) && is_paravirt(0x4b56_4d03));
+        assert!(!is_paravirt(MSR_IA32_TSC) && !is_paravirt(MSR_IA32_APICBASE));
         // Read-only or host-only MSRs stay out: MTRRcap, PERF_STATUS, the PMU.
         for i in [0xfe, 0x198, 0xc1, 0x186, 0x10a] {
             assert!(!should_save(i), "{i:#x}");
