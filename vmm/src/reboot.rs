@@ -7,8 +7,10 @@
 //! controllers' and PIT's state before the first run. Each vCPU keeps its own boot state
 //! (`Vcpu::new(.., keep_boot_state)`).
 //!
-//! A reboot, on the VMM thread with every vCPU paused and the devices reset
-//! (`Control::reboot` in builder.rs): [`BootImage::load`] puts the irqchip and PIT back,
+//! A reboot, on the VMM thread with every vCPU paused, its paravirtual MSRs turned off (KVM
+//! must not write the old kernel's kvm-clock, steal-time or PV EOI areas into the new kernel's
+//! RAM: `persist::paravirt_off`) and the devices reset (`Control::reboot` in event_loop.rs):
+//! [`BootImage::load`] puts the irqchip and PIT back,
 //! zeroes all RAM ([`GuestRam::clear`]), writes the low pages back and loads the kernel and
 //! initrd again from their files; then every vCPU goes back to its boot state. The result is
 //! the VM as `Vmm::build` left it, with the same disks, overlays, TAPs and console.
