@@ -398,13 +398,27 @@ fn script_file(sc: &Scenario) -> String {
     format!("{PRELUDE}\n# ---- {}.sh ----\n{}", sc.name, sc.script)
 }
 
-/// Test-host (QEMU TCG) console timeout: a fixed allowance for booting plus per scenario.
-pub fn suite_timeout(n: usize) -> Duration {
+/// Test-host (QEMU TCG) console timeout: a fixed allowance for booting plus, per scenario,
+/// 150 s or the `VM_TIMEOUT=` its script gives its VMs, whichever is more (a scenario that boots
+/// a stock Linux guest twice needs minutes on a busy machine). `MICROVIRT_TESTHOST_TIMEOUT`
+/// (seconds) overrides it. Only a scenario that hangs waits this long.
+pub fn suite_timeout(scenarios: &[Scenario]) -> Duration {
     let secs = std::env::var("MICROVIRT_TESTHOST_TIMEOUT")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(120 + 150 * n as u64);
+        .unwrap_or_else(|| 120 + scenarios.iter().map(scenario_allowance).sum::<u64>());
     Duration::from_secs(secs)
+}
+
+fn scenario_allowance(sc: &Scenario) -> u64 {
+    let vm_timeout = sc
+        .script
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("VM_TIMEOUT="))
+        .filter_map(|v| v.trim().parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    vm_timeout.max(150)
 }
 
 /// Runs `scenarios` in one test-host boot (or directly on hardware KVM) and splits the output.
@@ -483,7 +497,7 @@ fn run_in_test_host(
         ),
         &RunOptions {
             name: "l1".into(),
-            timeout: suite_timeout(scenarios.len()),
+            timeout: suite_timeout(scenarios),
             log: prep.workdir.join("testhost-console.log"),
             echo,
             done_marker: DONE_MARKER.into(),
@@ -549,7 +563,7 @@ fn run_direct(
         c,
         &RunOptions {
             name: "host".into(),
-            timeout: suite_timeout(scenarios.len()),
+            timeout: suite_timeout(scenarios),
             log: prep.workdir.join("direct-console.log"),
             echo,
             done_marker: DONE_MARKER.into(),
@@ -609,6 +623,15 @@ mod tests {
         assert_eq!(s["b"].rc, None);
         assert_eq!(s["b"].lines, vec!["partial".to_string()]);
         assert!(!s.contains_key("between"));
+    }
+
+    #[test]
+    fn a_scenario_gets_the_vm_timeout_its_script_gives() {
+        let sc = |script| Scenario { name: "t", script };
+        assert_eq!(scenario_allowance(&sc("vm a --kernel k")), 150);
+        assert_eq!(scenario_allowance(&sc("VM_TIMEOUT=60\nvm a")), 150);
+        assert_eq!(scenario_allowance(&sc("x\n\tVM_TIMEOUT=600\nvm a")), 600);
+        assert_eq!(scenario_allowance(&find("stock-reboot-loop").unwrap()), 1500);
     }
 
     #[test]
