@@ -29,8 +29,10 @@ use crate::pod::{PodError, APP_NAME, LABEL_APP};
 use crate::pool::PoolState;
 use crate::preset::PresetError;
 use crate::replicaset::VmiRef;
+use filled::{mark_filled, Filled};
 
 pub mod fanout;
+pub mod filled;
 pub mod pool;
 pub mod vm;
 pub mod vmi;
@@ -101,6 +103,9 @@ pub struct Context {
     pub expectations: Expectations,
     /// Nodes (for the pool controller: where snapshots live, the host facts they need).
     pub nodes: Store<Node>,
+    /// Whether `pods`, `presets` and `vmis` hold their first full list (wait on these, not on
+    /// `Store::wait_until_ready`, which wakes only one of several waiters: [`filled`]).
+    pub filled: CachesFilled,
     /// The pool controller's in-memory state (expectations, claim latency).
     pub pool: Arc<PoolState>,
 }
@@ -130,6 +135,17 @@ impl Context {
             }
         });
     }
+}
+
+/// Whether each shared cache holds its first full list.
+#[derive(Clone, Debug)]
+pub struct CachesFilled {
+    /// [`Context::pods`].
+    pub pods: Filled,
+    /// [`Context::presets`].
+    pub presets: Filled,
+    /// [`Context::vmis`].
+    pub vmis: Filled,
 }
 
 /// Watch retry delays: 250 ms doubling up to 4 s (kube's default goes up to 30 s, which makes
@@ -270,27 +286,39 @@ pub async fn run(
     // triggers the controllers that read it (controller/fanout.rs), so none of them runs on a
     // cache older than the event that woke it.
     let (pods, pod_writer) = reflector::store();
+    let (mark_pods, pods_filled) = filled::filled();
     let (pod_watch, mut pod_triggers) = fanout::fan_out(
-        watcher(
-            pod_api,
-            watcher::Config::default().labels(&format!("{LABEL_APP}={APP_NAME}")),
-        )
-        .backoff(WatchBackoff::new())
-        .reflect(pod_writer),
+        mark_filled(
+            watcher(
+                pod_api,
+                watcher::Config::default().labels(&format!("{LABEL_APP}={APP_NAME}")),
+            )
+            .backoff(WatchBackoff::new())
+            .reflect(pod_writer),
+            mark_pods,
+        ),
         2,
         "launcher pods",
     );
     let (pods_for_vmi, pods_for_pool) = (pod_triggers.remove(0), pod_triggers.remove(0));
     let (presets, preset_writer) = reflector::store();
-    let preset_stream = watcher(preset_api, watcher::Config::default())
-        .backoff(WatchBackoff::new())
-        .reflect(preset_writer)
-        .touched_objects();
-    let (vmis, vmi_writer) = reflector::store();
-    let (vmi_watch, mut vmi_triggers) = fanout::fan_out(
-        watcher(vmi_api.clone(), watcher::Config::default())
+    let (mark_presets, presets_filled) = filled::filled();
+    let preset_stream = mark_filled(
+        watcher(preset_api, watcher::Config::default())
             .backoff(WatchBackoff::new())
-            .reflect(vmi_writer),
+            .reflect(preset_writer),
+        mark_presets,
+    )
+    .touched_objects();
+    let (vmis, vmi_writer) = reflector::store();
+    let (mark_vmis, vmis_filled) = filled::filled();
+    let (vmi_watch, mut vmi_triggers) = fanout::fan_out(
+        mark_filled(
+            watcher(vmi_api.clone(), watcher::Config::default())
+                .backoff(WatchBackoff::new())
+                .reflect(vmi_writer),
+            mark_vmis,
+        ),
         3,
         "VMIs",
     );
@@ -320,6 +348,11 @@ pub async fn run(
         vmis: vmis.clone(),
         expectations: Expectations::default(),
         nodes: nodes.clone(),
+        filled: CachesFilled {
+            pods: pods_filled,
+            presets: presets_filled,
+            vmis: vmis_filled,
+        },
         pool: Arc::new(PoolState::default()),
     });
 
@@ -430,16 +463,23 @@ pub async fn run(
     });
 
     let ready_flag = ready.clone();
-    let (pods_r, presets_r, vmis_r) = (pods.clone(), presets.clone(), vmis.clone());
+    let caches = ctx.filled.clone();
     let readiness = tokio::spawn(async move {
         // Each cache is named as it fills, so a start that never gets ready says which list
-        // it still waits for.
-        let _ = pods_r.wait_until_ready().await;
-        tracing::info!("launcher pods cache filled");
-        let _ = presets_r.wait_until_ready().await;
-        tracing::info!("presets cache filled");
-        let _ = vmis_r.wait_until_ready().await;
-        tracing::info!("VMIs cache filled");
+        // it still waits for. Reconciles wait on the same caches at the same time: hence
+        // `Filled`, which wakes every waiter (kube's `Store::wait_until_ready` wakes only one,
+        // and a start-up that lost that race never became ready).
+        for (what, cache) in [
+            ("launcher pods", &caches.pods),
+            ("presets", &caches.presets),
+            ("VMIs", &caches.vmis),
+        ] {
+            if !cache.wait().await {
+                // The watch ended first: the controllers are stopping.
+                return;
+            }
+            tracing::info!("{what} cache filled");
+        }
         ready_flag.store(true, Ordering::SeqCst);
         tracing::info!("caches filled; controllers running");
     });

@@ -31,7 +31,8 @@ use microvirt_crds::{
     VirtualMachineInstanceReplicaSet, VirtualMachinePool,
 };
 use microvirt_operator::config::Config;
-use microvirt_operator::controller::{pool, vm, vmirs, Context};
+use microvirt_operator::controller::filled::filled;
+use microvirt_operator::controller::{pool, vm, vmirs, CachesFilled, Context};
 use microvirt_operator::expectations::Expectations;
 use microvirt_operator::metrics::Metrics;
 use microvirt_operator::pool::members::{effective_template, replica_vmi};
@@ -61,6 +62,13 @@ fn context(client: &Client) -> (Arc<Context>, Writer<VirtualMachineInstance>) {
     relist(&mut pw, []);
     relist(&mut prw, []);
     relist(&mut nw, []);
+    // Every test relists the VMI cache itself (`relist`) before its first reconcile, so the
+    // caches count as filled from the start.
+    let caches = [filled(), filled(), filled()].map(|(mark, filled)| {
+        mark.mark();
+        filled
+    });
+    let [pods_filled, presets_filled, vmis_filled] = caches;
     let reporter = Reporter {
         controller: "stale-cache-test".into(),
         instance: None,
@@ -75,6 +83,11 @@ fn context(client: &Client) -> (Arc<Context>, Writer<VirtualMachineInstance>) {
         vmis,
         expectations: Expectations::default(),
         nodes,
+        filled: CachesFilled {
+            pods: pods_filled,
+            presets: presets_filled,
+            vmis: vmis_filled,
+        },
         pool: Arc::new(PoolState::default()),
     };
     (Arc::new(ctx), vw)

@@ -116,9 +116,9 @@ async fn apply(
 ) -> Result<Action, Error> {
     let (name, ns) = name_ns(&*pool)?;
     let uid = pool.uid().ok_or(Error::MissingMeta("uid"))?;
-    let _ = ctx.vmis.wait_until_ready().await;
-    let _ = ctx.pods.wait_until_ready().await;
-    let _ = ctx.presets.wait_until_ready().await;
+    let _ = ctx.filled.vmis.wait().await;
+    let _ = ctx.filled.pods.wait().await;
+    let _ = ctx.filled.presets.wait().await;
 
     let presets: Vec<_> = ctx
         .presets

@@ -52,7 +52,7 @@ async fn apply(
     let (name, ns) = name_ns(&*vm)?;
     // Decisions need the full VMI cache (creates use fixed names, so a stale cache could only
     // cause refused duplicates, but deletions must see every VMI).
-    let _ = ctx.vmis.wait_until_ready().await;
+    let _ = ctx.filled.vmis.wait().await;
     let vmi = ctx
         .vmis
         .get(&ObjectRef::<VirtualMachineInstance>::new(&name).within(&ns));

@@ -90,7 +90,7 @@ async fn apply(
 ) -> Result<Action, Error> {
     let (name, ns) = name_ns(&*vmi)?;
     // Presets must not be missed just because the operator has only started.
-    let _ = ctx.presets.wait_until_ready().await;
+    let _ = ctx.filled.presets.wait().await;
 
     // 1. Presets, once, before the first status write (afterwards the spec is immutable).
     if vmi.status.is_none() && !vmi.annotations().contains_key(ANNOTATION_PRESETS_APPLIED) {

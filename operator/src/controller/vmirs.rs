@@ -62,7 +62,7 @@ async fn apply(
     let (name, ns) = name_ns(&*rs)?;
     // Decisions need the full VMI cache (creates use fixed names, so a stale cache could only
     // cause refused duplicates, but deletions must see every VMI).
-    let _ = ctx.vmis.wait_until_ready().await;
+    let _ = ctx.filled.vmis.wait().await;
     let vmis = vmis_in(ctx, &ns);
     let key = key(&ns, &name);
     // Until the cache shows our earlier creates and deletes, it would make us act twice.

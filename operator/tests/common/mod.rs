@@ -426,9 +426,11 @@ where
 /// Default wait.
 pub const WAIT: Duration = Duration::from_secs(30);
 
-/// How long a started operator may take to fill its caches: one list per watched kind, which
-/// after an API server restart on a busy machine took more than 60 s once (the restart itself
-/// 32 s), so this waits for the lists and fails only on an operator that is stuck.
+/// How long a started operator may take to fill its caches: one list per watched kind, a
+/// second or two on a busy machine; the bound is generous and fails only an operator that is
+/// stuck. (The starts that once waited out 60 s and then 180 s here were not slow lists: the
+/// start-up lost a wake-up to a reconcile waiting on the same cache, see
+/// `operator/src/controller/filled.rs`.)
 pub const CACHES_READY_WITHIN: Duration = Duration::from_secs(180);
 
 /// A minimal valid VMI manifest (YAML) named `name` with extra labels.
