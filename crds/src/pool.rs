@@ -5,7 +5,8 @@
 //! (`replicas`, `selector`, `paused`, `scaleInStrategy`, status `replicas`, `readyReplicas`,
 //! `labelSelector`, conditions `ReplicaFailure` and `ReplicaPaused`). Two choices differ, both
 //! explained in `docs/pools.md`: members are VMIs made from a VMI `template` (as in a VMIRS), not
-//! VirtualMachines made from a `virtualMachineTemplate`; and `warm` (what KubeVirt's
+//! VirtualMachines (KubeVirt's `virtualMachineTemplate` is accepted as another spelling: its
+//! `spec.template` is the VMI template); and `warm` (what KubeVirt's
 //! `statePreservation: Online` leaves as a to-do) is ours.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
@@ -597,6 +598,31 @@ mod tests {
             warm,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_kubevirt_pool_takes_its_vmi_template_from_the_vm_template() {
+        let yaml = r#"
+selector: {matchLabels: {app: web}}
+virtualMachineTemplate:
+  metadata: {labels: {vm-label: x}}
+  spec:
+    runStrategy: Always
+    template:
+      metadata: {labels: {app: web}}
+      spec: {domain: {memory: {guest: 128Mi}}}
+"#;
+        let v: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+        let k: VirtualMachinePoolSpec = serde_json::from_value(v).unwrap();
+        let t = k.vmi_template();
+        assert_eq!(t.labels().get("app").map(String::as_str), Some("web"));
+        assert!(!t.labels().contains_key("vm-label"));
+        let guest = t.spec.domain.memory.as_ref().and_then(|m| m.guest.as_ref());
+        assert_eq!(guest.map(|q| q.0.as_str()), Some("128Mi"));
+        // Without it, spec.template is the template.
+        let mut p = spec(None);
+        p.template.spec.hostname = Some("h".into());
+        assert_eq!(p.vmi_template().spec.hostname.as_deref(), Some("h"));
     }
 
     #[test]

@@ -823,6 +823,8 @@ pub fn desired_pod(
             hostname: pod_hostname(vmi),
             subdomain: vmi.spec.subdomain.clone(),
             scheduler_name: vmi.spec.scheduler_name.clone(),
+            dns_policy: vmi.spec.dns_policy.map(|p| p.as_str().to_string()),
+            dns_config: vmi.spec.dns_config.clone(),
             tolerations: vmi.spec.tolerations.clone(),
             affinity: vmi.spec.affinity.clone(),
             volumes: Some(volumes),
@@ -1649,6 +1651,22 @@ mod tests {
     }
 
     #[test]
+    fn dns_policy_and_config_reach_the_pod() {
+        let mut sp = spec(Some("64Mi"), None);
+        sp.dns_policy = Some(microvirt_crds::vmi::DnsPolicy::None);
+        let cfg = k8s_openapi::api::core::v1::PodDNSConfig {
+            nameservers: Some(vec!["192.0.2.53".into()]),
+            searches: Some(vec!["example.internal".into()]),
+            options: None,
+        };
+        sp.dns_config = Some(cfg.clone());
+        let pod = desired_pod(&vmi(sp), &Config::default(), &BlockVolumes::new()).unwrap();
+        let ps = pod.spec.unwrap();
+        assert_eq!(ps.dns_policy.as_deref(), Some("None"));
+        assert_eq!(ps.dns_config, Some(cfg));
+    }
+
+    #[test]
     fn priority_class_and_scheduler_reach_the_pod_and_hooks_are_refused() {
         let mut sp = spec(Some("64Mi"), None);
         sp.priority_class_name = Some("high".into());
@@ -1658,6 +1676,8 @@ mod tests {
         let ps = pod.spec.unwrap();
         assert_eq!(ps.priority_class_name.as_deref(), Some("high"));
         assert_eq!(ps.scheduler_name.as_deref(), Some("other"));
+        assert_eq!(ps.dns_policy, None);
+        assert_eq!(ps.dns_config, None);
 
         v.metadata.annotations = Some(BTreeMap::from([(
             refusals::ANNOTATION_HOOK_SIDECARS.to_string(),

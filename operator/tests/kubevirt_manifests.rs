@@ -37,7 +37,8 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
         | "vmirs-cirros.yaml"
         | "vmipreset-small.yaml"
         | "vmi-start-paused.yaml"
-        | "vmpool-kubevirt.yaml" => vec![],
+        | "vmpool-kubevirt.yaml"
+        | "vmi-user-guide-tuning.yaml" => vec![],
         "vmi-sriov.yaml" => vec![
             ("spec.domain.devices.interfaces[1].sriov", refusals::SRIOV),
             ("spec.networks[1].multus", refusals::MULTUS),
@@ -74,6 +75,34 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
                 refusals::VM_NETWORK_CIDR,
             ),
             ("spec.volumes[3].configMap", refusals::VOLUME_SOURCE),
+        ],
+        "vmi-user-guide-refused.yaml" => vec![
+            ("spec.domain.chassis", refusals::CHASSIS),
+            ("spec.domain.firmware.serial", refusals::FIRMWARE_SERIAL),
+            ("spec.domain.cpu.model", refusals::CPU_MODEL),
+            ("spec.domain.cpu.features", refusals::CPU_FEATURES),
+            ("spec.domain.cpu.numa", refusals::NUMA),
+            ("spec.domain.features.kvm.hidden", refusals::KVM_HIDDEN),
+            ("spec.domain.devices.watchdog", refusals::WATCHDOG),
+            ("spec.domain.devices.sound", refusals::SOUND),
+            (
+                "spec.domain.devices.disks[0].cache",
+                refusals::DISK_CACHE_WRITETHROUGH,
+            ),
+            (
+                "spec.domain.devices.disks[1].shareable",
+                refusals::SHAREABLE,
+            ),
+            (
+                "spec.volumes[1].persistentVolumeClaim.hotpluggable",
+                refusals::HOTPLUG,
+            ),
+            ("spec.volumes[2].downwardMetrics", refusals::VOLUME_SOURCE),
+            ("spec.volumes[3].memoryDump", refusals::VOLUME_SOURCE),
+        ],
+        "vmipreset-refused.yaml" => vec![
+            ("spec.domain.chassis", refusals::CHASSIS),
+            ("spec.domain.devices.watchdog", refusals::WATCHDOG),
         ],
         "vm-instancetype.yaml" => vec![
             ("spec.instancetype", refusals::INSTANCETYPE),
