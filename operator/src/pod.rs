@@ -1267,7 +1267,7 @@ mod tests {
                 name: name.into(),
                 persistent_volume_claim: Some(microvirt_crds::vmi::PersistentVolumeClaimSource {
                     claim_name: claim.into(),
-                    read_only: None,
+                    ..Default::default()
                 }),
                 ..Default::default()
             });
