@@ -77,6 +77,10 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
             ("spec.volumes[3].configMap", refusals::VOLUME_SOURCE),
         ],
         "vmi-user-guide-refused.yaml" => vec![
+            (
+                "spec.dnsConfig",
+                "dnsPolicy: None needs dnsConfig.nameservers",
+            ),
             ("spec.domain.chassis", refusals::CHASSIS),
             ("spec.domain.firmware.serial", refusals::FIRMWARE_SERIAL),
             ("spec.domain.cpu.model", refusals::CPU_MODEL),
