@@ -621,6 +621,11 @@ pub struct KernelBootContainer {
     /// Image pull policy (Always, IfNotPresent, Never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
+    /// A Secret in the VMI's namespace to pull the image with (it joins the launcher pod's
+    /// `imagePullSecrets`, as in KubeVirt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub image_pull_secret: Option<String>,
 }
 
 /// Image pull policy.
@@ -1036,6 +1041,11 @@ pub struct ContainerDiskSource {
     /// Image pull policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
+    /// A Secret in the VMI's namespace to pull the image with (it joins the launcher pod's
+    /// `imagePullSecrets`, as in KubeVirt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub image_pull_secret: Option<String>,
 }
 
 /// PVC reference.
