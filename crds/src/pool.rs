@@ -5,7 +5,8 @@
 //! (`replicas`, `selector`, `paused`, `scaleInStrategy`, status `replicas`, `readyReplicas`,
 //! `labelSelector`, conditions `ReplicaFailure` and `ReplicaPaused`). Two choices differ, both
 //! explained in `docs/pools.md`: members are VMIs made from a VMI `template` (as in a VMIRS), not
-//! VirtualMachines made from a `virtualMachineTemplate`; and `warm` (what KubeVirt's
+//! VirtualMachines (KubeVirt's `virtualMachineTemplate` is accepted as another spelling: its
+//! `spec.template` is the VMI template); and `warm` (what KubeVirt's
 //! `statePreservation: Online` leaves as a to-do) is ours.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
@@ -14,7 +15,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::refusals;
-use crate::template::VirtualMachineInstanceTemplateSpec;
+use crate::template::{TemplateMeta, VirtualMachineInstanceTemplateSpec};
+use crate::vm::VirtualMachineSpec;
 
 /// Longest pool name: its VMIs are `<pool>-<5 characters>` and a VMI name is a label value
 /// (at most 63 characters) on the launcher pod.
@@ -116,6 +118,11 @@ impl MemberRole {
         "!has(self.template) || !has(self.selector.matchLabels) || self.selector.matchLabels.all(k, has(self.template.metadata) && has(self.template.metadata.labels) && k in self.template.metadata.labels && self.template.metadata.labels[k] == self.selector.matchLabels[k])"
     )
     .message("spec.template.metadata.labels must contain every label of spec.selector.matchLabels"),
+    validation = Rule::new(
+        "!has(self.virtualMachineTemplate) || !has(self.selector.matchLabels) || self.selector.matchLabels.all(k, has(self.virtualMachineTemplate.spec.template.metadata) && has(self.virtualMachineTemplate.spec.template.metadata.labels) && k in self.virtualMachineTemplate.spec.template.metadata.labels && self.virtualMachineTemplate.spec.template.metadata.labels[k] == self.selector.matchLabels[k])"
+    )
+    .message(refusals::POOL_VM_TEMPLATE_SELECTOR)
+    .field_path(".virtualMachineTemplate.spec.template.metadata.labels"),
     validation = Rule::new("has(self.selector.matchLabels) || has(self.selector.matchExpressions)")
         .message("spec.selector must not be empty"),
     validation = Rule::new(
@@ -130,13 +137,21 @@ impl MemberRole {
         .message(refusals::POOL_WARM_START_STRATEGY)
         .field_path(".template.spec.startStrategy"),
     // `template` is required by this rule rather than by the schema, so that a KubeVirt pool
-    // (virtualMachineTemplate, no template) meets the refusal below, not `Required value`.
+    // (virtualMachineTemplate, no template) is accepted.
     validation = Rule::new("has(self.template) || has(self.virtualMachineTemplate)")
-        .message("spec.template is required")
+        .message("spec.template (or KubeVirt's spec.virtualMachineTemplate) is required")
         .field_path(".template"),
-    validation = Rule::new("!has(self.virtualMachineTemplate)")
-        .message(refusals::POOL_VM_TEMPLATE)
-        .field_path(".virtualMachineTemplate")
+    validation = Rule::new("!has(self.template) || !has(self.virtualMachineTemplate)")
+        .message(refusals::POOL_BOTH_TEMPLATES)
+        .field_path(".virtualMachineTemplate"),
+    validation = Rule::new("!has(self.virtualMachineTemplate) || !has(self.warm)")
+        .message(refusals::POOL_VM_TEMPLATE_WARM)
+        .field_path(".warm"),
+    validation = Rule::new(
+        "!has(self.virtualMachineTemplate) || (has(self.virtualMachineTemplate.spec.runStrategy) ? self.virtualMachineTemplate.spec.runStrategy == 'Always' : (has(self.virtualMachineTemplate.spec.running) && self.virtualMachineTemplate.spec.running))"
+    )
+    .message(refusals::POOL_VM_RUN_STRATEGY)
+    .field_path(".virtualMachineTemplate.spec.runStrategy")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachinePoolSpec {
@@ -164,10 +179,36 @@ pub struct VirtualMachinePoolSpec {
     /// which new replicas are claimed. Without it every replica boots cold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm: Option<WarmSpec>,
-    /// KubeVirt's VirtualMachine template: refused (a validation rule says why).
+    /// KubeVirt's spelling, instead of `template`: a VirtualMachine template whose
+    /// `spec.template` is the members' VMI template. A microvirt pool makes no VirtualMachines,
+    /// so the VM's own `metadata` has no effect and its run strategy must be `Always` (what the
+    /// pool does: an ended member is replaced); `warm` needs `template`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::schema::any_object")]
-    pub virtual_machine_template: Option<serde_json::Value>,
+    pub virtual_machine_template: Option<PoolVirtualMachineTemplate>,
+}
+
+/// KubeVirt's `virtualMachineTemplate` of a pool: a VirtualMachine's metadata and spec.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolVirtualMachineTemplate {
+    /// Labels and annotations of the VirtualMachines KubeVirt would create; no effect (a
+    /// microvirt pool's members are VMIs, labelled by `spec.template.metadata`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<TemplateMeta>,
+    /// The VirtualMachine spec: `runStrategy: Always` (or `running: true`) and the VMI
+    /// `template` (instancetypes, preferences and dataVolumeTemplates are refused as in a VM).
+    pub spec: VirtualMachineSpec,
+}
+
+impl VirtualMachinePoolSpec {
+    /// The members' VMI template: `template`, or KubeVirt's
+    /// `virtualMachineTemplate.spec.template` (the validation rules admit exactly one).
+    pub fn vmi_template(&self) -> &VirtualMachineInstanceTemplateSpec {
+        match &self.virtual_machine_template {
+            Some(vm) => &vm.spec.template,
+            None => &self.template,
+        }
+    }
 }
 
 /// How a pool scales in (KubeVirt's names; exactly one of the three).
@@ -557,6 +598,31 @@ mod tests {
             warm,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_kubevirt_pool_takes_its_vmi_template_from_the_vm_template() {
+        let yaml = r#"
+selector: {matchLabels: {app: web}}
+virtualMachineTemplate:
+  metadata: {labels: {vm-label: x}}
+  spec:
+    runStrategy: Always
+    template:
+      metadata: {labels: {app: web}}
+      spec: {domain: {memory: {guest: 128Mi}}}
+"#;
+        let v: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+        let k: VirtualMachinePoolSpec = serde_json::from_value(v).unwrap();
+        let t = k.vmi_template();
+        assert_eq!(t.labels().get("app").map(String::as_str), Some("web"));
+        assert!(!t.labels().contains_key("vm-label"));
+        let guest = t.spec.domain.memory.as_ref().and_then(|m| m.guest.as_ref());
+        assert_eq!(guest.map(|q| q.0.as_str()), Some("128Mi"));
+        // Without it, spec.template is the template.
+        let mut p = spec(None);
+        p.template.spec.hostname = Some("h".into());
+        assert_eq!(p.vmi_template().spec.hostname.as_deref(), Some("h"));
     }
 
     #[test]

@@ -59,8 +59,15 @@ pub const PREFERENCE: &str =
     "preference is not supported by microvirt yet: give the devices in spec.template.spec.domain";
 /// VirtualMachine `spec.dataVolumeTemplates`.
 pub const DATA_VOLUME_TEMPLATES: &str = "dataVolumeTemplates are not supported by microvirt: DataVolumes need CDI; create a PersistentVolumeClaim holding a raw disk.img and use a persistentVolumeClaim volume";
-/// VirtualMachinePool `spec.virtualMachineTemplate`.
-pub const POOL_VM_TEMPLATE: &str = "virtualMachineTemplate is not supported by microvirt: its VirtualMachinePool makes VMIs from spec.template (a VMI template, as in a VirtualMachineInstanceReplicaSet); move virtualMachineTemplate.spec.template to spec.template (docs/pools.md)";
+/// VirtualMachinePool with both `spec.template` and `spec.virtualMachineTemplate`.
+pub const POOL_BOTH_TEMPLATES: &str =
+    "give spec.template (a VMI template) or KubeVirt's spec.virtualMachineTemplate, not both";
+/// VirtualMachinePool `spec.virtualMachineTemplate` whose run strategy is not `Always`.
+pub const POOL_VM_RUN_STRATEGY: &str = "virtualMachineTemplate.spec.runStrategy must be Always (or running: true): a microvirt VirtualMachinePool keeps its members running and replaces one that ended; it makes no VirtualMachines that could be Halted, Manual, RerunOnFailure or Once";
+/// VirtualMachinePool `spec.virtualMachineTemplate` whose VMI labels miss the selector.
+pub const POOL_VM_TEMPLATE_SELECTOR: &str = "virtualMachineTemplate.spec.template.metadata.labels must contain every label of spec.selector.matchLabels: a microvirt pool's members are VMIs, not VirtualMachines";
+/// VirtualMachinePool `spec.warm` with `spec.virtualMachineTemplate`.
+pub const POOL_VM_TEMPLATE_WARM: &str = "spec.warm needs spec.template (a VMI template): move virtualMachineTemplate.spec.template to spec.template (docs/pools.md)";
 
 /// KubeVirt's annotation naming sidecar hook containers.
 pub const ANNOTATION_HOOK_SIDECARS: &str = "hooks.kubevirt.io/hookSidecars";
@@ -91,3 +98,30 @@ pub const EVICTION_STRATEGY: &str = "evictionStrategy: microvirt has no live mig
 /// `serviceAccount`, `downwardAPI`, `cloudInitConfigDrive`, `ephemeral`, `downwardMetrics`,
 /// `sysprep`, `memoryDump`.
 pub const VOLUME_SOURCE: &str = "this volume source is not supported by microvirt: a volume is a containerDisk, persistentVolumeClaim, cloudInitNoCloud or emptyDisk";
+/// `cpu.model` other than `host-passthrough` or `host-model`.
+pub const CPU_MODEL: &str = "cpu.model: microvirt gives the guest the host CPU's features as KVM reports them (host-passthrough); a named CPU model is not supported, leave model unset or set it to host-passthrough or host-model";
+/// `cpu.features`.
+pub const CPU_FEATURES: &str = "cpu.features is not supported by microvirt: the guest sees the host CPU's features as KVM reports them, none can be required or disabled";
+/// `cpu.numa`.
+pub const NUMA: &str =
+    "cpu.numa is not supported by microvirt: a microVM has no guest NUMA topology";
+/// `domain.chassis`.
+pub const CHASSIS: &str =
+    "chassis is not supported by microvirt: a microVM has no SMBIOS tables to carry it";
+/// `firmware.serial`.
+pub const FIRMWARE_SERIAL: &str =
+    "firmware.serial is not supported by microvirt: a microVM has no SMBIOS tables to carry it";
+/// `features.kvm.hidden: true`.
+pub const KVM_HIDDEN: &str = "features.kvm.hidden: true is not supported by microvirt: the guest always sees KVM's signature (kvm-clock is its clock source)";
+/// `devices.watchdog`.
+pub const WATCHDOG: &str = "watchdog is not supported by microvirt: a microVM has no watchdog device, so nothing would act on a hung guest";
+/// `devices.sound`.
+pub const SOUND: &str = "sound is not supported by microvirt: a microVM has no sound device";
+/// `disks[].cache: writethrough`.
+pub const DISK_CACHE_WRITETHROUGH: &str = "cache: writethrough is not supported by microvirt: writes are durable when the guest flushes them (as with none or writeback), not each one on its own";
+/// `disks[].shareable: true`.
+pub const SHAREABLE: &str =
+    "shareable disks are not supported by microvirt: a writable disk image is locked to one VMI";
+/// `persistentVolumeClaim.hotpluggable: true`.
+pub const HOTPLUG: &str =
+    "hotpluggable volumes are not supported by microvirt: a microVM has no disk hotplug";

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, Toleration};
+use k8s_openapi::api::core::v1::{Affinity, PodDNSConfig, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
@@ -100,6 +100,9 @@ pub const REASON_GUEST_BOOTED: &str = "GuestBooted";
     validation = Rule::new("!has(self.readinessProbe)").message(refusals::READINESS_PROBE).field_path(".readinessProbe"),
     validation = Rule::new("!has(self.livenessProbe)").message(refusals::LIVENESS_PROBE).field_path(".livenessProbe"),
     validation = Rule::new("!has(self.accessCredentials)").message(refusals::ACCESS_CREDENTIALS).field_path(".accessCredentials"),
+    validation = Rule::new("!has(self.dnsPolicy) || self.dnsPolicy != 'None' || (has(self.dnsConfig) && has(self.dnsConfig.nameservers) && size(self.dnsConfig.nameservers) > 0)")
+        .message("dnsPolicy: None needs dnsConfig.nameservers (the pod, and so the guest, would have no DNS server)")
+        .field_path(".dnsConfig"),
     validation = Rule::new("!has(self.evictionStrategy) || self.evictionStrategy == 'None' || self.evictionStrategy == 'LiveMigrateIfPossible'")
         .message(refusals::EVICTION_STRATEGY)
         .field_path(".evictionStrategy")
@@ -160,6 +163,15 @@ pub struct VirtualMachineInstanceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub scheduler_name: Option<String>,
+    /// DNS policy of the launcher pod (`ClusterFirst`, the default, `ClusterFirstWithHostNet`,
+    /// `Default` or `None`). The guest gets the pod's DNS servers and search list over DHCP,
+    /// as in KubeVirt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_policy: Option<DnsPolicy>,
+    /// DNS settings of the launcher pod (with `dnsPolicy: None`, the only ones), which the
+    /// guest gets over DHCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_config: Option<PodDNSConfig>,
     /// KubeVirt's `startStrategy`: `Paused` builds the VM and leaves its vCPUs stopped (the
     /// `Paused` condition is True) until `kubectl microvirt unpause`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -195,6 +207,31 @@ pub enum EvictionStrategy {
     External,
 }
 
+/// A pod's DNS policies (Kubernetes' names).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DnsPolicy {
+    /// The cluster's DNS first (the default).
+    ClusterFirst,
+    /// The same for a pod on the host network (the launcher pod never is).
+    ClusterFirstWithHostNet,
+    /// The node's resolver configuration.
+    Default,
+    /// Only `dnsConfig`.
+    None,
+}
+
+impl DnsPolicy {
+    /// The name in a pod spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DnsPolicy::ClusterFirst => "ClusterFirst",
+            DnsPolicy::ClusterFirstWithHostNet => "ClusterFirstWithHostNet",
+            DnsPolicy::Default => "Default",
+            DnsPolicy::None => "None",
+        }
+    }
+}
+
 /// KubeVirt's start strategies.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum StartStrategy {
@@ -203,7 +240,13 @@ pub enum StartStrategy {
 }
 
 /// Virtual hardware of a VMI (also the defaults a preset carries).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.chassis)").message(refusals::CHASSIS).field_path(".chassis"),
+    validation = Rule::new("!has(self.firmware) || !has(self.firmware.serial)")
+        .message(refusals::FIRMWARE_SERIAL)
+        .field_path(".firmware.serial")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct DomainSpec {
     /// vCPU topology; the guest gets cores × sockets × threads vCPUs (without any of them:
@@ -232,6 +275,10 @@ pub struct DomainSpec {
     /// Guest clock (UTC, kvm-clock; timer settings accepted without effect).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock: Option<Clock>,
+    /// SMBIOS chassis information: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub chassis: Option<serde_json::Value>,
 }
 
 /// Machine type (accepted, no effect).
@@ -246,7 +293,10 @@ pub struct Machine {
 /// Platform features.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[x_kube(
-    validation = Rule::new("!has(self.hyperv)").message(refusals::HYPERV).field_path(".hyperv")
+    validation = Rule::new("!has(self.hyperv)").message(refusals::HYPERV).field_path(".hyperv"),
+    validation = Rule::new("!has(self.kvm) || !has(self.kvm.hidden) || !self.kvm.hidden")
+        .message(refusals::KVM_HIDDEN)
+        .field_path(".kvm.hidden")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Features {
@@ -264,6 +314,22 @@ pub struct Features {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_object")]
     pub hyperv: Option<serde_json::Value>,
+    /// KVM's paravirtual features: accepted (the guest always sees KVM's CPUID signature and
+    /// paravirtual features); `hidden: true` is refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvm: Option<FeatureKvm>,
+    /// Paravirtual spinlocks: accepted, no effect (the guest uses them when KVM offers them,
+    /// whatever `enabled` says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pvspinlock: Option<FeatureState>,
+}
+
+/// KubeVirt's KVM feature.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct FeatureKvm {
+    /// Hide the KVM signature from the guest: only `false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<bool>,
 }
 
 /// A feature that is on when present (`enabled` defaults to true).
@@ -366,7 +432,12 @@ pub struct Timer {
 #[x_kube(
     validation = Rule::new("!has(self.isolateEmulatorThread) || !self.isolateEmulatorThread || (has(self.dedicatedCpuPlacement) && self.dedicatedCpuPlacement)")
         .message(refusals::ISOLATE_EMULATOR_THREAD)
-        .field_path(".isolateEmulatorThread")
+        .field_path(".isolateEmulatorThread"),
+    validation = Rule::new("!has(self.model) || self.model == 'host-passthrough' || self.model == 'host-model'")
+        .message(refusals::CPU_MODEL)
+        .field_path(".model"),
+    validation = Rule::new("!has(self.features)").message(refusals::CPU_FEATURES).field_path(".features"),
+    validation = Rule::new("!has(self.numa)").message(refusals::NUMA).field_path(".numa")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Cpu {
@@ -390,6 +461,20 @@ pub struct Cpu {
     /// With `dedicatedCpuPlacement`: one more whole CPU for the VMM's own threads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolate_emulator_thread: Option<bool>,
+    /// KubeVirt's CPU model: `host-passthrough` and `host-model` are accepted and mean what
+    /// the guest always gets, the host CPU's features as KVM reports them (KVM's supported
+    /// CPUID); a named model is refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub model: Option<String>,
+    /// CPU features to require or disable: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object_list")]
+    pub features: Option<Vec<serde_json::Value>>,
+    /// Guest NUMA topology: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub numa: Option<serde_json::Value>,
 }
 
 /// Guest memory.
@@ -453,6 +538,10 @@ pub struct Firmware {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub uuid: Option<String>,
+    /// The SMBIOS serial number: refused (a validation rule on the domain says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub serial: Option<String>,
 }
 
 /// BIOS or EFI (both: boot the kernel directly).
@@ -532,6 +621,11 @@ pub struct KernelBootContainer {
     /// Image pull policy (Always, IfNotPresent, Never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
+    /// A Secret in the VMI's namespace to pull the image with (it joins the launcher pod's
+    /// `imagePullSecrets`, as in KubeVirt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub image_pull_secret: Option<String>,
 }
 
 /// Image pull policy.
@@ -554,7 +648,9 @@ pub enum PullPolicy {
     validation = Rule::new("!has(self.filesystems)").message(refusals::FILESYSTEMS).field_path(".filesystems"),
     validation = Rule::new("!has(self.autoattachVSOCK) || !self.autoattachVSOCK")
         .message(refusals::VSOCK)
-        .field_path(".autoattachVSOCK")
+        .field_path(".autoattachVSOCK"),
+    validation = Rule::new("!has(self.watchdog)").message(refusals::WATCHDOG).field_path(".watchdog"),
+    validation = Rule::new("!has(self.sound)").message(refusals::SOUND).field_path(".sound")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Devices {
@@ -608,6 +704,41 @@ pub struct Devices {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_object_list")]
     pub filesystems: Option<Vec<serde_json::Value>>,
+    /// Input devices (KubeVirt's tablet for a VNC pointer): accepted, no effect: without a
+    /// graphics device there is nothing to point at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8))]
+    pub inputs: Option<Vec<Input>>,
+    /// Accepted, no effect: every virtio-net device has one queue pair.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_interface_multiqueue: Option<bool>,
+    /// Accepted, no effect: every virtio-blk device has one queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_multi_queue: Option<bool>,
+    /// A watchdog device: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub watchdog: Option<serde_json::Value>,
+    /// A sound device: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub sound: Option<serde_json::Value>,
+}
+
+/// An input device (accepted, no effect).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct Input {
+    /// Name.
+    #[schemars(length(max = 63))]
+    pub name: String,
+    /// `tablet`.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub type_: Option<String>,
+    /// `usb` or `virtio`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub bus: Option<String>,
 }
 
 /// The random number generator device (no settings).
@@ -623,7 +754,13 @@ pub const INSIDE_IMAGE_RULE: &str = "!self.matches('(^|/)[.][.](/|$)')";
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[x_kube(
     validation = Rule::new("!has(self.cdrom)").message(refusals::CDROM).field_path(".cdrom"),
-    validation = Rule::new("!has(self.lun)").message(refusals::LUN).field_path(".lun")
+    validation = Rule::new("!has(self.lun)").message(refusals::LUN).field_path(".lun"),
+    validation = Rule::new("!has(self.cache) || self.cache != 'writethrough'")
+        .message(refusals::DISK_CACHE_WRITETHROUGH)
+        .field_path(".cache"),
+    validation = Rule::new("!has(self.shareable) || !self.shareable")
+        .message(refusals::SHAREABLE)
+        .field_path(".shareable")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Disk {
@@ -655,6 +792,43 @@ pub struct Disk {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_object")]
     pub lun: Option<serde_json::Value>,
+    /// KubeVirt's cache mode. `none` and `writeback` are accepted and mean what the VMM
+    /// always does: writes go through the host's page cache and a guest flush is an
+    /// `fdatasync`, so what the guest flushed is durable; `writethrough` is refused (a
+    /// validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<DiskCache>,
+    /// KubeVirt's I/O mode (`native`, `threads`, `default`): accepted, no effect (the VMM's own
+    /// I/O thread does the disk's I/O).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<DiskIo>,
+    /// Only `false`: a writable image is locked to one VMI (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shareable: Option<bool>,
+}
+
+/// KubeVirt's disk cache modes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskCache {
+    /// Accepted: the VMM's behaviour (flushes are honoured).
+    None,
+    /// Refused.
+    Writethrough,
+    /// Accepted: the VMM's behaviour (flushes are honoured).
+    Writeback,
+}
+
+/// KubeVirt's disk I/O modes (accepted, no effect).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskIo {
+    /// Linux native AIO.
+    Native,
+    /// A thread pool.
+    Threads,
+    /// The hypervisor's choice.
+    Default,
 }
 
 /// How a disk is attached.
@@ -765,7 +939,7 @@ pub enum Protocol {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[x_kube(
     validation = Rule::new(
-        "(has(self.containerDisk) ? 1 : 0) + (has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.cloudInitNoCloud) ? 1 : 0) + (has(self.emptyDisk) ? 1 : 0) + (has(self.dataVolume) ? 1 : 0) + (has(self.hostDisk) ? 1 : 0) + (has(self.configMap) ? 1 : 0) + (has(self.secret) ? 1 : 0) + (has(self.serviceAccount) ? 1 : 0) + (has(self.downwardAPI) ? 1 : 0) + (has(self.cloudInitConfigDrive) ? 1 : 0) + (has(self.ephemeral) ? 1 : 0) == 1"
+        "(has(self.containerDisk) ? 1 : 0) + (has(self.persistentVolumeClaim) ? 1 : 0) + (has(self.cloudInitNoCloud) ? 1 : 0) + (has(self.emptyDisk) ? 1 : 0) + (has(self.dataVolume) ? 1 : 0) + (has(self.hostDisk) ? 1 : 0) + (has(self.configMap) ? 1 : 0) + (has(self.secret) ? 1 : 0) + (has(self.serviceAccount) ? 1 : 0) + (has(self.downwardAPI) ? 1 : 0) + (has(self.cloudInitConfigDrive) ? 1 : 0) + (has(self.ephemeral) ? 1 : 0) + (has(self.downwardMetrics) ? 1 : 0) + (has(self.sysprep) ? 1 : 0) + (has(self.memoryDump) ? 1 : 0) == 1"
     )
     .message("a volume needs exactly one of containerDisk, persistentVolumeClaim, cloudInitNoCloud, emptyDisk"),
     validation = Rule::new("!has(self.dataVolume)").message(refusals::DATA_VOLUME).field_path(".dataVolume"),
@@ -775,7 +949,10 @@ pub enum Protocol {
     validation = Rule::new("!has(self.serviceAccount)").message(refusals::VOLUME_SOURCE).field_path(".serviceAccount"),
     validation = Rule::new("!has(self.downwardAPI)").message(refusals::VOLUME_SOURCE).field_path(".downwardAPI"),
     validation = Rule::new("!has(self.cloudInitConfigDrive)").message(refusals::VOLUME_SOURCE).field_path(".cloudInitConfigDrive"),
-    validation = Rule::new("!has(self.ephemeral)").message(refusals::VOLUME_SOURCE).field_path(".ephemeral")
+    validation = Rule::new("!has(self.ephemeral)").message(refusals::VOLUME_SOURCE).field_path(".ephemeral"),
+    validation = Rule::new("!has(self.downwardMetrics)").message(refusals::VOLUME_SOURCE).field_path(".downwardMetrics"),
+    validation = Rule::new("!has(self.sysprep)").message(refusals::VOLUME_SOURCE).field_path(".sysprep"),
+    validation = Rule::new("!has(self.memoryDump)").message(refusals::VOLUME_SOURCE).field_path(".memoryDump")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct Volume {
@@ -834,6 +1011,18 @@ pub struct Volume {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_object")]
     pub ephemeral: Option<serde_json::Value>,
+    /// KubeVirt's downward metrics volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub downward_metrics: Option<serde_json::Value>,
+    /// KubeVirt's Windows sysprep volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub sysprep: Option<serde_json::Value>,
+    /// KubeVirt's memory dump volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub memory_dump: Option<serde_json::Value>,
 }
 
 /// Disk image inside a container image.
@@ -852,10 +1041,15 @@ pub struct ContainerDiskSource {
     /// Image pull policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
+    /// A Secret in the VMI's namespace to pull the image with (it joins the launcher pod's
+    /// `imagePullSecrets`, as in KubeVirt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub image_pull_secret: Option<String>,
 }
 
 /// PVC reference.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PersistentVolumeClaimSource {
     /// Claim name.
@@ -864,6 +1058,10 @@ pub struct PersistentVolumeClaimSource {
     /// Attach read-only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_only: Option<bool>,
+    /// Only `false`: a microVM has no disk hotplug (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!self").message(refusals::HOTPLUG))]
+    pub hotpluggable: Option<bool>,
 }
 
 /// cloud-init NoCloud data (KubeVirt's `cloudInitNoCloud`): user data inline, in base64 or in a
@@ -1172,6 +1370,36 @@ mod tests {
 
     fn spec(yaml: &str) -> VirtualMachineInstanceSpec {
         serde_json::from_value(serde_saphyr::from_str::<serde_json::Value>(yaml).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn kubevirt_tuning_fields_survive_a_round_trip() {
+        // What the operator passes on (presets merged as JSON, the launcher's document) keeps
+        // every accepted KubeVirt field with KubeVirt's spelling.
+        let yaml = r#"
+domain:
+  cpu: {model: host-passthrough}
+  features: {kvm: {hidden: false}, pvspinlock: {enabled: false}}
+  devices:
+    networkInterfaceMultiqueue: true
+    blockMultiQueue: true
+    inputs: [{name: tablet, type: tablet, bus: virtio}]
+    disks: [{name: d, cache: none, io: native, shareable: false}]
+volumes: [{name: d, persistentVolumeClaim: {claimName: c, hotpluggable: false}}]
+dnsPolicy: None
+dnsConfig: {nameservers: [192.0.2.53]}
+"#;
+        let v: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+        let s = spec(yaml);
+        let d = s.domain.devices.as_ref().unwrap();
+        assert_eq!(d.disks[0].cache, Some(DiskCache::None));
+        assert_eq!(d.disks[0].io, Some(DiskIo::Native));
+        assert_eq!(s.dns_policy.map(DnsPolicy::as_str), Some("None"));
+        assert_eq!(serde_json::to_value(&s).unwrap(), v);
+        let w: Disk =
+            serde_json::from_value(serde_json::json!({"name": "d", "cache": "writethrough"}))
+                .unwrap();
+        assert_eq!(w.cache, Some(DiskCache::Writethrough));
     }
 
     #[test]

@@ -155,6 +155,10 @@ fn selector(kind: Kind, obj: &Value) -> Result<Value, String> {
 pub fn service(kind: Kind, obj: &Value, opts: &Options) -> Result<Value, String> {
     let spec = match kind {
         Kind::Vmi => &obj["spec"],
+        // A pool in KubeVirt's spelling: the VMI template inside its VM template.
+        Kind::Pool if obj["spec"]["virtualMachineTemplate"].is_object() => {
+            &obj["spec"]["virtualMachineTemplate"]["spec"]["template"]["spec"]
+        }
         _ => &obj["spec"]["template"]["spec"],
     };
     let ports = match opts.port {
@@ -295,6 +299,22 @@ mod tests {
         assert!(service(Kind::Vmirs, &exprs, &opts(Some(80)))
             .unwrap_err()
             .contains("match expressions"));
+        // A pool in KubeVirt's spelling: the ports of the VMI template in its VM template.
+        let pool = json!({"metadata": {"name": "p", "uid": "u"}, "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "virtualMachineTemplate": {"spec": {"runStrategy": "Always", "template": {"spec": {
+                "networks": [{"name": "default", "pod": {}}],
+                "domain": {"devices": {"interfaces": [
+                    {"name": "default", "masquerade": {}, "ports": [{"port": 8080}]}
+                ]}}
+            }}}}
+        }});
+        let s = service(Kind::Pool, &pool, &opts(None)).unwrap();
+        assert_eq!(
+            s["spec"]["ports"],
+            json!([{"name": "port-1", "protocol": "TCP", "port": 8080}])
+        );
+        assert_eq!(s["spec"]["selector"], json!({"app": "web"}));
         let none = json!({"metadata": {"name": "rs"}, "spec": {"selector": {}}});
         assert!(service(Kind::Pool, &none, &opts(Some(80)))
             .unwrap_err()

@@ -5,10 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource,
-    EnvVar, HostPathVolumeSource, ImageVolumeSource, KeyToPath, ObjectFieldSelector,
-    PersistentVolumeClaimVolumeSource, Pod, PodReadinessGate, PodSecurityContext, PodSpec,
-    ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource, SecurityContext, Volume,
-    VolumeDevice, VolumeMount,
+    EnvVar, HostPathVolumeSource, ImageVolumeSource, KeyToPath, LocalObjectReference,
+    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodReadinessGate,
+    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, Secret, SecretVolumeSource,
+    SecurityContext, Volume, VolumeDevice, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -435,6 +435,7 @@ pub fn launcher_spec(
         kernel_path: Some(DEFAULT_KERNEL_PATH.to_string()),
         initrd_path: None,
         image_pull_policy: None,
+        image_pull_secret: None,
     });
     spec
 }
@@ -458,6 +459,30 @@ pub fn default_kernel(vmi: &VirtualMachineInstance, cfg: &Config) -> Option<Defa
 
 /// The launcher pod for a VMI. `block` names the persistentVolumeClaim volumes whose claims
 /// have `volumeMode: Block`: they reach the launcher as devices (`volumeDevices`).
+/// The pull Secrets the VMI's containerDisks and kernel image name (KubeVirt's
+/// `imagePullSecret`), each once, in name order; `None` when there are none.
+fn image_pull_secrets(spec: &VirtualMachineInstanceSpec) -> Option<Vec<LocalObjectReference>> {
+    let kernel = spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
+        .and_then(|k| k.container.as_ref())
+        .and_then(|c| c.image_pull_secret.as_ref());
+    let names: std::collections::BTreeSet<&String> = spec
+        .volumes
+        .iter()
+        .filter_map(|v| v.container_disk.as_ref()?.image_pull_secret.as_ref())
+        .chain(kernel)
+        .collect();
+    (!names.is_empty()).then(|| {
+        names
+            .into_iter()
+            .map(|n| LocalObjectReference { name: n.clone() })
+            .collect()
+    })
+}
+
 pub fn desired_pod(
     vmi: &VirtualMachineInstance,
     cfg: &Config,
@@ -823,6 +848,9 @@ pub fn desired_pod(
             hostname: pod_hostname(vmi),
             subdomain: vmi.spec.subdomain.clone(),
             scheduler_name: vmi.spec.scheduler_name.clone(),
+            image_pull_secrets: image_pull_secrets(&vmi.spec),
+            dns_policy: vmi.spec.dns_policy.map(|p| p.as_str().to_string()),
+            dns_config: vmi.spec.dns_config.clone(),
             tolerations: vmi.spec.tolerations.clone(),
             affinity: vmi.spec.affinity.clone(),
             volumes: Some(volumes),
@@ -1265,7 +1293,7 @@ mod tests {
                 name: name.into(),
                 persistent_volume_claim: Some(microvirt_crds::vmi::PersistentVolumeClaimSource {
                     claim_name: claim.into(),
-                    read_only: None,
+                    ..Default::default()
                 }),
                 ..Default::default()
             });
@@ -1649,6 +1677,62 @@ mod tests {
     }
 
     #[test]
+    fn image_pull_secrets_of_container_disks_and_the_kernel_reach_the_pod() {
+        let mut sp = spec(Some("64Mi"), None);
+        let pod = desired_pod(&vmi(sp.clone()), &Config::default(), &BlockVolumes::new()).unwrap();
+        assert_eq!(pod.spec.unwrap().image_pull_secrets, None);
+        for (name, secret) in [("a", Some("regcred")), ("b", None), ("c", Some("regcred"))] {
+            sp.volumes.push(VmiVolume {
+                name: name.into(),
+                container_disk: Some(microvirt_crds::vmi::ContainerDiskSource {
+                    image: format!("registry.example/{name}:v1"),
+                    image_pull_secret: secret.map(String::from),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            });
+        }
+        sp.domain.firmware = Some(microvirt_crds::vmi::Firmware {
+            kernel_boot: Some(microvirt_crds::vmi::KernelBoot {
+                container: Some(microvirt_crds::vmi::KernelBootContainer {
+                    image: "registry.example/kernel:v1".into(),
+                    kernel_path: Some("/boot/vmlinux".into()),
+                    image_pull_secret: Some("kernel-cred".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let pod = desired_pod(&vmi(sp), &Config::default(), &BlockVolumes::new()).unwrap();
+        let names: Vec<String> = pod
+            .spec
+            .unwrap()
+            .image_pull_secrets
+            .unwrap()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["kernel-cred", "regcred"]);
+    }
+
+    #[test]
+    fn dns_policy_and_config_reach_the_pod() {
+        let mut sp = spec(Some("64Mi"), None);
+        sp.dns_policy = Some(microvirt_crds::vmi::DnsPolicy::None);
+        let cfg = k8s_openapi::api::core::v1::PodDNSConfig {
+            nameservers: Some(vec!["192.0.2.53".into()]),
+            searches: Some(vec!["example.internal".into()]),
+            options: None,
+        };
+        sp.dns_config = Some(cfg.clone());
+        let pod = desired_pod(&vmi(sp), &Config::default(), &BlockVolumes::new()).unwrap();
+        let ps = pod.spec.unwrap();
+        assert_eq!(ps.dns_policy.as_deref(), Some("None"));
+        assert_eq!(ps.dns_config, Some(cfg));
+    }
+
+    #[test]
     fn priority_class_and_scheduler_reach_the_pod_and_hooks_are_refused() {
         let mut sp = spec(Some("64Mi"), None);
         sp.priority_class_name = Some("high".into());
@@ -1658,6 +1742,8 @@ mod tests {
         let ps = pod.spec.unwrap();
         assert_eq!(ps.priority_class_name.as_deref(), Some("high"));
         assert_eq!(ps.scheduler_name.as_deref(), Some("other"));
+        assert_eq!(ps.dns_policy, None);
+        assert_eq!(ps.dns_config, None);
 
         v.metadata.annotations = Some(BTreeMap::from([(
             refusals::ANNOTATION_HOOK_SIDECARS.to_string(),

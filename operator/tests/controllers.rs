@@ -222,12 +222,12 @@ spec:
     // kubevirt_manifests.rs).
     let unknown = vmi_yaml("unknown", "").replace(
         "    cpu: {cores: 1}\n",
-        "    cpu: {cores: 1}\n    chassis: {vendor: x}\n",
+        "    cpu: {cores: 1}\n    ioThreadsPolicy: auto\n",
     );
     let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&unknown))?;
     assert!(!ok);
     assert!(
-        err.contains("unknown field \"spec.domain.chassis\""),
+        err.contains("unknown field \"spec.domain.ioThreadsPolicy\""),
         "{err}"
     );
     // Metadata stays editable.

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
 use microvirt_crds::refusals;
 use microvirt_crds::{VirtualMachineInstance, VmiPhase};
 use serde_json::json;
@@ -35,7 +36,9 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
         | "vm-priorityclass.yaml"
         | "vmirs-cirros.yaml"
         | "vmipreset-small.yaml"
-        | "vmi-start-paused.yaml" => vec![],
+        | "vmi-start-paused.yaml"
+        | "vmpool-kubevirt.yaml"
+        | "vmi-user-guide-tuning.yaml" => vec![],
         "vmi-sriov.yaml" => vec![
             ("spec.domain.devices.interfaces[1].sriov", refusals::SRIOV),
             ("spec.networks[1].multus", refusals::MULTUS),
@@ -73,6 +76,38 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
             ),
             ("spec.volumes[3].configMap", refusals::VOLUME_SOURCE),
         ],
+        "vmi-user-guide-refused.yaml" => vec![
+            (
+                "spec.dnsConfig",
+                "dnsPolicy: None needs dnsConfig.nameservers",
+            ),
+            ("spec.domain.chassis", refusals::CHASSIS),
+            ("spec.domain.firmware.serial", refusals::FIRMWARE_SERIAL),
+            ("spec.domain.cpu.model", refusals::CPU_MODEL),
+            ("spec.domain.cpu.features", refusals::CPU_FEATURES),
+            ("spec.domain.cpu.numa", refusals::NUMA),
+            ("spec.domain.features.kvm.hidden", refusals::KVM_HIDDEN),
+            ("spec.domain.devices.watchdog", refusals::WATCHDOG),
+            ("spec.domain.devices.sound", refusals::SOUND),
+            (
+                "spec.domain.devices.disks[0].cache",
+                refusals::DISK_CACHE_WRITETHROUGH,
+            ),
+            (
+                "spec.domain.devices.disks[1].shareable",
+                refusals::SHAREABLE,
+            ),
+            (
+                "spec.volumes[1].persistentVolumeClaim.hotpluggable",
+                refusals::HOTPLUG,
+            ),
+            ("spec.volumes[2].downwardMetrics", refusals::VOLUME_SOURCE),
+            ("spec.volumes[3].memoryDump", refusals::VOLUME_SOURCE),
+        ],
+        "vmipreset-refused.yaml" => vec![
+            ("spec.domain.chassis", refusals::CHASSIS),
+            ("spec.domain.devices.watchdog", refusals::WATCHDOG),
+        ],
         "vm-instancetype.yaml" => vec![
             ("spec.instancetype", refusals::INSTANCETYPE),
             ("spec.preference", refusals::PREFERENCE),
@@ -88,7 +123,10 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
             "spec.template.metadata.annotations",
             refusals::HOOK_SIDECARS,
         )],
-        "vmpool-kubevirt.yaml" => vec![("spec.virtualMachineTemplate", refusals::POOL_VM_TEMPLATE)],
+        "vmpool-kubevirt-halted.yaml" => vec![(
+            "spec.virtualMachineTemplate.spec.runStrategy",
+            refusals::POOL_VM_RUN_STRATEGY,
+        )],
         "vmpool-warm-start-paused.yaml" => vec![(
             "spec.template.spec.startStrategy",
             refusals::POOL_WARM_START_STRATEGY,
@@ -251,5 +289,37 @@ async fn kubevirt_defaults_the_pod_network_and_a_disk_per_volume() -> Result<()>
         doc["spec"]["domain"]["devices"]["disks"],
         json!([{"name": "containerdisk"}, {"name": "cloudinitdisk"}])
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_kubevirt_pool_makes_vmis_from_its_vm_templates_vmi_template() -> Result<()> {
+    let env = Env::start(shared_cluster().kubeconfig_path(), "t-kubevirt-pool").await?;
+    let yaml = std::fs::read_to_string(manifest_dir().join("vmpool-kubevirt.yaml"))?
+        .replace("replicas: 0", "replicas: 2");
+    let (ok, _, err) = env.kubectl(&["create", "-f", "-"], Some(&yaml))?;
+    assert!(ok, "{err}");
+    let vmis = env.api::<VirtualMachineInstance>();
+    let l = ListParams::default().labels("kubevirt.io/vmpool=vmpool-kubevirt");
+    let made = wait_for("2 VMIs of vmpool-kubevirt", WAIT, || async {
+        let list = vmis.list(&l).await?.items;
+        Ok((list.len() == 2).then_some(list))
+    })
+    .await?;
+    for v in &made {
+        let name = v.metadata.name.as_deref().unwrap_or_default();
+        assert!(name.starts_with("vmpool-kubevirt-"), "{name}");
+        // The VMI template inside the VM template, as written.
+        let guest = v.spec.domain.memory.as_ref().and_then(|m| m.guest.as_ref());
+        assert_eq!(guest.map(|q| q.0.as_str()), Some("128Mi"), "{name}");
+        assert_eq!(
+            v.spec.volumes[0]
+                .container_disk
+                .as_ref()
+                .map(|c| c.image.as_str()),
+            Some("registry.example/demo/cirros-disk:v1"),
+            "{name}"
+        );
+    }
     Ok(())
 }

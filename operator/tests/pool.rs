@@ -330,14 +330,26 @@ async fn bad_pool_specs_are_refused_with_clear_messages() -> Result<()> {
             "domain.memory.guest must be a quantity from 16Mi to 1Ei",
         ),
         (
-            "KubeVirt's virtualMachineTemplate",
-            good.replace("  template:", "  virtualMachineTemplate: {}\n  template:"),
-            microvirt_crds::refusals::POOL_VM_TEMPLATE,
+            "both template and KubeVirt's virtualMachineTemplate",
+            good.replace(
+                "  template:",
+                "  virtualMachineTemplate: {spec: {runStrategy: Always, template: {spec: {domain: {}}}}}\n  template:",
+            ),
+            microvirt_crds::refusals::POOL_BOTH_TEMPLATES,
+        ),
+        (
+            "warm members with KubeVirt's virtualMachineTemplate",
+            format!(
+                "{}\n  virtualMachineTemplate:\n    spec:\n      runStrategy: Always\n      template:{}",
+                good.split("  template:").next().unwrap().trim_end(),
+                good.split("  template:").nth(1).unwrap().replace("\n", "\n    "),
+            ),
+            microvirt_crds::refusals::POOL_VM_TEMPLATE_WARM,
         ),
         (
             "no template",
             format!("{}\n", good.split("  template:").next().unwrap().trim_end()),
-            "spec.template is required",
+            "spec.template (or KubeVirt's spec.virtualMachineTemplate) is required",
         ),
     ];
     for (what, yaml, want) in &cases {

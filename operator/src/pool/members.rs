@@ -63,9 +63,10 @@ pub fn effective_template<'a>(
     pool: &VirtualMachinePool,
     presets: impl IntoIterator<Item = &'a VirtualMachineInstancePreset>,
 ) -> Result<EffectiveTemplate, PresetError> {
-    let labels = pool.spec.template.labels();
-    let annotations = pool.spec.template.annotations();
-    let mut spec = pool.spec.template.spec.clone();
+    let template = pool.spec.vmi_template();
+    let labels = template.labels();
+    let annotations = template.annotations();
+    let mut spec = template.spec.clone();
     let matched = preset::matching(presets, &labels);
     let (names, conflicts) = if matched.is_empty() {
         (vec![], vec![])
@@ -440,7 +441,8 @@ pub fn resume_state(pod: &Pod) -> Option<Result<(), String>> {
 pub(crate) mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-    use microvirt_crds::pool::WarmSpec;
+    use microvirt_crds::pool::{PoolVirtualMachineTemplate, WarmSpec};
+    use microvirt_crds::vm::{RunStrategy, VirtualMachineSpec};
     use microvirt_crds::vmi::Memory;
     use microvirt_crds::{
         TemplateMeta, VirtualMachineInstanceTemplateSpec, VirtualMachinePoolSpec,
@@ -502,6 +504,33 @@ pub(crate) mod tests {
         q.spec.replicas = Some(9);
         q.spec.warm = None;
         assert_eq!(effective_template(&q, []).unwrap().hash, a.hash);
+    }
+
+    #[test]
+    fn a_kubevirt_pool_makes_its_members_from_the_vm_templates_vmi_template() {
+        let p = pool();
+        let mut k = pool();
+        k.spec.warm = None;
+        let vmi_template = std::mem::take(&mut k.spec.template);
+        k.spec.virtual_machine_template = Some(PoolVirtualMachineTemplate {
+            metadata: Some(TemplateMeta {
+                labels: Some(BTreeMap::from([("vm-only".into(), "x".into())])),
+                annotations: None,
+            }),
+            spec: VirtualMachineSpec {
+                run_strategy: Some(RunStrategy::Always),
+                template: vmi_template,
+                ..Default::default()
+            },
+        });
+        let (a, b) = (
+            effective_template(&p, []).unwrap(),
+            effective_template(&k, []).unwrap(),
+        );
+        // The same members as the microvirt spelling; the VM's own labels go nowhere.
+        assert_eq!(b.hash, a.hash);
+        assert_eq!(b.labels, a.labels);
+        assert_eq!(b.spec, a.spec);
     }
 
     #[test]

@@ -652,14 +652,14 @@ pub(super) fn pool_bad_specs_refused(env: &Env) -> Result<()> {
             "spec.warm needs masquerade interfaces",
         ),
         (
-            "KubeVirt's virtualMachineTemplate",
+            "both template and KubeVirt's virtualMachineTemplate",
             good.replace(
                 "  template:\n",
-                "  virtualMachineTemplate: {}\n  template:\n",
+                "  virtualMachineTemplate: {spec: {runStrategy: Always, template: {spec: {domain: {}}}}}\n  template:\n",
             ),
-            // Refused by name with what to do instead (crds/src/refusals.rs, POOL_VM_TEMPLATE).
-            "spec.virtualMachineTemplate: Invalid value: \"object\": virtualMachineTemplate is \
-             not supported by microvirt",
+            // A pool takes one of the two spellings (crds/src/refusals.rs, POOL_BOTH_TEMPLATES).
+            "spec.virtualMachineTemplate: Invalid value: \"object\": give spec.template (a VMI \
+             template) or KubeVirt's spec.virtualMachineTemplate, not both",
         ),
     ];
     for (what, yaml, msg) in cases {
