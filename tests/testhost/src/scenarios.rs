@@ -631,7 +631,10 @@ mod tests {
         assert_eq!(scenario_allowance(&sc("vm a --kernel k")), 150);
         assert_eq!(scenario_allowance(&sc("VM_TIMEOUT=60\nvm a")), 150);
         assert_eq!(scenario_allowance(&sc("x\n\tVM_TIMEOUT=600\nvm a")), 600);
-        assert_eq!(scenario_allowance(&find("stock-reboot-loop").unwrap()), 1500);
+        assert_eq!(
+            scenario_allowance(&find("stock-reboot-loop").unwrap()),
+            1500
+        );
     }
 
     #[test]
