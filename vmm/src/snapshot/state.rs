@@ -24,6 +24,11 @@ pub struct MachineInfo {
     /// back on the bus). Absent in format 1.0 snapshots, which predate ACPI: false.
     #[serde(default)]
     pub acpi: bool,
+    /// The guest-physical address of the VM generation ID when the guest's DSDT has the
+    /// `\_SB.VGEN` device (acpi/vmgenid.rs): every restore writes a new ID there and notifies
+    /// the guest. Absent before format 1.2 (the guest has no such device): nothing is written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmgenid: Option<u64>,
 }
 
 /// The whole payload.
