@@ -119,7 +119,7 @@ pub fn append_aml(sink: &mut Vec<u8>) {
 mod tests {
     use super::*;
     use crate::arch::x86_64::boot::{memory_map, E820_RAM, E820_RESERVED};
-    use crate::arch::x86_64::layout::{ACPI_TABLES_END, BIOS_AREA_END};
+    use crate::arch::x86_64::layout::{MAX_VCPUS, VIRTIO_IRQ_FIRST, VIRTIO_IRQ_LAST};
 
     #[test]
     fn random_ids_differ_and_round_trip_through_guest_memory() {
@@ -159,10 +159,16 @@ mod tests {
                 .filter(|e| e.kind == E820_RAM)
                 .all(|e| e.addr + e.size <= id.start || id.end <= e.addr));
         }
-        // After every ACPI table (they end at ACPI_TABLES_END), inside the BIOS area.
-        assert!(ACPI_TABLES_END <= VMGENID_ADDR);
-        assert!(VMGENID_ADDR + VMGENID_LEN <= BIOS_AREA_END);
-        assert_eq!(VMGENID_ADDR % 16, 0);
+        // After every ACPI table of the largest VM.
+        let m = crate::acpi::tests::manager((VIRTIO_IRQ_LAST - VIRTIO_IRQ_FIRST + 1) as usize);
+        let t = crate::acpi::create(MAX_VCPUS, &m).unwrap();
+        for tb in t.all() {
+            assert!(
+                tb.addr + tb.bytes.len() as u64 <= VMGENID_ADDR,
+                "{:#x}",
+                tb.addr
+            );
+        }
     }
 
     #[test]

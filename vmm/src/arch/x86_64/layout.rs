@@ -45,6 +45,11 @@ pub const VMGENID_ADDR: u64 = 0xf_f000;
 pub const VMGENID_LEN: u64 = 16;
 /// The end of the legacy BIOS area (ACPI tables and generation ID), reserved in the memory map.
 pub const BIOS_AREA_END: u64 = 0x10_0000;
+const _: () = assert!(
+    VMGENID_ADDR % 16 == 0
+        && VMGENID_ADDR >= ACPI_TABLES_END
+        && VMGENID_ADDR + VMGENID_LEN <= BIOS_AREA_END
+);
 pub const HIGH_MEMORY_START: u64 = 0x10_0000;
 pub const KERNEL_START: u64 = HIGH_MEMORY_START;
 pub const MMIO_GAP_START: u64 = 0xc000_0000;
