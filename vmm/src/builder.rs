@@ -731,6 +731,7 @@ impl Vmm {
             p.virtio.push(a);
         }
         let legacy = legacy_devices(&mut p, &opts, &rc.serial, start, st.machine.acpi, Some(st))?;
+        phases.mark("devices");
         // Every restore is a possible copy: a new VM generation ID before any vCPU runs, and
         // the GED event that notifies the guest, raised once the vCPUs' interrupt controllers
         // are back (raise_pending_interrupts below).
@@ -740,6 +741,7 @@ impl Vmm {
             pm.lock().expect("ACPI lock").queue_generation_change();
             log::debug!("new VM generation ID {id} at {addr:#x}");
         }
+        phases.mark("vmgenid");
 
         vcpu::install_kick_handler()?;
         // Restored vCPUs take their CPUID from the snapshot.
