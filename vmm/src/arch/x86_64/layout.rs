@@ -46,7 +46,7 @@ pub const VMGENID_LEN: u64 = 16;
 /// The end of the legacy BIOS area (ACPI tables and generation ID), reserved in the memory map.
 pub const BIOS_AREA_END: u64 = 0x10_0000;
 const _: () = assert!(
-    VMGENID_ADDR % 16 == 0
+    VMGENID_ADDR.is_multiple_of(16)
         && VMGENID_ADDR >= ACPI_TABLES_END
         && VMGENID_ADDR + VMGENID_LEN <= BIOS_AREA_END
 );
