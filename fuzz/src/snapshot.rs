@@ -374,6 +374,7 @@ pub fn sample_state(overlay: bool) -> MicrovmState {
                 .map(|(a, len)| (a.0, *len as u64))
                 .collect(),
             acpi: true,
+            vmgenid: Some(vmm::arch::x86_64::layout::VMGENID_ADDR),
         },
         vm: VmState {
             pic_master: Blob::default(),

@@ -64,6 +64,8 @@ pub enum VmmError {
     Mptable(#[from] mptable::MptableError),
     #[error(transparent)]
     Acpi(#[from] acpi::AcpiError),
+    #[error(transparent)]
+    VmGenId(#[from] acpi::vmgenid::VmGenIdError),
     #[error("allocating {mib} MiB of guest memory: {detail}")]
     GuestMemory { mib: u64, detail: String },
     #[error("KVM_GET_SUPPORTED_CPUID: {0}")]
@@ -480,12 +482,14 @@ impl Vmm {
         // seen with a real kernel). vmm/README.md ("ACPI").
         let cmdline = compose_cmdline(cfg, &mmio_mgr.cmdline_entries());
         boot::write_cmdline(&mem, &cmdline)?;
-        let rsdp = if cfg.acpi {
+        // With ACPI, the DSDT's \_SB.VGEN points at a random VM generation ID (acpi/vmgenid.rs).
+        let (rsdp, vmgenid) = if cfg.acpi {
             let tables = acpi::create(vcpu_count, &mmio_mgr)?;
             tables.write(&mem)?;
-            Some(tables.rsdp_addr())
+            let genid = acpi::vmgenid::install(&mem)?;
+            (Some(tables.rsdp_addr()), Some(genid))
         } else {
-            None
+            (None, None)
         };
         boot::write_boot_info(&mem, &kernel, mem_size, cmdline.len(), initrd, rsdp)?;
         mptable::setup(&mem, vcpu_count)?;
@@ -517,6 +521,7 @@ impl Vmm {
             cmdline: cmdline.clone(),
             memory_regions: regions.iter().map(|r| (r.0 .0, r.1 as u64)).collect(),
             acpi: cfg.acpi,
+            vmgenid,
         };
         let ctx = VcpuContext {
             vm: &p.vm,
@@ -726,6 +731,17 @@ impl Vmm {
             p.virtio.push(a);
         }
         let legacy = legacy_devices(&mut p, &opts, &rc.serial, start, st.machine.acpi, Some(st))?;
+        phases.mark("devices");
+        // Every restore is a possible copy: a new VM generation ID before any vCPU runs, and
+        // the GED event that notifies the guest, raised once the vCPUs' interrupt controllers
+        // are back (raise_pending_interrupts below).
+        if let (Some(addr), Some(pm)) = (st.machine.vmgenid, &legacy.acpi_pm) {
+            let id = acpi::vmgenid::GenerationId::random()?;
+            id.write(&mem, addr)?;
+            pm.lock().expect("ACPI lock").queue_generation_change();
+            log::debug!("new VM generation ID {id} at {addr:#x}");
+        }
+        phases.mark("vmgenid");
 
         vcpu::install_kick_handler()?;
         // Restored vCPUs take their CPUID from the snapshot.

@@ -104,6 +104,12 @@ fn iasl_decodes_every_table() {
         "\"ACPI0013\"",
         "Method (_EVT, 1, Serialized)",
         "Notify (\\_SB.PWRB, 0x80)",
+        "Device (VGEN)",
+        "Name (_HID, \"QEMUVGID\")",
+        "Name (_CID, \"VM_Gen_Counter\")",
+        "Name (_DDN, \"VM_Gen_Counter\")",
+        "Method (ADDR, 0, NotSerialized)",
+        "Notify (\\_SB.VGEN, 0x80)",
         "Name (_S5, Package",
         "OperationRegion (GDST, SystemIO, 0x0600, One)",
     ] {
@@ -116,7 +122,7 @@ fn iasl_decodes_every_table() {
         .current_dir(&*dir)
         .args([
             "-b",
-            "evaluate \\_S5_; execute \\_SB.GED._EVT 3; evaluate \\_SB.V003._CRS",
+            "evaluate \\_S5_; execute \\_SB.GED._EVT 3; evaluate \\_SB.V003._CRS; evaluate \\_SB.VGEN.ADDR",
             "dsdt.dat",
         ])
         .output()
@@ -131,6 +137,14 @@ fn iasl_decodes_every_table() {
         "\\_S5_ = {{5, ..}}: {exec}"
     );
     assert!(exec.contains("Evaluating \\_SB.GED._EVT"), "{exec}");
+    // The generation ID's address, as the two 32-bit halves Linux's vmgenid driver reads.
+    assert!(
+        exec.contains(&format!(
+            "Contains 2 Elements:\n    [Integer] = {:016X}\n    [Integer] = 0000000000000000",
+            vmm::arch::x86_64::layout::VMGENID_ADDR
+        )),
+        "\\_SB.VGEN.ADDR: {exec}"
+    );
     assert!(
         exec.contains("Evaluation of \\_SB.V003._CRS returned"),
         "{exec}"

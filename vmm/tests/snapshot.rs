@@ -708,3 +708,76 @@ fn a_restored_acpi_vm_has_its_power_button_and_powers_off() {
         clone.context()
     );
 }
+
+/// The hex ID in a `vmgenid:` line (`... id=<32 hex digits>`).
+fn genid_of(line: &str) -> String {
+    let id = line
+        .split(' ')
+        .find_map(|w| w.strip_prefix("id="))
+        .unwrap_or_else(|| panic!("no id in {line:?}"));
+    assert_eq!(id.len(), 32, "{line}");
+    assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{line}");
+    id.to_string()
+}
+
+/// The guest finds `\_SB.VGEN` in the DSDT and reads its generation ID (random at boot, in
+/// memory the e820 map reserves); every restore of one snapshot writes a new ID before the
+/// guest runs and notifies it through the GED (event bit and interrupt); two clones and the
+/// original see three different IDs, and the snapshot's memory file keeps the original's.
+#[test]
+fn every_restore_gives_the_guest_a_new_vm_generation_id() {
+    let t = TempDir::new("vmgenid");
+    let kernel = guest().pvh.display().to_string();
+    let sock = t.path("orig.sock");
+    let mut orig = Proc::microvm(&[
+        "--kernel",
+        &kernel,
+        "--cmdline",
+        "testguest.scenario=vmgenid",
+        "--control-socket",
+        &sock.display().to_string(),
+    ]);
+    let dev = orig.wait_line("the device", |l| l.starts_with("vmgenid: device="));
+    assert_eq!(
+        dev,
+        format!(
+            "vmgenid: device=VGEN hid=1 cid=1 addr={:#x} ram=0",
+            vmm::arch::x86_64::layout::VMGENID_ADDR
+        ),
+        "{}",
+        orig.context()
+    );
+    let first = genid_of(&orig.wait_line("the ID", |l| l.starts_with("vmgenid: id=")));
+    assert_ne!(first, "0".repeat(32), "{}", orig.context());
+    orig.wait_line("the wait", |l| l == "vmgenid: waiting for a change");
+    let snap = t.path("snap");
+    snapshot(&sock, &snap);
+    drop(orig);
+    let saved = {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 16];
+        File::open(snap.join("memory"))
+            .unwrap()
+            .read_exact_at(&mut b, vmm::arch::x86_64::layout::VMGENID_ADDR)
+            .unwrap();
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    };
+    assert_eq!(saved, first, "the memory file holds the original's ID");
+    let files = fingerprint(&snap);
+
+    let mut seen = vec![first.clone()];
+    for _ in 0..2 {
+        let mut clone = Proc::microvm(&["--restore", &snap.display().to_string()]);
+        let l = clone.wait_line("the notification", |l| l.starts_with("vmgenid: notified "));
+        assert!(
+            l.starts_with("vmgenid: notified n=1 irq=1 id="),
+            "{l}: {}",
+            clone.context()
+        );
+        let id = genid_of(&l);
+        assert!(!seen.contains(&id), "{id} seen before: {seen:?}");
+        seen.push(id);
+        drop(clone);
+    }
+    assert_eq!(fingerprint(&snap), files, "the snapshot's files changed");
+}

@@ -382,3 +382,74 @@ mod packets {
         assert!(respond(&samples[0], MAC, IP, 7, &mut short_out).is_none());
     }
 }
+
+#[test]
+fn aml_lengths_and_integers() {
+    assert_eq!(aml_pkg_length(&[0x3f]), Some((0x3f, 1)));
+    assert_eq!(aml_pkg_length(&[0x45, 0x12]), Some((0x125, 2)));
+    assert_eq!(aml_pkg_length(&[0x81, 0x34, 0x12]), Some((0x12341, 3)));
+    assert_eq!(aml_pkg_length(&[0x81, 0x34]), None, "truncated");
+    assert_eq!(aml_pkg_length(&[]), None);
+    assert_eq!(aml_integer(&[0x00]), Some((0, 1)));
+    assert_eq!(aml_integer(&[0x01]), Some((1, 1)));
+    assert_eq!(aml_integer(&[0x0a, 0x7f]), Some((0x7f, 2)));
+    assert_eq!(aml_integer(&[0x0b, 0x34, 0x12]), Some((0x1234, 3)));
+    assert_eq!(
+        aml_integer(&[0x0c, 0x00, 0xf0, 0x0f, 0x00]),
+        Some((0xf_f000, 5))
+    );
+    assert_eq!(
+        aml_integer(&[0x0e, 1, 2, 3, 4, 5, 6, 7, 8]),
+        Some((0x0807_0605_0403_0201, 9))
+    );
+    assert_eq!(aml_integer(&[0x0c, 0x00]), None, "truncated");
+    assert_eq!(aml_integer(&[0x0d]), None, "a string is no integer");
+}
+
+/// `Device (VGEN) { Name (_HID, "QEMUVGID") Name (_CID, "VM_Gen_Counter")
+/// Method (ADDR) { Return (Package { 0xff000, 0 }) } }`, hand-assembled, inside other bytes.
+fn vgen_aml(name: &[u8; 4], low: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(name);
+    body.extend_from_slice(b"\x08_HID\x0dQEMUVGID\0");
+    body.extend_from_slice(b"\x08_CID\x0dVM_Gen_Counter\0");
+    let mut pkg = vec![0x02];
+    pkg.extend_from_slice(low);
+    pkg.push(0x00);
+    let mut method = b"ADDR\x00\xa4\x12".to_vec();
+    method.push((pkg.len() + 1) as u8);
+    method.extend_from_slice(&pkg);
+    body.push(0x14);
+    body.push((method.len() + 1) as u8);
+    body.extend_from_slice(&method);
+    let mut out = b"\x10\x05_SB_\x5b\x82\x05PWRB".to_vec();
+    out.extend_from_slice(&[0x5b, 0x82, (body.len() + 1) as u8]);
+    out.extend_from_slice(&body);
+    out.extend_from_slice(b"\x08_S5_\x12\x06\x04\x0a\x05\x00\x00\x00");
+    out
+}
+
+#[test]
+fn aml_vmgenid_device() {
+    let aml = vgen_aml(b"VGEN", &[0x0c, 0x00, 0xf0, 0x0f, 0x00]);
+    assert_eq!(
+        aml_vmgenid(&aml, b"VGEN"),
+        Some(VmGenIdDevice {
+            hid: true,
+            cid: true,
+            addr: Some(0xf_f000)
+        })
+    );
+    assert_eq!(aml_vmgenid(&aml, b"NONE"), None);
+    assert_eq!(
+        aml_vmgenid(&vgen_aml(b"OTHR", &[0x0c, 0, 0xf0, 0x0f, 0]), b"VGEN"),
+        None
+    );
+    // A package element that is not an integer: no address.
+    let bad = vgen_aml(b"VGEN", &[0x0d, b'x', 0, 0, 0]);
+    assert_eq!(aml_vmgenid(&bad, b"VGEN").unwrap().addr, None);
+    // Every truncation is handled without a panic.
+    for n in 0..aml.len() {
+        let _ = aml_vmgenid(&aml[..n], b"VGEN");
+    }
+}

@@ -151,6 +151,8 @@ pub struct Platform {
     pub sleep: Option<(u16, u8)>,
     /// The FADT's reset port and value.
     pub reset: Option<(u16, u8)>,
+    /// The DSDT (address, length), its header and checksum sound.
+    pub dsdt: Option<(u64, u32)>,
 }
 
 /// Walks the tables (RSDP from the boot information, else the scan) without checksumming them
@@ -175,6 +177,7 @@ pub fn discover(bi: &BootInfo) -> Option<Platform> {
     Some(Platform {
         sleep: f.sleep_port.zip(s5),
         reset: f.reset,
+        dsdt: f.dsdt,
     })
 }
 

@@ -27,6 +27,7 @@ pub mod smp;
 pub mod snap;
 pub mod ticker;
 pub mod virtio;
+pub mod vmgenid;
 
 mod scenarios;
 

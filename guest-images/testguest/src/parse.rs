@@ -130,3 +130,119 @@ pub fn two_numbers(b: &[u8], prefix: &[u8]) -> Option<(u64, u64)> {
     }
     Some((parse_num(a)?, parse_num(b)?))
 }
+
+/// An AML `PkgLength` at the start of `b`: (the length it encodes, the bytes it takes).
+pub fn aml_pkg_length(b: &[u8]) -> Option<(usize, usize)> {
+    let lead = *b.first()?;
+    let extra = usize::from(lead >> 6);
+    if extra == 0 {
+        return Some((usize::from(lead & 0x3f), 1));
+    }
+    let mut len = usize::from(lead & 0x0f);
+    for i in 0..extra {
+        len |= usize::from(*b.get(1 + i)?) << (4 + 8 * i);
+    }
+    Some((len, 1 + extra))
+}
+
+/// An AML integer constant at the start of `b` (Zero, One, Ones, Byte/Word/DWord/QWordConst):
+/// (its value, the bytes it takes).
+pub fn aml_integer(b: &[u8]) -> Option<(u64, usize)> {
+    let le = |n: usize| -> Option<u64> {
+        let bytes = b.get(1..1 + n)?;
+        Some(
+            bytes
+                .iter()
+                .rev()
+                .fold(0u64, |v, &x| (v << 8) | u64::from(x)),
+        )
+    };
+    match *b.first()? {
+        0x00 => Some((0, 1)),
+        0x01 => Some((1, 1)),
+        0xff => Some((u64::MAX, 1)),
+        0x0a => Some((le(1)?, 2)),
+        0x0b => Some((le(2)?, 3)),
+        0x0c => Some((le(4)?, 5)),
+        0x0e => Some((le(8)?, 9)),
+        _ => None,
+    }
+}
+
+/// What the DSDT says about a VM generation ID device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmGenIdDevice {
+    /// `Name (_HID, "QEMUVGID")` in the device.
+    pub hid: bool,
+    /// `Name (_CID, "VM_Gen_Counter")` in the device.
+    pub cid: bool,
+    /// The address `Method (ADDR) { Return (Package { low, high }) }` returns.
+    pub addr: Option<u64>,
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Finds `Device (<name>)` in the AML `aml` (a table body) and reads its `_HID`, `_CID` and the
+/// package its `ADDR` method returns, without an interpreter: the device is found by its
+/// `DeviceOp PkgLength NameSeg` bytes, and only its own bytes are searched.
+pub fn aml_vmgenid(aml: &[u8], name: &[u8; 4]) -> Option<VmGenIdDevice> {
+    let mut from = 0;
+    let dev = loop {
+        // DeviceOp is ExtOpPrefix 0x5b, 0x82; then PkgLength (from its first byte), NameSeg.
+        let at = from + find(aml.get(from..)?, &[0x5b, 0x82])?;
+        let pkg = aml.get(at + 2..)?;
+        if let Some((len, n)) = aml_pkg_length(pkg) {
+            if pkg.get(n..n + 4) == Some(&name[..]) && len >= n + 4 {
+                break pkg.get(n + 4..len)?;
+            }
+        }
+        from = at + 2;
+    };
+    let string_name = |seg: &[u8; 4], value: &[u8]| {
+        let mut want = [0u8; 64];
+        let l = 6 + value.len() + 1;
+        if l > want.len() {
+            return false;
+        }
+        want[0] = 0x08; // NameOp
+        want[1..5].copy_from_slice(seg);
+        want[5] = 0x0d; // StringPrefix
+        want[6..6 + value.len()].copy_from_slice(value);
+        want[l - 1] = 0;
+        find(dev, &want[..l]).is_some()
+    };
+    let hid = string_name(b"_HID", b"QEMUVGID");
+    let cid = string_name(b"_CID", b"VM_Gen_Counter");
+    let addr = (|| {
+        // MethodOp PkgLength "ADDR" MethodFlags ReturnOp PackageOp PkgLength NumElements=2
+        // low high
+        let mut from = 0;
+        let body = loop {
+            let at = from + find(dev.get(from..)?, &[0x14])?;
+            let pkg = dev.get(at + 1..)?;
+            if let Some((len, n)) = aml_pkg_length(pkg) {
+                if pkg.get(n..n + 4) == Some(&b"ADDR"[..]) && len >= n + 5 {
+                    break pkg.get(n + 5..len)?;
+                }
+            }
+            from = at + 1;
+        };
+        if body.first() != Some(&0xa4) || body.get(1) != Some(&0x12) {
+            return None;
+        }
+        let (_, n) = aml_pkg_length(body.get(2..)?)?;
+        let p = body.get(2 + n..)?;
+        if p.first() != Some(&2) {
+            return None;
+        }
+        let (low, a) = aml_integer(p.get(1..)?)?;
+        let (high, _) = aml_integer(p.get(1 + a..)?)?;
+        if low > u64::from(u32::MAX) || high > u64::from(u32::MAX) {
+            return None;
+        }
+        Some(low | (high << 32))
+    })();
+    Some(VmGenIdDevice { hid, cid, addr })
+}

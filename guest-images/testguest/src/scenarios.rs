@@ -57,6 +57,7 @@ pub fn run(bi: &BootInfo) -> ! {
             finish()
         }
         b"acpi" => crate::acpi::run(bi),
+        b"vmgenid" => crate::vmgenid::run(bi),
         b"reboot" => crate::reboot::run(bi),
         b"halt-forever" => {
             println!("halting");

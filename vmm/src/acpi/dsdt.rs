@@ -6,7 +6,9 @@
 //! \_SB.PS2K  PNP0303  IO 0x60 and 0x64, IRQ 1 (edge, high)
 //! \_SB.V000.. LNRO0005 (virtio-mmio)  _UID n, Memory32Fixed slot, IRQ (edge, high)  <- device manager
 //! \_SB.PWRB  PNP0C0C  the power button
-//! \_SB.GED_  ACPI0013 IRQ 3 (edge, high); _EVT reads the GED event port and notifies PWRB (0x80)
+//! \_SB.VGEN  QEMUVGID / VM_Gen_Counter, the VM generation ID (ADDR: its address; vmgenid.rs)
+//! \_SB.GED_  ACPI0013 IRQ 3 (edge, high); _EVT reads the GED event port and notifies PWRB
+//!            (0x80) for bit 0 and VGEN (0x80) for bit 1
 //! ```
 //!
 //! The virtio devices come from [`MmioDeviceManager::append_aml`], the list the kernel command
@@ -21,12 +23,13 @@ use acpi_tables::sdt::Sdt;
 use acpi_tables::Aml;
 
 use super::aml::edge_interrupt;
+use super::vmgenid;
 use super::{OEM_ID, OEM_REVISION, OEM_TABLE_ID};
 use crate::arch::x86_64::layout::{
     ACPI_GED_IRQ, ACPI_PM_PORT, I8042_CMD_PORT, I8042_IRQ, I8042_PORT, SERIAL_IRQ, SERIAL_PORT,
 };
 use crate::device_manager::mmio::MmioDeviceManager;
-use crate::devices::acpi::{EVENT_POWER_BUTTON, REG_GED_EVENT, S5_SLP_TYP};
+use crate::devices::acpi::{EVENT_POWER_BUTTON, EVENT_VMGENID, REG_GED_EVENT, S5_SLP_TYP};
 
 /// DSDT revision 2: integers are 64 bits.
 const DSDT_REVISION: u8 = 2;
@@ -81,7 +84,8 @@ fn power_button(sink: &mut Vec<u8>) {
 }
 
 /// The Generic Event Device: on its interrupt Linux's GED driver runs `_EVT`, which reads (and
-/// so clears) the pending events and notifies the power button for its bit.
+/// so clears) the pending events and notifies the power button and the VM generation ID device
+/// for their bits.
 fn ged(sink: &mut Vec<u8>) {
     let port = u64::from(ACPI_PM_PORT) + REG_GED_EVENT;
     Device::new(
@@ -115,6 +119,14 @@ fn ged(sink: &mut Vec<u8>) {
                             &NOTIFY_POWER_BUTTON,
                         )],
                     ),
+                    &And::new(&Local(1), &Local(0), &EVENT_VMGENID),
+                    &If::new(
+                        &Equal::new(&Local(1), &EVENT_VMGENID),
+                        vec![&Notify::new(
+                            &Path::new(vmgenid::DEVICE_PATH),
+                            &vmgenid::NOTIFY_GENERATION_CHANGED,
+                        )],
+                    ),
                 ],
             ),
         ],
@@ -129,6 +141,7 @@ pub fn build(mmio: &MmioDeviceManager) -> Vec<u8> {
     i8042(&mut sb);
     mmio.append_aml(&mut sb);
     power_button(&mut sb);
+    vmgenid::append_aml(&mut sb);
     ged(&mut sb);
     let mut body = Scope::raw("\\_SB_".into(), sb);
     Name::new(
@@ -180,7 +193,10 @@ mod tests {
                 assert_eq!(find(&d, &irq), 1, "{dev:?}");
             }
             assert_eq!(find(&d, b"ACPI0013\0"), 1);
-            for name in [b"COM1", b"PS2K", b"PWRB", b"GED_", b"_EVT", b"_S5_"] {
+            assert_eq!(find(&d, b"QEMUVGID\0"), 1);
+            for name in [
+                b"COM1", b"PS2K", b"PWRB", b"VGEN", b"ADDR", b"GED_", b"_EVT", b"_S5_",
+            ] {
                 assert!(find(&d, name) >= 1, "{}", String::from_utf8_lossy(name));
             }
         }

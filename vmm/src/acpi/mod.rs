@@ -4,7 +4,8 @@
 //! The tables are written once into guest RAM at build, from
 //! [`ACPI_TABLES_START`] (the RSDP, found there or through the zero page's `acpi_rsdp_addr` /
 //! PVH `rsdp_paddr`) up to [`ACPI_TABLES_END`], an area the memory map reserves. A snapshot
-//! keeps them with the rest of RAM; nothing here has state.
+//! keeps them with the rest of RAM; nothing here has state. The VM generation ID follows them
+//! in the same reserved area ([`vmgenid`]).
 //!
 //! | table | contents |
 //! |---|---|
@@ -12,7 +13,7 @@
 //! | XSDT | the FADT and the MADT |
 //! | FADT | hardware-reduced ACPI, power and sleep buttons as control-method devices, reset register, sleep control/status registers, `X_DSDT` ([`fadt`]) |
 //! | MADT | a local APIC per vCPU, the IOAPIC, the IRQ 0 override, LINT1 = NMI ([`madt`]) |
-//! | DSDT | COM1, the i8042, every virtio-mmio device the device manager placed, the power button and the GED ([`dsdt`]) |
+//! | DSDT | COM1, the i8042, every virtio-mmio device the device manager placed, the power button, the VM generation ID device ([`vmgenid`]) and the GED ([`dsdt`]) |
 //!
 //! Like Firecracker's, the device manager that assigns addresses and IRQs describes its
 //! devices ([`MmioDeviceManager::append_aml`]): the DSDT and the kernel command line come from
@@ -22,6 +23,7 @@ pub mod aml;
 pub mod dsdt;
 pub mod fadt;
 pub mod madt;
+pub mod vmgenid;
 
 use acpi_tables::rsdp::Rsdp;
 use acpi_tables::xsdt::XSDT;

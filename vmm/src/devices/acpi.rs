@@ -3,7 +3,7 @@
 //!
 //! | offset | register | guest access |
 //! |---|---|---|
-//! | 0 | GED event | read: pending events (bit 0: power button), cleared by the read; the DSDT's `\_SB.GED._EVT` reads it |
+//! | 0 | GED event | read: pending events (bit 0: power button, bit 1: VM generation ID changed), cleared by the read; the DSDT's `\_SB.GED._EVT` reads it |
 //! | 1 | sleep control (FADT `SLEEP_CONTROL_REG`) | write `SLP_TYP << 2 \| SLP_EN`: with `SLP_TYP` = [`S5_SLP_TYP`] the VM ends as a guest power-off |
 //! | 2 | sleep status (FADT `SLEEP_STATUS_REG`) | reads 0 (never woken); writes ignored |
 //! | 3 | reset (FADT `RESET_REG`) | write [`RESET_VALUE`]: the VM ends as a guest reset |
@@ -32,6 +32,8 @@ pub const REG_COUNT: u64 = 4;
 
 /// The GED event bit of the power button.
 pub const EVENT_POWER_BUTTON: u8 = 1 << 0;
+/// The GED event bit of a new VM generation ID (`_EVT` notifies `\_SB.VGEN`).
+pub const EVENT_VMGENID: u8 = 1 << 1;
 /// What the guest writes to the reset register (the FADT's `RESET_VALUE`).
 pub const RESET_VALUE: u8 = 0x42;
 /// The `SLP_TYP` of S5 (soft off), as the DSDT's `\_S5_` package gives it.
@@ -72,6 +74,13 @@ impl AcpiPmDevice {
     pub fn press_power_button(&mut self) -> std::io::Result<()> {
         self.ged_pending |= EVENT_POWER_BUTTON;
         self.ged_irq.trigger()
+    }
+
+    /// Records that the VM generation ID changed, without raising the interrupt: a restore
+    /// queues it before the vCPUs' interrupt controllers are restored, and
+    /// [`AcpiPmDevice::raise_if_pending`] raises it once they are.
+    pub fn queue_generation_change(&mut self) {
+        self.ged_pending |= EVENT_VMGENID;
     }
 
     pub fn state(&self) -> AcpiPmState {
@@ -233,6 +242,21 @@ mod tests {
         assert_eq!(reset.read().unwrap(), 1);
         assert_eq!(d.register_name(1), Some("sleep-control"));
         assert_eq!(d.register_name(9), None);
+    }
+
+    #[test]
+    fn a_generation_change_is_queued_then_raised_and_read_with_the_button() {
+        let (mut d, irq, _, _) = dev();
+        d.queue_generation_change();
+        assert!(irq.eventfd().read().is_err(), "queued, not raised");
+        d.raise_if_pending();
+        assert_eq!(irq.eventfd().read().unwrap(), 1);
+        d.press_power_button().unwrap();
+        let mut b = [0u8];
+        d.read(REG_GED_EVENT, &mut b);
+        assert_eq!(b, [EVENT_VMGENID | EVENT_POWER_BUTTON]);
+        d.read(REG_GED_EVENT, &mut b);
+        assert_eq!(b, [0]);
     }
 
     #[test]

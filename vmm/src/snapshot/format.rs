@@ -18,8 +18,8 @@ use std::fmt;
 
 pub const MAGIC: &[u8; 8] = b"MVSNAPST";
 pub const FORMAT_MAJOR: u16 = 1;
-/// 1.1 added `machine.acpi` and `acpi_pm` (optional).
-pub const FORMAT_MINOR: u16 = 1;
+/// 1.1 added `machine.acpi` and `acpi_pm` (optional); 1.2 `machine.vmgenid` (optional).
+pub const FORMAT_MINOR: u16 = 2;
 pub const HEADER_LEN: usize = 32;
 /// A state file larger than this is not ours (the payload is tens of KiB).
 pub const MAX_PAYLOAD: u64 = 64 << 20;

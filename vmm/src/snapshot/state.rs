@@ -24,6 +24,11 @@ pub struct MachineInfo {
     /// back on the bus). Absent in format 1.0 snapshots, which predate ACPI: false.
     #[serde(default)]
     pub acpi: bool,
+    /// The guest-physical address of the VM generation ID when the guest's DSDT has the
+    /// `\_SB.VGEN` device (acpi/vmgenid.rs): every restore writes a new ID there and notifies
+    /// the guest. Absent before format 1.2 (the guest has no such device): nothing is written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmgenid: Option<u64>,
 }
 
 /// The whole payload.
@@ -42,4 +47,31 @@ pub struct MicrovmState {
     pub acpi_pm: Option<AcpiPmState>,
     /// What writing the memory file did (informational).
     pub memory: DumpStats,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn machine_info_of_every_minor_parses() {
+        // 1.0: no `acpi`; 1.1: no `vmgenid`; 1.2: both.
+        let v10 = r#"{"mem_mib":128,"vcpus":1,"cmdline":"x","memory_regions":[[0,134217728]]}"#;
+        let m: MachineInfo = serde_json::from_str(v10).unwrap();
+        assert!(!m.acpi);
+        assert_eq!(m.vmgenid, None);
+        let v11 = r#"{"mem_mib":128,"vcpus":1,"cmdline":"x","memory_regions":[],"acpi":true}"#;
+        let m: MachineInfo = serde_json::from_str(v11).unwrap();
+        assert!(m.acpi);
+        assert_eq!(m.vmgenid, None);
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(!text.contains("vmgenid"), "{text}");
+        let v12 = MachineInfo {
+            vmgenid: Some(0xf_f000),
+            ..m
+        };
+        let text = serde_json::to_string(&v12).unwrap();
+        assert!(text.contains(r#""vmgenid":1044480"#), "{text}");
+        assert_eq!(serde_json::from_str::<MachineInfo>(&text).unwrap(), v12);
+    }
 }

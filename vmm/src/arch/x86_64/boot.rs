@@ -80,9 +80,9 @@ pub struct MemMapEntry {
     pub kind: u32,
 }
 
-/// The e820 / PVH memory map for `mem_size` bytes of RAM. The ACPI table area (the legacy
-/// BIOS area 0xe0000..0x100000) is reserved whether or not the VM has ACPI tables: a PC
-/// reserves it too, and the map stays the same for both.
+/// The e820 / PVH memory map for `mem_size` bytes of RAM. The ACPI table and generation ID area
+/// (the legacy BIOS area 0xe0000..0x100000) is reserved whether or not the VM has ACPI tables:
+/// a PC reserves it too, and the map stays the same for both.
 pub fn memory_map(mem_size: u64) -> Vec<MemMapEntry> {
     let low_end = mem_size.min(MMIO_GAP_START);
     let mut map = vec![
@@ -98,7 +98,7 @@ pub fn memory_map(mem_size: u64) -> Vec<MemMapEntry> {
         },
         MemMapEntry {
             addr: ACPI_TABLES_START,
-            size: ACPI_TABLES_END - ACPI_TABLES_START,
+            size: BIOS_AREA_END - ACPI_TABLES_START,
             kind: E820_RESERVED,
         },
     ];

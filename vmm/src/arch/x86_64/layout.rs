@@ -7,7 +7,8 @@
 //! 0x0000_8ff0  boot stack top             0x0000_9000  PML4, 0xa000 PDPT, 0xb000.. 4 PDs
 //! 0x0002_0000  kernel command line (COMMAND_LINE_MAX bytes incl. NUL)
 //! 0x0009_fc00  MP table (EBDA, reserved in e820) up to 0xa0000
-//! 0x000e_0000  ACPI tables, RSDP first (reserved in e820) up to 0x100000
+//! 0x000e_0000  ACPI tables, RSDP first (reserved in e820) up to 0xff000
+//! 0x000f_f000  VM generation ID, 16 bytes (reserved in e820, rest of the page unused)
 //! 0x0010_0000  kernel load address (1 MiB)
 //! 0xc000_0000  start of the 32-bit MMIO gap (RAM above it is moved to 4 GiB)
 //! 0xc000_0000  boot-timer device (4 KiB): guest writes byte 123 -> boot-time log line
@@ -37,7 +38,18 @@ pub const MPTABLE_MAX_SIZE: u64 = 0xa0000 - EBDA_START;
 /// The ACPI tables: the RSDP at the start (where a guest without boot information scans for
 /// it), the others after it; reserved in the memory map (the legacy BIOS area).
 pub const ACPI_TABLES_START: u64 = 0xe_0000;
-pub const ACPI_TABLES_END: u64 = 0x10_0000;
+pub const ACPI_TABLES_END: u64 = VMGENID_ADDR;
+/// The VM generation ID (acpi/vmgenid.rs): 16 bytes at the start of the legacy BIOS area's
+/// last page, which only it uses; the DSDT's `\_SB.VGEN.ADDR` returns this address.
+pub const VMGENID_ADDR: u64 = 0xf_f000;
+pub const VMGENID_LEN: u64 = 16;
+/// The end of the legacy BIOS area (ACPI tables and generation ID), reserved in the memory map.
+pub const BIOS_AREA_END: u64 = 0x10_0000;
+const _: () = assert!(
+    VMGENID_ADDR.is_multiple_of(16)
+        && VMGENID_ADDR >= ACPI_TABLES_END
+        && VMGENID_ADDR + VMGENID_LEN <= BIOS_AREA_END
+);
 pub const HIGH_MEMORY_START: u64 = 0x10_0000;
 pub const KERNEL_START: u64 = HIGH_MEMORY_START;
 pub const MMIO_GAP_START: u64 = 0xc000_0000;
