@@ -174,12 +174,24 @@ impl Vcpu {
         boot: Option<(regs::BootProtocol, u64)>,
         keep_boot_state: bool,
     ) -> Result<Self, VcpuError> {
-        let fd = ctx
-            .vm
+        let fd = Self::prepare_fd(ctx.vm, ctx.base_cpuid, id, ctx.count)?;
+        Self::from_prepared(ctx, id, fd, boot, keep_boot_state)
+    }
+
+    /// The part of [`Vcpu::new`] that needs neither guest memory nor devices, so that it can run
+    /// on another thread while those are built: `KVM_CREATE_VCPU` (after the irqchip), the
+    /// vCPU's CPUID (from `base_cpuid`), its MSRs, FPU and LAPIC LINT pins.
+    pub fn prepare_fd(
+        vm: &VmFd,
+        base_cpuid: &CpuId,
+        id: u8,
+        count: u8,
+    ) -> Result<VcpuFd, VcpuError> {
+        let fd = vm
             .create_vcpu(u64::from(id))
             .map_err(|source| VcpuError::Create { id, source })?;
-        let mut cpuid = ctx.base_cpuid.clone();
-        cpuid::normalize(&mut cpuid, id, ctx.count)
+        let mut cpuid = base_cpuid.clone();
+        cpuid::normalize(&mut cpuid, id, count)
             .map_err(|source| VcpuError::Cpuid { id, source })?;
         fd.set_cpuid2(&cpuid)
             .map_err(|source| VcpuError::SetCpuid { id, source })?;
@@ -187,6 +199,20 @@ impl Vcpu {
         regs::setup_msrs(&fd).map_err(r)?;
         regs::setup_fpu(&fd).map_err(r)?;
         regs::setup_lint(&fd).map_err(r)?;
+        Ok(fd)
+    }
+
+    /// The rest of [`Vcpu::new`] for a vCPU from [`Vcpu::prepare_fd`]: the boot vCPU's
+    /// registers (entry point, segments, the page tables in guest memory) and, for in-place
+    /// reboots, the state it is built in.
+    pub fn from_prepared(
+        ctx: &VcpuContext<'_>,
+        id: u8,
+        fd: VcpuFd,
+        boot: Option<(regs::BootProtocol, u64)>,
+        keep_boot_state: bool,
+    ) -> Result<Self, VcpuError> {
+        let r = |source| VcpuError::Regs { id, source };
         if let Some((protocol, entry)) = boot {
             regs::setup_regs(&fd, protocol, entry).map_err(r)?;
             regs::setup_sregs(ctx.mem, &fd, protocol).map_err(r)?;
