@@ -7,7 +7,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::actions::{
@@ -416,37 +416,23 @@ impl Vmm {
 
     /// Resumes the vCPUs and runs the event loop on this thread until the VM ends.
     pub fn run(self) -> Result<(ExitReason, RunTimings), RunError> {
-        self.run_with(VmState::Running, || {})
+        self.run_with(VmState::Running)
     }
 
     /// Runs the event loop with the vCPUs paused: the VM waits for a `Resume` action, which only
     /// has to start the vCPUs (used for restores kept ready to go).
     pub fn run_paused(self) -> Result<(ExitReason, RunTimings), RunError> {
-        self.run_with(VmState::Paused, || {})
+        self.run_with(VmState::Paused)
     }
 
-    /// Like [`Vmm::run`] (`paused` false) or [`Vmm::run_paused`] (true); `started` runs on
-    /// this thread once the vCPUs were told to run (or the VM was set paused), before the event
-    /// loop: start-up work that need not delay the guest's first instruction (e.g. starting a
-    /// helper thread) goes there. docs/boot-time.md, "VMM start-up".
-    pub fn run_then(
-        self,
-        paused: bool,
-        started: impl FnOnce(),
-    ) -> Result<(ExitReason, RunTimings), RunError> {
-        let first = if paused {
-            VmState::Paused
-        } else {
-            VmState::Running
-        };
-        self.run_with(first, started)
+    /// Adds `subscriber` to the event loop that [`Vmm::run`] runs on the calling thread:
+    /// its events are handled there, between the VM's own (`microvm` watches its signal pipe
+    /// this way, without a thread of its own).
+    pub fn add_subscriber(&mut self, subscriber: Arc<Mutex<dyn MutEventSubscriber + Send>>) {
+        self.event_manager.add_subscriber(subscriber);
     }
 
-    fn run_with(
-        mut self,
-        first: VmState,
-        started: impl FnOnce(),
-    ) -> Result<(ExitReason, RunTimings), RunError> {
+    fn run_with(mut self, first: VmState) -> Result<(ExitReason, RunTimings), RunError> {
         if let Some(hook) = self.thread_hook.take() {
             if let Err(e) = hook(VmThread::Vmm) {
                 let mut c = self.control.lock().expect("control lock");
@@ -461,7 +447,6 @@ impl Vmm {
                 c.set_vcpus(VcpuCmd::Resume).map_err(RunError::EventLoop)?;
             }
         }
-        started();
         let reason = loop {
             if let Some(r) = self.control.lock().expect("control lock").exit.clone() {
                 break r;

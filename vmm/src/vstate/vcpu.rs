@@ -273,6 +273,7 @@ impl Vcpu {
         Ok(Self::with_fd(ctx, id, fd))
     }
 
+    #[inline(never)]
     fn describe_state(&self) -> String {
         let regs = self.fd.get_regs();
         let sregs = self.fd.get_sregs();
@@ -437,6 +438,7 @@ impl Vcpu {
     /// With `immediate_exit` set that KVM_RUN completes the access and returns at once without
     /// running the guest. Saved state then never holds half an instruction, which a restored
     /// vCPU would execute a second time (a second UART write, a second read of a FIFO).
+    #[inline(never)]
     fn complete_pending_io(&mut self) {
         self.fd.set_kvm_immediate_exit(1);
         match self.fd.run() {
@@ -541,29 +543,7 @@ impl Vcpu {
                     continue;
                 }
                 Some(VcpuCmd::SaveState) => {
-                    let immediate_exit =
-                        self.save_spec.get().is_some_and(|s| s.caps.immediate_exit);
-                    if !running && !exited && immediate_exit {
-                        self.complete_pending_io();
-                    }
-                    let r = match (running, self.save_spec.get()) {
-                        (false, Some(spec)) => {
-                            persist::save_vcpu(&self.fd, self.id, &spec.msr_indices, spec.caps)
-                                .map_err(|source| VcpuError::State {
-                                    id: self.id,
-                                    source,
-                                })
-                        }
-                        (true, _) => Err(VcpuError::State {
-                            id: self.id,
-                            source: StateError::List("state of a running vCPU"),
-                        }),
-                        (false, None) => Err(VcpuError::State {
-                            id: self.id,
-                            source: StateError::List("MSRs to save (not set up)"),
-                        }),
-                    };
-                    let _ = replies.states.send(r);
+                    self.save_state_reply(running, exited, &replies.states);
                     continue;
                 }
                 Some(VcpuCmd::Reset) => {
@@ -612,6 +592,45 @@ impl Vcpu {
     }
 }
 
+impl Vcpu {
+    /// Answers [`VcpuCmd::SaveState`]. Out of line, like the other seldom commands
+    /// ([`Vcpu::reset_to_boot`], [`Vcpu::paravirt_off`]) and the exit report: their KVM state
+    /// structures would otherwise sit in the frame of the thread's loop, and the stack probes
+    /// of a large frame touch every page of it, so each vCPU thread would keep ~40 KiB of stack
+    /// resident for what it seldom or never does (docs/boot-time.md, "VMM memory").
+    #[inline(never)]
+    fn save_state_reply(
+        &mut self,
+        running: bool,
+        exited: bool,
+        to: &Sender<Result<VcpuState, VcpuError>>,
+    ) {
+        let immediate_exit = self.save_spec.get().is_some_and(|s| s.caps.immediate_exit);
+        if !running && !exited && immediate_exit {
+            self.complete_pending_io();
+        }
+        let r = match (running, self.save_spec.get()) {
+            (false, Some(spec)) => {
+                persist::save_vcpu(&self.fd, self.id, &spec.msr_indices, spec.caps).map_err(
+                    |source| VcpuError::State {
+                        id: self.id,
+                        source,
+                    },
+                )
+            }
+            (true, _) => Err(VcpuError::State {
+                id: self.id,
+                source: StateError::List("state of a running vCPU"),
+            }),
+            (false, None) => Err(VcpuError::State {
+                id: self.id,
+                source: StateError::List("MSRs to save (not set up)"),
+            }),
+        };
+        let _ = to.send(r);
+    }
+}
+
 /// Where the vCPU thread answers [`VcpuCmd::SaveState`] and [`VcpuCmd::Reset`].
 struct Replies {
     states: Sender<Result<VcpuState, VcpuError>>,
@@ -621,6 +640,7 @@ struct Replies {
 impl Vcpu {
     /// Back to the state the vCPU was built in. An I/O access KVM handed out last is completed
     /// first (as for a snapshot), so the next KVM_RUN does not finish it on the new registers.
+    #[inline(never)]
     fn reset_to_boot(&mut self) -> Result<(), VcpuError> {
         let id = self.id;
         if self.save_spec.get().is_some_and(|s| s.caps.immediate_exit) {
@@ -636,6 +656,7 @@ impl Vcpu {
     }
 
     /// Turns the guest's paravirtual MSRs off (their boot values).
+    #[inline(never)]
     fn paravirt_off(&mut self) -> Result<(), VcpuError> {
         let id = self.id;
         let Some(boot) = &self.boot_state else {
@@ -648,6 +669,7 @@ impl Vcpu {
     }
 
     /// This vCPU's exit counters and KVM's statistics (read now, once).
+    #[inline(never)]
     fn exit_report(self) -> VcpuExitReport {
         let kvm = match exits::read_kvm_stats(&self.fd) {
             Ok(v) => v,
