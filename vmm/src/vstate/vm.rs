@@ -69,6 +69,11 @@ fn check_kvm(kvm: Kvm) -> Result<Kvm, VmError> {
     Ok(kvm)
 }
 
+/// The helper thread's stack: as large as a vCPU thread's (`vcpu::VCPU_STACK_SIZE`), so that
+/// glibc hands the helper's stack, cached once it was joined, to the first vCPU thread instead
+/// of keeping its touched pages resident beside a new one (docs/boot-time.md, "VMM memory").
+const HELPER_STACK_SIZE: usize = 256 << 10;
+
 /// Work handed to the helper thread of [`supported_cpuid_async`]: it runs there with the
 /// supported CPUID once the query is done.
 pub type HelperJob<T> = Box<dyn FnOnce(&CpuId) -> T + Send>;
@@ -90,7 +95,7 @@ pub fn supported_cpuid_async<T: Send + 'static>() -> SupportedCpuid<T> {
     let (tx, rx) = std::sync::mpsc::channel::<HelperJob<T>>();
     let t = std::thread::Builder::new()
         .name("cpuid".into())
-        .stack_size(64 << 10)
+        .stack_size(HELPER_STACK_SIZE)
         .spawn(move || {
             let cpuid = Kvm::new().and_then(|k| k.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES));
             let more = match (&cpuid, rx.recv()) {
