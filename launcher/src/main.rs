@@ -453,8 +453,17 @@ fn cmd_pod(start: Clock) -> ExitCode {
     finish(outcome, Some(&term_log))
 }
 
+/// One malloc arena for every thread: glibc gives each thread that allocates an arena of its
+/// own, a few resident pages each, and the launcher's threads (signals, console, control, DHCP,
+/// VMM, vCPUs) allocate little and seldom (docs/boot-time.md, "VMM memory").
+fn one_malloc_arena() {
+    // SAFETY: mallopt only sets a malloc parameter; called before any other thread exists.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
+}
+
 fn main() -> ExitCode {
     let start = Clock::now();
+    one_malloc_arena();
     let cli = Cli::parse();
     log::set_max_level(cli.log_level);
     let _ = log::set_boxed_logger(Box::new(Logger(cli.log_level)));

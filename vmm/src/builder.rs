@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use event_manager::{MutEventSubscriber, SubscriberOps};
 use kvm_bindings::CpuId;
-use kvm_ioctls::{Kvm, VmFd};
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -381,9 +381,10 @@ impl Vmm {
             None => vm::open_kvm()?,
         };
         // KVM_GET_SUPPORTED_CPUID takes a while (hundreds of CPUID instructions, each a trap when
-        // the host is itself virtualized): ask on the side while the VM is created.
+        // the host is itself virtualized): ask on the side while the VM is created. The same
+        // helper thread then creates and sets up the vCPUs (below).
         let tsc_deadline = kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
-        let supported_cpuid = vm::supported_cpuid_async();
+        let mut helper = vm::supported_cpuid_async::<Result<Vec<VcpuFd>, vcpu::VcpuError>>();
         phases.mark("open-kvm");
         let regions = boot::memory_regions(mem_size);
         let ram = GuestRam::create(&regions).map_err(|e| VmmError::GuestMemory {
@@ -393,6 +394,20 @@ impl Vmm {
         let mem = ram.memory().clone();
         phases.mark("guest-memory");
         let vm = Arc::new(vm::create_vm(&kvm, &mem, &mut phases)?);
+        // With the irqchip in place the vCPUs can be created: the helper thread does their own
+        // set-up (KVM_CREATE_VCPU, CPUID, MSRs, FPU, LAPIC; each vCPU ioctl costs tens of
+        // microseconds on a nested host) while this thread loads the kernel and builds the
+        // devices. docs/boot-time.md, "VMM start-up".
+        let helper_vm = vm.clone();
+        helper.then(move |supported| {
+            let mut base = supported.clone();
+            if tsc_deadline {
+                cpuid::enable_tsc_deadline(&mut base);
+            }
+            (0..vcpu_count)
+                .map(|id| Vcpu::prepare_fd(&helper_vm, &base, id, vcpu_count))
+                .collect()
+        });
 
         // Kernel, initrd, command line, boot information, MP table. The files stay open for
         // in-place reboots (reboot.rs), which load them again.
@@ -499,11 +514,12 @@ impl Vmm {
 
         // vCPUs, created paused.
         vcpu::install_kick_handler()?;
-        let mut base_cpuid = supported_cpuid.wait(&p.kvm).map_err(VmmError::Cpuid)?;
+        let (mut base_cpuid, prepared) = helper.wait(&p.kvm).map_err(VmmError::Cpuid)?;
         if tsc_deadline {
             cpuid::enable_tsc_deadline(&mut base_cpuid);
         }
-        phases.mark("supported-cpuid");
+        let prepared = prepared.transpose()?;
+        phases.mark("helper-wait");
         let marks = Arc::new(RunMarks::new(start.wall));
         let save_spec = Arc::new(OnceLock::new());
         // In-place reboots put every vCPU back into the state it is built in, read back in
@@ -535,9 +551,15 @@ impl Vmm {
         };
         let mut vcpus = Vec::with_capacity(vcpu_count as usize);
         let (kernel_protocol, kernel_entry) = (kernel.protocol, kernel.entry);
+        // Without the helper thread, the whole set-up happens here.
+        let mut prepared = prepared.map(Vec::into_iter);
         for id in 0..vcpu_count {
             let boot = (id == 0).then_some((kernel_protocol, kernel_entry));
-            vcpus.push(Vcpu::new(&ctx, id, boot, in_place)?);
+            let fd = match prepared.as_mut().and_then(Iterator::next) {
+                Some(fd) => fd,
+                None => Vcpu::prepare_fd(&p.vm, &base_cpuid, id, vcpu_count)?,
+            };
+            vcpus.push(Vcpu::from_prepared(&ctx, id, fd, boot, in_place)?);
         }
         phases.mark("vcpus");
         let boot_image = if in_place {

@@ -7,7 +7,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use event_manager::{EventOps, EventSet, Events, MutEventSubscriber};
+use event_manager::{EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::actions::{
@@ -423,6 +423,13 @@ impl Vmm {
     /// has to start the vCPUs (used for restores kept ready to go).
     pub fn run_paused(self) -> Result<(ExitReason, RunTimings), RunError> {
         self.run_with(VmState::Paused)
+    }
+
+    /// Adds `subscriber` to the event loop that [`Vmm::run`] runs on the calling thread:
+    /// its events are handled there, between the VM's own (`microvm` watches its signal pipe
+    /// this way, without a thread of its own).
+    pub fn add_subscriber(&mut self, subscriber: Arc<Mutex<dyn MutEventSubscriber + Send>>) {
+        self.event_manager.add_subscriber(subscriber);
     }
 
     fn run_with(mut self, first: VmState) -> Result<(ExitReason, RunTimings), RunError> {

@@ -174,12 +174,24 @@ impl Vcpu {
         boot: Option<(regs::BootProtocol, u64)>,
         keep_boot_state: bool,
     ) -> Result<Self, VcpuError> {
-        let fd = ctx
-            .vm
+        let fd = Self::prepare_fd(ctx.vm, ctx.base_cpuid, id, ctx.count)?;
+        Self::from_prepared(ctx, id, fd, boot, keep_boot_state)
+    }
+
+    /// The part of [`Vcpu::new`] that needs neither guest memory nor devices, so that it can run
+    /// on another thread while those are built: `KVM_CREATE_VCPU` (after the irqchip), the
+    /// vCPU's CPUID (from `base_cpuid`), its MSRs, FPU and LAPIC LINT pins.
+    pub fn prepare_fd(
+        vm: &VmFd,
+        base_cpuid: &CpuId,
+        id: u8,
+        count: u8,
+    ) -> Result<VcpuFd, VcpuError> {
+        let fd = vm
             .create_vcpu(u64::from(id))
             .map_err(|source| VcpuError::Create { id, source })?;
-        let mut cpuid = ctx.base_cpuid.clone();
-        cpuid::normalize(&mut cpuid, id, ctx.count)
+        let mut cpuid = base_cpuid.clone();
+        cpuid::normalize(&mut cpuid, id, count)
             .map_err(|source| VcpuError::Cpuid { id, source })?;
         fd.set_cpuid2(&cpuid)
             .map_err(|source| VcpuError::SetCpuid { id, source })?;
@@ -187,6 +199,20 @@ impl Vcpu {
         regs::setup_msrs(&fd).map_err(r)?;
         regs::setup_fpu(&fd).map_err(r)?;
         regs::setup_lint(&fd).map_err(r)?;
+        Ok(fd)
+    }
+
+    /// The rest of [`Vcpu::new`] for a vCPU from [`Vcpu::prepare_fd`]: the boot vCPU's
+    /// registers (entry point, segments, the page tables in guest memory) and, for in-place
+    /// reboots, the state it is built in.
+    pub fn from_prepared(
+        ctx: &VcpuContext<'_>,
+        id: u8,
+        fd: VcpuFd,
+        boot: Option<(regs::BootProtocol, u64)>,
+        keep_boot_state: bool,
+    ) -> Result<Self, VcpuError> {
+        let r = |source| VcpuError::Regs { id, source };
         if let Some((protocol, entry)) = boot {
             regs::setup_regs(&fd, protocol, entry).map_err(r)?;
             regs::setup_sregs(ctx.mem, &fd, protocol).map_err(r)?;
@@ -247,6 +273,7 @@ impl Vcpu {
         Ok(Self::with_fd(ctx, id, fd))
     }
 
+    #[inline(never)]
     fn describe_state(&self) -> String {
         let regs = self.fd.get_regs();
         let sregs = self.fd.get_sregs();
@@ -411,6 +438,7 @@ impl Vcpu {
     /// With `immediate_exit` set that KVM_RUN completes the access and returns at once without
     /// running the guest. Saved state then never holds half an instruction, which a restored
     /// vCPU would execute a second time (a second UART write, a second read of a FIFO).
+    #[inline(never)]
     fn complete_pending_io(&mut self) {
         self.fd.set_kvm_immediate_exit(1);
         match self.fd.run() {
@@ -515,29 +543,7 @@ impl Vcpu {
                     continue;
                 }
                 Some(VcpuCmd::SaveState) => {
-                    let immediate_exit =
-                        self.save_spec.get().is_some_and(|s| s.caps.immediate_exit);
-                    if !running && !exited && immediate_exit {
-                        self.complete_pending_io();
-                    }
-                    let r = match (running, self.save_spec.get()) {
-                        (false, Some(spec)) => {
-                            persist::save_vcpu(&self.fd, self.id, &spec.msr_indices, spec.caps)
-                                .map_err(|source| VcpuError::State {
-                                    id: self.id,
-                                    source,
-                                })
-                        }
-                        (true, _) => Err(VcpuError::State {
-                            id: self.id,
-                            source: StateError::List("state of a running vCPU"),
-                        }),
-                        (false, None) => Err(VcpuError::State {
-                            id: self.id,
-                            source: StateError::List("MSRs to save (not set up)"),
-                        }),
-                    };
-                    let _ = replies.states.send(r);
+                    self.save_state_reply(running, exited, &replies.states);
                     continue;
                 }
                 Some(VcpuCmd::Reset) => {
@@ -586,6 +592,45 @@ impl Vcpu {
     }
 }
 
+impl Vcpu {
+    /// Answers [`VcpuCmd::SaveState`]. Out of line, like the other seldom commands
+    /// ([`Vcpu::reset_to_boot`], [`Vcpu::paravirt_off`]) and the exit report: their KVM state
+    /// structures would otherwise sit in the frame of the thread's loop, and the stack probes
+    /// of a large frame touch every page of it, so each vCPU thread would keep ~40 KiB of stack
+    /// resident for what it seldom or never does (docs/boot-time.md, "VMM memory").
+    #[inline(never)]
+    fn save_state_reply(
+        &mut self,
+        running: bool,
+        exited: bool,
+        to: &Sender<Result<VcpuState, VcpuError>>,
+    ) {
+        let immediate_exit = self.save_spec.get().is_some_and(|s| s.caps.immediate_exit);
+        if !running && !exited && immediate_exit {
+            self.complete_pending_io();
+        }
+        let r = match (running, self.save_spec.get()) {
+            (false, Some(spec)) => {
+                persist::save_vcpu(&self.fd, self.id, &spec.msr_indices, spec.caps).map_err(
+                    |source| VcpuError::State {
+                        id: self.id,
+                        source,
+                    },
+                )
+            }
+            (true, _) => Err(VcpuError::State {
+                id: self.id,
+                source: StateError::List("state of a running vCPU"),
+            }),
+            (false, None) => Err(VcpuError::State {
+                id: self.id,
+                source: StateError::List("MSRs to save (not set up)"),
+            }),
+        };
+        let _ = to.send(r);
+    }
+}
+
 /// Where the vCPU thread answers [`VcpuCmd::SaveState`] and [`VcpuCmd::Reset`].
 struct Replies {
     states: Sender<Result<VcpuState, VcpuError>>,
@@ -595,6 +640,7 @@ struct Replies {
 impl Vcpu {
     /// Back to the state the vCPU was built in. An I/O access KVM handed out last is completed
     /// first (as for a snapshot), so the next KVM_RUN does not finish it on the new registers.
+    #[inline(never)]
     fn reset_to_boot(&mut self) -> Result<(), VcpuError> {
         let id = self.id;
         if self.save_spec.get().is_some_and(|s| s.caps.immediate_exit) {
@@ -610,6 +656,7 @@ impl Vcpu {
     }
 
     /// Turns the guest's paravirtual MSRs off (their boot values).
+    #[inline(never)]
     fn paravirt_off(&mut self) -> Result<(), VcpuError> {
         let id = self.id;
         let Some(boot) = &self.boot_state else {
@@ -622,6 +669,7 @@ impl Vcpu {
     }
 
     /// This vCPU's exit counters and KVM's statistics (read now, once).
+    #[inline(never)]
     fn exit_report(self) -> VcpuExitReport {
         let kvm = match exits::read_kvm_stats(&self.fd) {
             Ok(v) => v,

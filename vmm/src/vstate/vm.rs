@@ -69,26 +69,84 @@ fn check_kvm(kvm: Kvm) -> Result<Kvm, VmError> {
     Ok(kvm)
 }
 
-/// `KVM_GET_SUPPORTED_CPUID` running on a helper thread (see [`supported_cpuid_async`]).
-pub struct SupportedCpuid(Option<std::thread::JoinHandle<Result<CpuId, kvm_ioctls::Error>>>);
+/// The helper thread's stack: as large as a vCPU thread's (`vcpu::VCPU_STACK_SIZE`), so that
+/// glibc hands the helper's stack, cached once it was joined, to the first vCPU thread instead
+/// of keeping its touched pages resident beside a new one (docs/boot-time.md, "VMM memory").
+const HELPER_STACK_SIZE: usize = 256 << 10;
+
+/// Work handed to the helper thread of [`supported_cpuid_async`]: it runs there with the
+/// supported CPUID once the query is done.
+pub type HelperJob<T> = Box<dyn FnOnce(&CpuId) -> T + Send>;
+
+type HelperResult<T> = (Result<CpuId, kvm_ioctls::Error>, Option<T>);
+
+/// `KVM_GET_SUPPORTED_CPUID` running on a helper thread (see [`supported_cpuid_async`]), and
+/// optionally one more job there ([`SupportedCpuid::then`]).
+pub struct SupportedCpuid<T> {
+    thread: Option<std::thread::JoinHandle<HelperResult<T>>>,
+    job: Option<std::sync::mpsc::Sender<HelperJob<T>>>,
+}
 
 /// Starts `KVM_GET_SUPPORTED_CPUID` on a helper thread with its own `/dev/kvm` fd, so that it
 /// overlaps with building the VM. If the thread cannot be started, [`SupportedCpuid::wait`] asks
-/// on the calling thread instead.
-pub fn supported_cpuid_async() -> SupportedCpuid {
+/// on the calling thread instead. Once it has the answer the thread waits for the job handed to
+/// [`SupportedCpuid::then`] and runs it; it ends when the handle is waited for or dropped.
+pub fn supported_cpuid_async<T: Send + 'static>() -> SupportedCpuid<T> {
+    let (tx, rx) = std::sync::mpsc::channel::<HelperJob<T>>();
     let t = std::thread::Builder::new()
         .name("cpuid".into())
-        .stack_size(64 << 10)
-        .spawn(|| Kvm::new()?.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES));
-    SupportedCpuid(t.ok())
+        .stack_size(HELPER_STACK_SIZE)
+        .spawn(move || {
+            let cpuid = Kvm::new().and_then(|k| k.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES));
+            let more = match (&cpuid, rx.recv()) {
+                (Ok(c), Ok(job)) => Some(job(c)),
+                _ => None,
+            };
+            (cpuid, more)
+        });
+    match t {
+        Ok(t) => SupportedCpuid {
+            thread: Some(t),
+            job: Some(tx),
+        },
+        Err(_) => SupportedCpuid {
+            thread: None,
+            job: None,
+        },
+    }
 }
 
-impl SupportedCpuid {
-    /// The supported CPUID; `kvm` answers when the helper thread could not.
-    pub fn wait(self, kvm: &Kvm) -> Result<CpuId, kvm_ioctls::Error> {
-        match self.0.map(|t| t.join()) {
-            Some(Ok(Ok(c))) => Ok(c),
-            _ => kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES),
+impl<T> SupportedCpuid<T> {
+    /// Hands `job` to the helper thread (at most once). False, and `job` dropped, when there is
+    /// no helper thread.
+    pub fn then(&mut self, job: impl FnOnce(&CpuId) -> T + Send + 'static) -> bool {
+        match self.job.take() {
+            Some(tx) => tx.send(Box::new(job)).is_ok(),
+            None => false,
+        }
+    }
+
+    /// The supported CPUID, and what the job handed to [`SupportedCpuid::then`] returned (None
+    /// when it did not run); `kvm` answers when the helper thread could not.
+    pub fn wait(mut self, kvm: &Kvm) -> Result<(CpuId, Option<T>), kvm_ioctls::Error> {
+        // Without a job handed over, the helper returns once it has the CPUID.
+        self.job = None;
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok((Ok(c), more))) => Ok((c, more)),
+            _ => kvm
+                .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+                .map(|c| (c, None)),
+        }
+    }
+}
+
+impl<T> Drop for SupportedCpuid<T> {
+    /// A build that fails before [`SupportedCpuid::wait`] waits for the helper here, so that
+    /// nothing it holds (its `/dev/kvm` fd, the VM and vCPUs of its job) outlives the build.
+    fn drop(&mut self) {
+        self.job = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
@@ -122,4 +180,34 @@ pub fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap, phases: &mut Phases) -> Resul
     vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
     phases.mark("pit");
     Ok(vm)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_helper_runs_its_job_with_the_supported_cpuid() {
+        let kvm = open_kvm().unwrap();
+        let mut h = supported_cpuid_async::<usize>();
+        assert!(h.then(|c| c.as_slice().len()));
+        let (c, n) = h.wait(&kvm).unwrap();
+        assert!(!c.as_slice().is_empty());
+        assert_eq!(n, Some(c.as_slice().len()));
+
+        // Without a job the helper only answers the CPUID.
+        let (c2, none) = supported_cpuid_async::<usize>().wait(&kvm).unwrap();
+        assert_eq!(none, None);
+        assert_eq!(c2.as_slice().len(), c.as_slice().len());
+
+        // Dropped without a wait, the handle waits for the job the helper was given.
+        let mut h = supported_cpuid_async::<usize>();
+        let (tx, rx) = std::sync::mpsc::channel();
+        assert!(h.then(move |_| {
+            tx.send(()).unwrap();
+            1
+        }));
+        drop(h);
+        rx.try_recv().expect("the job ran before the drop returned");
+    }
 }
