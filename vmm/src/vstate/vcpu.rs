@@ -642,22 +642,23 @@ impl Vcpu {
     /// first (as for a snapshot), so the next KVM_RUN does not finish it on the new registers.
     #[inline(never)]
     fn reset_to_boot(&mut self) -> Result<(), VcpuError> {
-        let id = self.id;
         if self.save_spec.get().is_some_and(|s| s.caps.immediate_exit) {
             self.complete_pending_io();
         }
-        let Some(boot) = &self.boot_state else {
-            return Err(VcpuError::State {
-                id,
-                source: StateError::List("boot state (not kept)"),
-            });
-        };
-        persist::reset_vcpu(&self.fd, boot).map_err(|source| VcpuError::State { id, source })
+        self.with_boot_state(persist::reset_vcpu)
     }
 
     /// Turns the guest's paravirtual MSRs off (their boot values).
     #[inline(never)]
     fn paravirt_off(&mut self) -> Result<(), VcpuError> {
+        self.with_boot_state(persist::paravirt_off)
+    }
+
+    /// Writes (part of) the kept boot state into the vCPU with `write`.
+    fn with_boot_state(
+        &self,
+        write: fn(&VcpuFd, &VcpuState) -> Result<(), StateError>,
+    ) -> Result<(), VcpuError> {
         let id = self.id;
         let Some(boot) = &self.boot_state else {
             return Err(VcpuError::State {
@@ -665,7 +666,7 @@ impl Vcpu {
                 source: StateError::List("boot state (not kept)"),
             });
         };
-        persist::paravirt_off(&self.fd, boot).map_err(|source| VcpuError::State { id, source })
+        write(&self.fd, boot).map_err(|source| VcpuError::State { id, source })
     }
 
     /// This vCPU's exit counters and KVM's statistics (read now, once).
