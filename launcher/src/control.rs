@@ -269,14 +269,14 @@ fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
                 }
                 answer
             }
-            "shutdown" => match ctx.events.send(Event::ShutdownRequested) {
-                Ok(()) => json!({"ok": true, "state": "shutting-down"}),
-                Err(_) => json!({"ok": false, "error": "the launcher is exiting"}),
-            },
-            "stop" => match ctx.events.send(Event::StopRequested) {
-                Ok(()) => json!({"ok": true, "state": "stopping"}),
-                Err(_) => json!({"ok": false, "error": "the launcher is exiting"}),
-            },
+            "shutdown" => {
+                answer_then_send(&mut writer, ctx, Event::ShutdownRequested, "shutting-down")?;
+                continue;
+            }
+            "stop" => {
+                answer_then_send(&mut writer, ctx, Event::StopRequested, "stopping")?;
+                continue;
+            }
             "console" => {
                 let Some(hub) = &ctx.console else {
                     reply(
@@ -295,6 +295,22 @@ fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
         };
         reply(&mut writer, &answer)?;
     }
+}
+
+/// Answers a `stop` or `shutdown` request, then hands it to the runner. The answer goes first: once the runner has the event the launcher may exit at
+/// any moment, and a reply written after that would be lost (the client would read EOF and
+/// could not tell a carried-out stop from a crash). A runner that is already gone is exiting,
+/// which is what the client asked for. The request is carried out even when the client left.
+fn answer_then_send(
+    w: &mut UnixStream,
+    ctx: &Context,
+    event: Event,
+    state: &str,
+) -> std::io::Result<()> {
+    let answered = reply(w, &json!({"ok": true, "state": state}));
+    let _ = w.flush();
+    let _ = ctx.events.send(event);
+    answered
 }
 
 /// Client side: sends one request and returns the answer.
@@ -434,4 +450,78 @@ pub fn attach_console(socket: &Path) -> std::io::Result<()> {
     }
     drop(raw);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::{Status, StatusCell};
+    use std::sync::mpsc::channel;
+
+    fn context(events: Sender<Event>) -> Context {
+        Context {
+            controller: VmmController::detached().unwrap(),
+            status: Arc::new(StatusCell::new(Status::default())),
+            events,
+            console: None,
+            snapshot_dir: None,
+        }
+    }
+
+    /// The runner may end the launcher the moment it hears of a `stop` or `shutdown`: the
+    /// answer must already be on its way then. Here the "runner" closes the launcher's side of
+    /// the connection as soon as the event arrives, as a process exit would; the client still
+    /// reads its answer (before the fix it read EOF: "bad answer \"\"").
+    #[test]
+    fn stop_and_shutdown_are_answered_before_the_runner_acts() {
+        let is_stop = |e: &Event| matches!(e, Event::StopRequested);
+        let is_shutdown = |e: &Event| matches!(e, Event::ShutdownRequested);
+        for (cmd, state, want) in [
+            ("stop", "stopping", &is_stop as &dyn Fn(&Event) -> bool),
+            ("shutdown", "shutting-down", &is_shutdown),
+        ] {
+            for _ in 0..50 {
+                let (tx, rx) = channel();
+                let (client, server) = UnixStream::pair().unwrap();
+                let server_side = server.try_clone().unwrap();
+                let ctx = context(tx);
+                let t = std::thread::spawn(move || handle(server, &ctx));
+                let mut c = client.try_clone().unwrap();
+                c.write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes())
+                    .unwrap();
+                let ev = rx.recv().unwrap();
+                assert!(want(&ev), "{cmd}: another event");
+                server_side.shutdown(Shutdown::Both).unwrap();
+                let mut line = String::new();
+                BufReader::new(client).read_line(&mut line).unwrap();
+                let v: Value = serde_json::from_str(line.trim())
+                    .unwrap_or_else(|e| panic!("{cmd}: answer {line:?}: {e}"));
+                assert_eq!(v, json!({"ok": true, "state": state}));
+                let _ = t.join().unwrap();
+            }
+        }
+    }
+
+    /// A request to a launcher whose runner is gone is still answered, and the connection
+    /// serves further requests.
+    #[test]
+    fn stop_with_the_runner_gone_is_answered_and_the_connection_goes_on() {
+        let (tx, rx) = channel();
+        drop(rx);
+        let (client, server) = UnixStream::pair().unwrap();
+        let ctx = context(tx);
+        let t = std::thread::spawn(move || handle(server, &ctx));
+        let mut c = client.try_clone().unwrap();
+        c.write_all(b"{\"cmd\":\"stop\"}\n{\"cmd\":\"pause\"}\n")
+            .unwrap();
+        c.shutdown(Shutdown::Write).unwrap();
+        let lines: Vec<Value> = BufReader::new(client)
+            .lines()
+            .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(lines[0], json!({"ok": true, "state": "stopping"}));
+        assert_eq!(lines[1], json!({"ok": false, "error": "the VM is gone"}));
+        t.join().unwrap().unwrap();
+    }
 }
