@@ -44,7 +44,7 @@ use serde_json::{json, Value};
 use vmm::{Action, VmmController};
 
 use crate::console::ConsoleHub;
-use crate::runner::{set_state, Event, SharedStatus};
+use crate::status::{set_state, Event, SharedStatus, Status};
 
 /// What the server acts on.
 #[derive(Clone)]
@@ -178,7 +178,7 @@ fn status_json(ctx: &Context) -> Value {
 pub const WATCH_KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// What a `watch` client is told about: a new line is sent when this changes.
-fn watched(s: &crate::runner::Status) -> (String, bool, u64) {
+fn watched(s: &Status) -> (String, bool, u64) {
     (s.state.clone(), s.boot_time_ms.is_some(), s.reboots)
 }
 
@@ -455,7 +455,7 @@ pub fn attach_console(socket: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runner::{Status, StatusCell};
+    use crate::status::StatusCell;
     use std::sync::mpsc::channel;
 
     fn context(events: Sender<Event>) -> Context {

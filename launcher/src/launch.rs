@@ -14,8 +14,45 @@ use crate::caps;
 use crate::demo::DemoKernel;
 use crate::disks::{self, DiskError, Layout};
 use crate::kernel::{self, KernelError};
-use crate::runner::{LaunchConfig, Status};
+use crate::status::Status;
 use crate::vmi::{VmiDocument, VmiError};
+
+/// How a launch is run.
+pub struct LaunchConfig {
+    pub vm: VmConfig,
+    pub name: String,
+    pub grace: Duration,
+    /// Created (with the boot time in ms) when the guest has booted.
+    pub booted_marker: Option<PathBuf>,
+    /// Serve the control socket here.
+    pub control_socket: Option<PathBuf>,
+    /// The VMM's serial socket; the launcher's console hub is its client and the control
+    /// socket's `console` attaches to the hub.
+    pub console_socket: Option<PathBuf>,
+    /// Also copy the guest console to stdout (the terminal in `run`, the container log in pod
+    /// mode).
+    pub console_echo: bool,
+    /// Feed stdin to the guest console (`run` on a terminal).
+    pub console_stdin: bool,
+    /// Stack the VM threads' tighter seccomp filters (the launcher's own is installed
+    /// process-wide before this runs).
+    pub seccomp: bool,
+    /// Print "guest booted in N ms" on stderr.
+    pub announce_boot: bool,
+    pub status: Status,
+    /// When VM preparation began (boot time is measured from here).
+    pub start: Clock,
+    /// Restore this snapshot instead of booting (the VMI's disks and NIC replace the
+    /// snapshot's, in order; its memory and vCPUs must match).
+    pub restore: Option<Restore>,
+    /// Build the VM and leave it paused until `unpause` (`startStrategy: Paused`).
+    pub start_paused: bool,
+    /// Default directory of a `snapshot` request that names none.
+    pub snapshot_dir: Option<PathBuf>,
+    /// `/dev/kvm` and the TAP queues, opened before the launcher gave up root.
+    pub kvm: Option<std::fs::File>,
+    pub taps: Vec<vmm::devices::virtio::net::tap::Tap>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {

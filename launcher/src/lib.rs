@@ -21,5 +21,6 @@ pub mod launch;
 pub mod paths;
 pub mod runner;
 pub mod seccomp;
+pub mod status;
 pub mod teardown;
 pub mod vmi;

@@ -2,17 +2,14 @@
 //! main thread through the VMM's action channel; signals, boot notification, the control
 //! socket and the grace-period timer all arrive as [`Event`]s on one channel.
 
-use std::path::PathBuf;
 use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
-use std::sync::{Arc, Condvar, LockResult, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
-use vmm::builder::RunTimings;
 use vmm::devices::legacy::boot_timer::BootTime;
 use vmm::devices::legacy::serial::OutputQueue;
 use vmm::devices::virtio::NetConfig;
-use vmm::timing::Clock;
 use vmm::{
     Action, BuildOptions, ExitReason, RestoreConfig, ThreadHook, VmConfig, VmThread, Vmm,
     VmmController,
@@ -20,7 +17,9 @@ use vmm::{
 
 use crate::console::ConsoleHub;
 use crate::control::{self, ControlServer};
+use crate::launch::LaunchConfig;
 use crate::seccomp;
+use crate::status::{set_state, Event, SharedStatus, StatusCell};
 
 /// Process exit codes (documented in README and `virt-launcher --help`).
 pub mod exit_code {
@@ -36,119 +35,6 @@ pub mod exit_code {
     pub const GRACE_EXPIRED: u8 = 4;
     /// Stopped on request (control `stop`, or a second SIGTERM/SIGINT).
     pub const STOPPED: u8 = 5;
-}
-
-/// What the main loop reacts to.
-pub enum Event {
-    /// SIGTERM, SIGINT or SIGHUP.
-    Signal(i32),
-    Booted(BootTime),
-    /// The guest rebooted in place; the reboot count so far.
-    Rebooted(u64),
-    /// Graceful shutdown asked through the control socket.
-    ShutdownRequested,
-    /// Hard stop asked through the control socket.
-    StopRequested,
-    Exited(Result<(ExitReason, RunTimings), String>),
-}
-
-/// State shown by the control socket's `status`.
-#[derive(Clone, Debug, Default)]
-pub struct Status {
-    pub name: String,
-    pub state: String,
-    pub boot_time_ms: Option<u64>,
-    pub vcpus: u64,
-    pub mem_mib: u64,
-    pub disks: Vec<String>,
-    pub network: String,
-    /// The VMM thread (its seccomp mode and capabilities are read from /proc for `status`).
-    pub vmm_tid: Option<i32>,
-    /// The guest console's output queue (bytes dropped for a reader that was too slow).
-    pub console: Option<Arc<OutputQueue>>,
-    /// In-place reboots of the guest so far.
-    pub reboots: u64,
-}
-
-/// The status plus a condition variable that wakes the control socket's `watch` clients.
-#[derive(Debug, Default)]
-pub struct StatusCell {
-    status: Mutex<Status>,
-    changed: Condvar,
-}
-
-impl StatusCell {
-    pub fn new(s: Status) -> Self {
-        Self {
-            status: Mutex::new(s),
-            changed: Condvar::new(),
-        }
-    }
-
-    /// Read access (and write access that need not wake watchers).
-    pub fn lock(&self) -> LockResult<MutexGuard<'_, Status>> {
-        self.status.lock()
-    }
-
-    /// Changes the status and wakes every waiter of [`StatusCell::wait_while`].
-    pub fn update(&self, f: impl FnOnce(&mut Status)) {
-        if let Ok(mut s) = self.status.lock() {
-            f(&mut s);
-        }
-        self.changed.notify_all();
-    }
-
-    /// Blocks while `unchanged` holds, at most `timeout` (futex only: no new syscalls).
-    pub fn wait_while(&self, timeout: Duration, mut unchanged: impl FnMut(&Status) -> bool) {
-        if let Ok(g) = self.status.lock() {
-            let _ = self
-                .changed
-                .wait_timeout_while(g, timeout, |s| unchanged(s));
-        }
-    }
-}
-
-pub type SharedStatus = Arc<StatusCell>;
-
-pub fn set_state(status: &SharedStatus, state: &str) {
-    status.update(|s| s.state = state.to_string());
-}
-
-/// How a launch is run.
-pub struct LaunchConfig {
-    pub vm: VmConfig,
-    pub name: String,
-    pub grace: Duration,
-    /// Created (with the boot time in ms) when the guest has booted.
-    pub booted_marker: Option<PathBuf>,
-    /// Serve the control socket here.
-    pub control_socket: Option<PathBuf>,
-    /// The VMM's serial socket; the launcher's console hub is its client and the control
-    /// socket's `console` attaches to the hub.
-    pub console_socket: Option<PathBuf>,
-    /// Also copy the guest console to stdout (the terminal in `run`, the container log in pod
-    /// mode).
-    pub console_echo: bool,
-    /// Feed stdin to the guest console (`run` on a terminal).
-    pub console_stdin: bool,
-    /// Stack the VM threads' tighter seccomp filters (the launcher's own is installed
-    /// process-wide before this runs).
-    pub seccomp: bool,
-    /// Print "guest booted in N ms" on stderr.
-    pub announce_boot: bool,
-    pub status: Status,
-    /// When VM preparation began (boot time is measured from here).
-    pub start: Clock,
-    /// Restore this snapshot instead of booting (the VMI's disks and NIC replace the
-    /// snapshot's, in order; its memory and vCPUs must match).
-    pub restore: Option<crate::launch::Restore>,
-    /// Build the VM and leave it paused until `unpause` (`startStrategy: Paused`).
-    pub start_paused: bool,
-    /// Default directory of a `snapshot` request that names none.
-    pub snapshot_dir: Option<PathBuf>,
-    /// `/dev/kvm` and the TAP queues, opened before the launcher gave up root.
-    pub kvm: Option<std::fs::File>,
-    pub taps: Vec<vmm::devices::virtio::net::tap::Tap>,
 }
 
 /// The termination reason of a VMI whose boot disk has no kernel to boot (see
