@@ -16,6 +16,9 @@ use crate::refusals;
 
 /// Label key that the operator puts on launcher pods: the owning VMI's name.
 pub const LABEL_VMI_NAME: &str = "microvirt.io/vmi";
+/// Finalizer the operator puts on every VMI (created by it or by a user): the launcher pod is
+/// stopped before the VMI goes away.
+pub const FINALIZER_LAUNCHER_POD: &str = "microvirt.io/launcher-pod";
 /// Annotation key on launcher pods carrying the owning VMI's uid.
 pub const ANNOTATION_VMI_UID: &str = "microvirt.io/vmi-uid";
 /// Annotation on a VMI listing the presets (namespace/name, comma separated) applied to it.

@@ -63,7 +63,7 @@ async fn put_cloud_init_secret(
 }
 
 /// Finalizer on every VMI: the launcher pod is stopped before the VMI goes away.
-pub const FINALIZER: &str = "microvirt.io/launcher-pod";
+pub const FINALIZER: &str = microvirt_crds::vmi::FINALIZER_LAUNCHER_POD;
 
 /// Reconcile one VMI.
 pub async fn reconcile(

@@ -15,7 +15,7 @@ use microvirt_crds::pool::{
 };
 use microvirt_crds::vmi::{
     ANNOTATION_CONTROL_REQUEST, ANNOTATION_CONTROL_RESULT, ANNOTATION_PRESETS_APPLIED,
-    ANNOTATION_VMI_UID, LABEL_VMI_NAME,
+    ANNOTATION_VMI_UID, FINALIZER_LAUNCHER_POD, LABEL_VMI_NAME,
 };
 use microvirt_crds::{
     VirtualMachineInstance, VirtualMachineInstancePreset, VirtualMachineInstanceSpec,
@@ -380,7 +380,7 @@ pub fn replica_vmi(
     if let Some(s) = claimed_from {
         annotations.insert(ANNOTATION_CLAIMED_FROM.into(), s.into());
         // The VMI controller's finalizer, set at creation: one write less on the claim path.
-        vmi.metadata.finalizers = Some(vec![crate::controller::vmi::FINALIZER.into()]);
+        vmi.metadata.finalizers = Some(vec![FINALIZER_LAUNCHER_POD.into()]);
     }
     vmi.metadata.labels = Some(labels);
     vmi.metadata.annotations = Some(annotations);
