@@ -947,6 +947,9 @@ pub fn pod_belongs_to(pod: &Pod, vmi: &VirtualMachineInstance) -> bool {
 }
 
 #[cfg(test)]
+mod golden;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
