@@ -10,7 +10,7 @@
 
 use serde_json::{json, Map, Value};
 
-/// The launcher pod's label with its VMI's name (operator/src/pod.rs).
+/// The launcher pod's label with its VMI's name (operator/src/pod/podspec.rs).
 pub const LABEL_VMI_NAME: &str = "microvirt.io/vmi";
 
 /// A kind `expose` takes.

@@ -77,3 +77,30 @@ fn security_context() -> SecurityContext {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_compute_container_has_no_probes_and_no_empty_device_list() {
+        let mounts = vec![VolumeMount {
+            name: "runtime".into(),
+            mount_path: "/r".into(),
+            ..Default::default()
+        }];
+        let c = compute_container("launcher:1", Default::default(), mounts.clone(), vec![]);
+        assert_eq!(c.name, COMPUTE_CONTAINER);
+        assert_eq!(c.image.as_deref(), Some("launcher:1"));
+        assert_eq!(c.volume_mounts, Some(mounts));
+        assert_eq!(c.volume_devices, None);
+        assert!(c.readiness_probe.is_none() && c.liveness_probe.is_none());
+        assert!(c.startup_probe.is_none());
+        let devices = vec![VolumeDevice {
+            name: "vol-0".into(),
+            device_path: "/dev/x".into(),
+        }];
+        let c = compute_container("launcher:1", Default::default(), vec![], devices.clone());
+        assert_eq!(c.volume_devices, Some(devices));
+    }
+}

@@ -279,4 +279,25 @@ mod tests {
         dotted.metadata.name = Some("a.b".into());
         assert_eq!(pod_hostname(&dotted), None);
     }
+
+    #[test]
+    fn our_labels_win_over_the_vmis() {
+        let vmi_labels = BTreeMap::from([
+            ("app".to_string(), "web".to_string()),
+            (LABEL_APP.to_string(), "user-value".to_string()),
+            (LABEL_VMI_NAME.to_string(), "other".to_string()),
+        ]);
+        assert_eq!(
+            labels(&vmi_labels, "vm1"),
+            BTreeMap::from([
+                ("app".to_string(), "web".to_string()),
+                (LABEL_APP.to_string(), APP_NAME.to_string()),
+                (
+                    LABEL_MANAGED_BY.to_string(),
+                    crate::config::FIELD_MANAGER.to_string()
+                ),
+                (LABEL_VMI_NAME.to_string(), "vm1".to_string()),
+            ])
+        );
+    }
 }

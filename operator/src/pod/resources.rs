@@ -357,4 +357,99 @@ mod tests {
         let doc: serde_json::Value = serde_json::from_str(&ann[ANNOTATION_VMI_SPEC]).unwrap();
         assert_eq!(doc["vcpus"], 1);
     }
+
+    #[test]
+    fn local_disk_sizes_the_runtime_directory_and_each_empty_disk() {
+        let cfg = Config {
+            launcher_scratch: 10 << 20,
+            container_disk_overlay: 100 << 20,
+            ..Config::default()
+        };
+        // spec(): a writable containerDisk (root) and a 1Gi emptyDisk (scratch); no kernel.
+        let mut sp = spec(None, None);
+        sp.volumes.push(microvirt_crds::vmi::Volume {
+            name: "more".into(),
+            empty_disk: Some(EmptyDiskSource {
+                capacity: Quantity("100Mi".into()),
+            }),
+            ..Default::default()
+        });
+        let disk = local_disk(&sp, &cfg).unwrap();
+        let runtime = (10 << 20) + (100 << 20) + IMAGE_KERNEL_SCRATCH;
+        assert_eq!(disk.runtime, runtime);
+        assert_eq!(
+            disk.empty_disks,
+            BTreeMap::from([
+                ("more".to_string(), empty_disk_size_limit(100 << 20)),
+                ("scratch".to_string(), empty_disk_size_limit(1 << 30)),
+            ])
+        );
+        assert_eq!(
+            disk.total,
+            runtime + empty_disk_size_limit(100 << 20) + empty_disk_size_limit(1 << 30)
+        );
+
+        // A VMI naming its kernel needs no room to extract one.
+        sp.domain.firmware = Some(microvirt_crds::vmi::Firmware {
+            kernel_boot: Some(microvirt_crds::vmi::KernelBoot {
+                container: Some(microvirt_crds::vmi::KernelBootContainer {
+                    image: "k:1".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert_eq!(
+            local_disk(&sp, &cfg).unwrap().runtime,
+            (10 << 20) + (100 << 20)
+        );
+
+        // A capacity that is no quantity names its volume.
+        sp.volumes[2].empty_disk = Some(EmptyDiskSource {
+            capacity: Quantity("lots".into()),
+        });
+        let err = local_disk(&sp, &cfg).unwrap_err();
+        assert!(
+            matches!(&err, PodError::EmptyDiskCapacity { volume, .. } if volume == "more"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn compute_resources_add_the_overhead_and_the_kvm_resource() {
+        let cfg = Config {
+            launcher_memory_overhead: 32 << 20,
+            cpu_request_millis_per_vcpu: 250,
+            ..Config::default()
+        };
+        let sp = spec(None, None);
+        let r = compute_resources(&sp, &cfg, 1 << 30, 3, 5 << 30);
+        let q = |s: &str| Quantity(s.to_string());
+        assert_eq!(
+            r.requests,
+            Some(BTreeMap::from([
+                ("cpu".to_string(), q("750m")),
+                (KVM_RESOURCE.to_string(), q("1")),
+                ("ephemeral-storage".to_string(), q("5Gi")),
+                ("memory".to_string(), q("1056Mi")),
+            ]))
+        );
+        assert_eq!(
+            r.limits,
+            Some(BTreeMap::from([
+                (KVM_RESOURCE.to_string(), q("1")),
+                ("ephemeral-storage".to_string(), q("5Gi")),
+                ("memory".to_string(), q("1056Mi")),
+            ]))
+        );
+        // In hostPath mode the devices are volumes, not a resource.
+        let host = Config {
+            kvm_mode: KvmMode::HostPath,
+            ..cfg
+        };
+        let r = compute_resources(&sp, &host, 1 << 30, 3, 5 << 30);
+        assert!(!r.requests.unwrap().contains_key(KVM_RESOURCE));
+        assert!(!r.limits.unwrap().contains_key(KVM_RESOURCE));
+    }
 }

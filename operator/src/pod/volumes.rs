@@ -408,4 +408,161 @@ mod tests {
         .unwrap();
         assert_eq!(container(&pod).volume_devices, None);
     }
+
+    fn names<T>(items: &[T], name: impl Fn(&T) -> &str) -> Vec<&str> {
+        items.iter().map(name).collect()
+    }
+
+    #[test]
+    fn pod_volumes_are_the_launchers_then_the_vmis_in_order_then_the_kernel() {
+        use microvirt_crds::vmi::{CloudInitNoCloudSource, EmptyDiskSource};
+        let vmi_volumes = vec![
+            VmiVolume {
+                name: "root".into(),
+                container_disk: Some(ContainerDiskSource {
+                    image: "disk:1".into(),
+                    image_pull_policy: Some(PullPolicy::Never),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            VmiVolume {
+                name: "data".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimSource {
+                    claim_name: "data-claim".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            VmiVolume {
+                name: "scratch".into(),
+                empty_disk: Some(EmptyDiskSource {
+                    capacity: Quantity("1Gi".into()),
+                }),
+                ..Default::default()
+            },
+            VmiVolume {
+                name: "seed".into(),
+                cloud_init_no_cloud: Some(CloudInitNoCloudSource {
+                    user_data: Some("#cloud-config".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ];
+        let kernel = KernelBootContainer {
+            image: "kernel:1".into(),
+            ..Default::default()
+        };
+        let disk = LocalDisk {
+            runtime: 64 << 20,
+            empty_disks: [("scratch".to_string(), 2 << 30)].into(),
+            total: (64 << 20) + (2 << 30),
+        };
+        let block = BlockVolumes::from(["data".to_string()]);
+        let out = pod_volumes(
+            "vm1",
+            &vmi_volumes,
+            Some(&kernel),
+            &disk,
+            KvmMode::HostPath,
+            &block,
+        );
+        assert_eq!(
+            names(&out.volumes, |v| &v.name),
+            [
+                "vmi",
+                "runtime",
+                "dev-kvm",
+                "dev-net-tun",
+                "vol-0",
+                "vol-1",
+                "vol-2",
+                "vol-3-userdata",
+                "kernel-boot"
+            ]
+        );
+        assert_eq!(
+            names(&out.mounts, |m| &m.mount_path),
+            [
+                RUNTIME_DIR,
+                VMI_DIR,
+                "/dev/kvm",
+                "/dev/net/tun",
+                "/var/run/microvirt/container-disks/root",
+                "/var/run/microvirt/empty-disks/scratch",
+                "/var/run/microvirt/cloud-init/seed/userdata",
+                KERNEL_BOOT_DIR,
+            ]
+        );
+        assert_eq!(
+            names(&out.devices, |d| &d.device_path),
+            ["/dev/microvirt/pvcs/data"]
+        );
+        let sizes: Vec<Option<String>> = out
+            .volumes
+            .iter()
+            .filter_map(|v| v.empty_dir.as_ref())
+            .map(|e| e.size_limit.as_ref().map(|q| q.0.clone()))
+            .collect();
+        assert_eq!(sizes, [Some("64Mi".to_string()), Some("2Gi".to_string())]);
+        assert_eq!(
+            out.volumes[4].image,
+            Some(ImageVolumeSource {
+                reference: Some("disk:1".into()),
+                pull_policy: Some("Never".into()),
+            })
+        );
+
+        // Device-plugin mode mounts no device nodes; no kernel image, no kernel volume.
+        let out = pod_volumes("vm1", &[], None, &disk, KvmMode::DevicePlugin, &block);
+        assert_eq!(names(&out.volumes, |v| &v.name), ["vmi", "runtime"]);
+        assert_eq!(names(&out.mounts, |m| &m.name), ["runtime", "vmi"]);
+    }
+
+    #[test]
+    fn cloud_init_parts_come_from_the_users_secret_or_the_inline_datas() {
+        use microvirt_crds::vmi::{CloudInitNoCloudSource, SecretRef};
+        let secret = |parts: &[(Volume, VolumeMount)], i: usize| {
+            parts[i].0.secret.clone().expect("a secret volume")
+        };
+        // The user's Secret for user data, inline network data: ours, one key.
+        let ci = CloudInitNoCloudSource {
+            secret_ref: Some(SecretRef {
+                name: "mine".into(),
+            }),
+            network_data: Some("version: 2".into()),
+            ..Default::default()
+        };
+        let parts = cloud_init("vm1", "vol-3", "seed", &ci);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(secret(&parts, 0).secret_name.as_deref(), Some("mine"));
+        assert_eq!(secret(&parts, 0).items, None);
+        assert_eq!(
+            secret(&parts, 1).secret_name.as_deref(),
+            Some("virt-launcher-vm1-cloud-init")
+        );
+        assert_eq!(
+            secret(&parts, 1).items,
+            Some(vec![KeyToPath {
+                key: "seed.networkdata".into(),
+                path: "networkdata".into(),
+                ..Default::default()
+            }])
+        );
+        assert_eq!(parts[1].0.name, "vol-3-networkdata");
+        assert_eq!(
+            parts[1].1.mount_path,
+            "/var/run/microvirt/cloud-init/seed/networkdata"
+        );
+        assert_eq!(parts[1].1.read_only, Some(true));
+        // No network data at all: no network data volume.
+        let ci = CloudInitNoCloudSource {
+            user_data_base64: Some("aGk=".into()),
+            ..Default::default()
+        };
+        let parts = cloud_init("vm1", "vol-0", "seed", &ci);
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].0.name, "vol-0-userdata");
+    }
 }
