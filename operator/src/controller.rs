@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::{future, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{DeleteParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -21,6 +21,9 @@ use microvirt_crds::{
     VirtualMachine, VirtualMachineInstance, VirtualMachineInstancePreset,
     VirtualMachineInstanceReplicaSet, VirtualMachinePool,
 };
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::json;
 
 use crate::config::Config;
 use crate::expectations::Expectations;
@@ -552,6 +555,32 @@ pub fn finalizer_result(
     }
 }
 
+/// The body of a server-side apply of `status` to an object of kind `K`: its apiVersion and
+/// kind, and the status (nothing of the metadata, so the apply is not conditioned on a
+/// resourceVersion).
+fn status_patch<K: Resource<DynamicType = ()>>(status: &impl Serialize) -> serde_json::Value {
+    json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    })
+}
+
+/// Writes `status` to object `name` through the status subresource: server-side apply, field
+/// manager `microvirt-operator`, forced (the operator owns the status fields it writes).
+pub async fn apply_status<K>(api: &Api<K>, name: &str, status: &impl Serialize) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.patch_status(
+        name,
+        &PatchParams::apply(crate::config::FIELD_MANAGER).force(),
+        &Patch::Apply(&status_patch::<K>(status)),
+    )
+    .await?;
+    Ok(())
+}
+
 /// Labels of an object as a reference (convenience re-export for the sub-modules).
 pub fn labels_of<K: ResourceExt>(obj: &K) -> &std::collections::BTreeMap<String, String> {
     obj.labels()
@@ -569,5 +598,34 @@ mod tests {
         assert_eq!(v, vec![250, 500, 1000, 2000, 4000, 4000, 4000]);
         b.reset();
         assert_eq!(b.next(), Some(Duration::from_millis(250)));
+    }
+
+    #[test]
+    fn status_patches_name_the_kind_and_carry_only_the_status() {
+        let status = json!({"phase": "Running"});
+        for (patch, kind) in [
+            (status_patch::<VirtualMachine>(&status), "VirtualMachine"),
+            (
+                status_patch::<VirtualMachineInstance>(&status),
+                "VirtualMachineInstance",
+            ),
+            (
+                status_patch::<VirtualMachineInstanceReplicaSet>(&status),
+                "VirtualMachineInstanceReplicaSet",
+            ),
+            (
+                status_patch::<VirtualMachinePool>(&status),
+                "VirtualMachinePool",
+            ),
+        ] {
+            assert_eq!(
+                patch,
+                json!({
+                    "apiVersion": "microvirt.io/v1alpha1",
+                    "kind": kind,
+                    "status": {"phase": "Running"},
+                })
+            );
+        }
     }
 }

@@ -25,7 +25,7 @@ use microvirt_crds::vmi::ANNOTATION_CONTROL_REQUEST;
 use microvirt_crds::{VirtualMachineInstance, VirtualMachinePool};
 use serde_json::json;
 
-use super::{finalizer_result, is_conflict, is_not_found, name_ns, Context, Error};
+use super::{apply_status, finalizer_result, is_conflict, is_not_found, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
 use crate::pool::members::{self, EffectiveTemplate, SNAPSHOT_COMMAND};
 use crate::pool::plan::{self, Inputs, Step};
@@ -228,17 +228,7 @@ async fn apply(
         status.claim_latency = Some(l);
     }
     if pool.status.as_ref() != Some(&status) {
-        let patch = json!({
-            "apiVersion": "microvirt.io/v1alpha1",
-            "kind": "VirtualMachinePool",
-            "status": status,
-        });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        apply_status(api, &name, &status).await?;
     }
     Ok(Action::requeue(
         requeue

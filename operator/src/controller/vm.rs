@@ -16,7 +16,7 @@ use kube::Api;
 use microvirt_crds::{VirtualMachine, VirtualMachineInstance, VirtualMachineStatus};
 use serde_json::json;
 
-use super::{delete_vmi, finalizer_result, is_conflict, name_ns, Context, Error};
+use super::{apply_status, delete_vmi, finalizer_result, is_conflict, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
 use crate::replicaset::VmiRef;
 use crate::virtualmachine::{new_vmi, owned_by, plan, VmAction, VmPlan};
@@ -140,17 +140,7 @@ async fn apply(
     };
     let status = without_requests(&status);
     if vm.status.as_ref().map(without_requests).as_ref() != Some(&status) {
-        let patch = json!({
-            "apiVersion": "microvirt.io/v1alpha1",
-            "kind": "VirtualMachine",
-            "status": status,
-        });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        apply_status(api, &name, &status).await?;
     }
     if synced {
         Ok(Action::requeue(Duration::from_secs(300)))

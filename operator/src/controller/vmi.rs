@@ -17,7 +17,7 @@ use microvirt_crds::vmi::ANNOTATION_PRESETS_APPLIED;
 use microvirt_crds::VirtualMachineInstance;
 use serde_json::json;
 
-use super::{finalizer_result, is_conflict, is_not_found, name_ns, Context, Error};
+use super::{apply_status, finalizer_result, is_conflict, is_not_found, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
 use crate::pod::{cloud_init_secret, desired_pod, pod_belongs_to, pod_name, BlockVolumes};
 use crate::{preset, status};
@@ -416,17 +416,7 @@ async fn fail(
     let (name, _) = name_ns(vmi)?;
     let now = Time(Timestamp::now());
     let st = status::failed_status(vmi, reason, message, &now);
-    let patch = json!({
-        "apiVersion": "microvirt.io/v1alpha1",
-        "kind": "VirtualMachineInstance",
-        "status": st,
-    });
-    api.patch_status(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    apply_status(api, &name, &st).await?;
     ctx.event(
         vmi,
         EventType::Warning,

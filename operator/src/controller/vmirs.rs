@@ -8,15 +8,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
 use kube::{Api, ResourceExt};
 use microvirt_crds::{VirtualMachineInstance, VirtualMachineInstanceReplicaSet};
-use serde_json::json;
 
-use super::{delete_vmi, finalizer_result, is_conflict, name_ns, Context, Error};
+use super::{apply_status, delete_vmi, finalizer_result, is_conflict, name_ns, Context, Error};
 use crate::config::FIELD_MANAGER;
 use crate::replicaset::{new_replica, owned_by, plan, VmiRef};
 
@@ -110,17 +109,7 @@ async fn apply(
         }
     }
     if rs.status.as_ref() != Some(&p.status) {
-        let patch = json!({
-            "apiVersion": "microvirt.io/v1alpha1",
-            "kind": "VirtualMachineInstanceReplicaSet",
-            "status": p.status,
-        });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        apply_status(api, &name, &p.status).await?;
     }
     if synced {
         Ok(Action::requeue(Duration::from_secs(300)))
