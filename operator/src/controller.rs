@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 
 use futures::{future, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -537,6 +539,36 @@ pub fn name_ns<K: Resource>(obj: &K) -> Result<(String, String), Error> {
         .clone()
         .ok_or(Error::MissingMeta("namespace"))?;
     Ok((name, ns))
+}
+
+/// Reconciles `obj` in its namespace under the finalizer `finalizer_name` (kube's finalizer
+/// helper): `apply` while it lives, once the finalizer is on it; `cleanup` once it is being
+/// deleted, the finalizer coming off when that succeeds. Errors as in [`finalizer_result`].
+pub async fn reconcile_with_finalizer<K>(
+    obj: Arc<K>,
+    ctx: &Context,
+    finalizer_name: &str,
+    apply: impl AsyncFnOnce(Arc<K>, &Context, &Api<K>) -> Result<Action, Error>,
+    cleanup: impl AsyncFnOnce(Arc<K>, &Context) -> Result<Action, Error>,
+) -> Result<Action, Error>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug,
+{
+    let (_, ns) = name_ns(&*obj)?;
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
+    finalizer_result(
+        finalizer(&api, finalizer_name, obj, |event| async {
+            match event {
+                FinalizerEvent::Apply(obj) => apply(obj, ctx, &api).await,
+                FinalizerEvent::Cleanup(obj) => cleanup(obj, ctx).await,
+            }
+        })
+        .await,
+    )
 }
 
 /// The finalizer helper's result as ours. Adding or removing the finalizer of an object that is

@@ -17,7 +17,6 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use microvirt_crds::pool::{MemberRole, LABEL_POOL, LABEL_SNAPSHOT};
@@ -25,7 +24,9 @@ use microvirt_crds::vmi::ANNOTATION_CONTROL_REQUEST;
 use microvirt_crds::{VirtualMachineInstance, VirtualMachinePool};
 use serde_json::json;
 
-use super::{apply_status, finalizer_result, is_conflict, is_not_found, name_ns, Context, Error};
+use super::{
+    apply_status, is_conflict, is_not_found, name_ns, reconcile_with_finalizer, Context, Error,
+};
 use crate::config::FIELD_MANAGER;
 use crate::pool::members::{self, EffectiveTemplate, SNAPSHOT_COMMAND};
 use crate::pool::plan::{self, Inputs, Step};
@@ -42,17 +43,7 @@ const REFILL_HOLD: Duration = Duration::from_secs(1);
 
 /// Reconcile one pool.
 pub async fn reconcile(pool: Arc<VirtualMachinePool>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let (_, ns) = name_ns(&*pool)?;
-    let api: Api<VirtualMachinePool> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer_result(
-        finalizer(&api, FINALIZER, pool, |event| async {
-            match event {
-                FinalizerEvent::Apply(p) => apply(p, &ctx, &api).await,
-                FinalizerEvent::Cleanup(p) => cleanup(p, &ctx).await,
-            }
-        })
-        .await,
-    )
+    reconcile_with_finalizer(pool, &ctx, FINALIZER, apply, cleanup).await
 }
 
 /// Pods that trigger a pool: its members carry its name as a label.

@@ -10,13 +10,14 @@ use std::time::Duration;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
 use kube::runtime::reflector::ObjectRef;
 use kube::Api;
 use microvirt_crds::{VirtualMachine, VirtualMachineInstance, VirtualMachineStatus};
 use serde_json::json;
 
-use super::{apply_status, delete_vmi, finalizer_result, is_conflict, name_ns, Context, Error};
+use super::{
+    apply_status, delete_vmi, is_conflict, name_ns, reconcile_with_finalizer, Context, Error,
+};
 use crate::config::FIELD_MANAGER;
 use crate::replicaset::VmiRef;
 use crate::virtualmachine::{new_vmi, owned_by, plan, VmAction, VmPlan};
@@ -31,17 +32,7 @@ fn key(ns: &str, name: &str) -> String {
 
 /// Reconcile one VM.
 pub async fn reconcile(vm: Arc<VirtualMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let (_, ns) = name_ns(&*vm)?;
-    let api: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer_result(
-        finalizer(&api, FINALIZER, vm, |event| async {
-            match event {
-                FinalizerEvent::Apply(vm) => apply(vm, &ctx, &api).await,
-                FinalizerEvent::Cleanup(vm) => cleanup(vm, &ctx).await,
-            }
-        })
-        .await,
-    )
+    reconcile_with_finalizer(vm, &ctx, FINALIZER, apply, cleanup).await
 }
 
 async fn apply(

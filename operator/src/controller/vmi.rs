@@ -10,14 +10,15 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use microvirt_crds::vmi::ANNOTATION_PRESETS_APPLIED;
 use microvirt_crds::VirtualMachineInstance;
 use serde_json::json;
 
-use super::{apply_status, finalizer_result, is_conflict, is_not_found, name_ns, Context, Error};
+use super::{
+    apply_status, is_conflict, is_not_found, name_ns, reconcile_with_finalizer, Context, Error,
+};
 use crate::config::FIELD_MANAGER;
 use crate::pod::{cloud_init_secret, desired_pod, pod_belongs_to, pod_name, BlockVolumes};
 use crate::{preset, status};
@@ -70,17 +71,7 @@ pub async fn reconcile(
     vmi: Arc<VirtualMachineInstance>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let (_, ns) = name_ns(&*vmi)?;
-    let api: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer_result(
-        finalizer(&api, FINALIZER, vmi, |event| async {
-            match event {
-                FinalizerEvent::Apply(vmi) => apply(vmi, &ctx, &api).await,
-                FinalizerEvent::Cleanup(vmi) => cleanup(vmi, &ctx).await,
-            }
-        })
-        .await,
-    )
+    reconcile_with_finalizer(vmi, &ctx, FINALIZER, apply, cleanup).await
 }
 
 async fn apply(

@@ -11,11 +11,12 @@ use std::time::Duration;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{finalizer, Event as FinalizerEvent};
 use kube::{Api, ResourceExt};
 use microvirt_crds::{VirtualMachineInstance, VirtualMachineInstanceReplicaSet};
 
-use super::{apply_status, delete_vmi, finalizer_result, is_conflict, name_ns, Context, Error};
+use super::{
+    apply_status, delete_vmi, is_conflict, name_ns, reconcile_with_finalizer, Context, Error,
+};
 use crate::config::FIELD_MANAGER;
 use crate::replicaset::{new_replica, owned_by, plan, VmiRef};
 
@@ -27,17 +28,7 @@ pub async fn reconcile(
     rs: Arc<VirtualMachineInstanceReplicaSet>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let (_, ns) = name_ns(&*rs)?;
-    let api: Api<VirtualMachineInstanceReplicaSet> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer_result(
-        finalizer(&api, FINALIZER, rs, |event| async {
-            match event {
-                FinalizerEvent::Apply(rs) => apply(rs, &ctx, &api).await,
-                FinalizerEvent::Cleanup(rs) => cleanup(rs, &ctx).await,
-            }
-        })
-        .await,
-    )
+    reconcile_with_finalizer(rs, &ctx, FINALIZER, apply, cleanup).await
 }
 
 /// Expectations key of a VMIRS.
