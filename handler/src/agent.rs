@@ -44,6 +44,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
 use microvirt_crds::control::{self, ControlCommand, ControlRequest, ControlResult, ParseError};
+use microvirt_crds::launcher_state::LauncherState;
 use microvirt_crds::pool::LABEL_POOL_ROLE;
 use microvirt_crds::vmi::{
     VirtualMachineInstance, VmiCondition, ANNOTATION_BOOT_TIME_MS, ANNOTATION_CONTROL_REQUEST,
@@ -364,7 +365,7 @@ async fn launcher_task(
                             // The launcher removes its socket when it exits: not paused any
                             // more, and its VM does not run.
                             st.want_paused = Some(false);
-                            st.state = Some("stopped".into());
+                            st.state = Some(LauncherState::Stopped);
                             st.flush().await;
                         }
                         continue 'connect;
@@ -397,7 +398,7 @@ struct TaskState {
     /// The pod is a VM pool's unclaimed warm member (label `microvirt.io/pool-role=warm`).
     warm: bool,
     /// The launcher's state as last seen (None: not reached yet).
-    state: Option<String>,
+    state: Option<LauncherState>,
     /// The launcher says the guest booted.
     booted: bool,
     /// The readiness gate as last read from the pod or written: status, reason and when its
@@ -432,7 +433,7 @@ impl TaskState {
 
     /// The readiness gate the launcher's state asks for (None before the launcher was reached).
     fn want_gate(&self) -> Option<(bool, &'static str)> {
-        Some(gate_for(self.state.as_deref()?, self.warm))
+        Some(gate_for(self.state.as_ref()?, self.warm))
     }
 
     /// Whether a write is still to be done (and so retried).
@@ -589,7 +590,7 @@ impl TaskState {
                 match launcher::request_json(&self.socket, &req, SNAPSHOT_TIMEOUT).await {
                     Ok(answer) => {
                         self.want_paused = Some(true);
-                        self.state = Some("paused".into());
+                        self.state = Some(LauncherState::Paused);
                         tracing::info!("pod {}: snapshot taken: {answer}", self.pod_name);
                         ControlResult::ok(&id, self.host_facts.clone())
                     }
@@ -634,14 +635,17 @@ struct Gate {
 /// unclaimed warm member (`warm`) waits paused after its restore — Ready to be claimed, as the
 /// pool counts it; `False` (with why) otherwise. A paused VMI's pod is not Ready (KubeVirt's
 /// `kubevirt.io/virtual-machine-unpaused` gate does the same).
-pub fn gate_for(state: &str, warm: bool) -> (bool, &'static str) {
+pub fn gate_for(state: &LauncherState, warm: bool) -> (bool, &'static str) {
     match state {
-        "running" => (true, REASON_VM_RUNNING),
-        "paused" if warm => (true, REASON_WARM_MEMBER),
-        "paused" => (false, REASON_VM_PAUSED),
-        "starting" => (false, REASON_VM_STARTING),
+        LauncherState::Running => (true, REASON_VM_RUNNING),
+        LauncherState::Paused if warm => (true, REASON_WARM_MEMBER),
+        LauncherState::Paused => (false, REASON_VM_PAUSED),
+        LauncherState::Starting => (false, REASON_VM_STARTING),
         // shutting-down, stopping, stopped, or a state a newer launcher has.
-        _ => (false, REASON_VM_STOPPED),
+        LauncherState::ShuttingDown
+        | LauncherState::Stopping
+        | LauncherState::Stopped
+        | LauncherState::Other(_) => (false, REASON_VM_STOPPED),
     }
 }
 
@@ -832,14 +836,16 @@ mod tests {
 
     #[test]
     fn the_readiness_gate_follows_the_launchers_state() {
-        assert_eq!(gate_for("running", false), (true, "VMRunning"));
-        assert_eq!(gate_for("running", true), (true, "VMRunning"));
-        assert_eq!(gate_for("paused", false), (false, "VMPaused"));
-        assert_eq!(gate_for("paused", true), (true, "RestoredPaused"));
-        assert_eq!(gate_for("starting", false), (false, "VMStarting"));
+        // As the launcher writes them.
+        let gate = |s: &str, warm| gate_for(&LauncherState::parse(s), warm);
+        assert_eq!(gate("running", false), (true, "VMRunning"));
+        assert_eq!(gate("running", true), (true, "VMRunning"));
+        assert_eq!(gate("paused", false), (false, "VMPaused"));
+        assert_eq!(gate("paused", true), (true, "RestoredPaused"));
+        assert_eq!(gate("starting", false), (false, "VMStarting"));
         for s in ["shutting-down", "stopping", "stopped", "something-new"] {
-            assert_eq!(gate_for(s, false), (false, "VMStopped"), "{s}");
-            assert!(!gate_for(s, true).0, "{s}");
+            assert_eq!(gate(s, false), (false, "VMStopped"), "{s}");
+            assert!(!gate(s, true).0, "{s}");
         }
     }
 }
