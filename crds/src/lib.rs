@@ -12,8 +12,12 @@
 //! All of the above needs feature `kube` (default). Without it the crate is only its kube-free
 //! part, which `virt-launcher` uses so that operator and launcher share one implementation:
 //! [`quantity`] (Kubernetes quantities → bytes) and [`termination`] (the launcher's termination
-//! message).
+//! message); [`launcher_state`] (the launcher's state, as its control socket reports it to the
+//! node agent); and [`control`], the launcher pod's control annotations that operator and node
+//! agent share.
 
+pub mod control;
+pub mod launcher_state;
 #[cfg(feature = "kube")]
 pub mod pool;
 #[cfg(feature = "kube")]

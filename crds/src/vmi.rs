@@ -26,13 +26,9 @@ pub const ANNOTATION_PRESETS_APPLIED: &str = "microvirt.io/presets-applied";
 /// Annotation on launcher pods: milliseconds from VMM start to guest booted (set by the node
 /// agent `virt-handler` while the pod runs; read by the operator into `status.bootTimeMs`).
 pub const ANNOTATION_BOOT_TIME_MS: &str = "microvirt.io/boot-time-ms";
-/// Annotation on launcher pods, written by the operator: `<id> <command>` asks the node agent to
-/// send `<command>` (`pause` or `unpause`) to the launcher once per `<id>` (a token without
-/// spaces, new for every request). The warm-pool claim path ("resume this launcher now").
-pub const ANNOTATION_CONTROL_REQUEST: &str = "microvirt.io/control-request";
-/// Annotation on launcher pods, written by the node agent when it has carried out a control
-/// request: `<id> ok` or `<id> error <message>`.
-pub const ANNOTATION_CONTROL_RESULT: &str = "microvirt.io/control-result";
+/// The launcher pod's control annotations (operator → node agent → launcher); their values are
+/// [`crate::control::ControlRequest`] and [`crate::control::ControlResult`].
+pub use crate::control::{ANNOTATION_CONTROL_REQUEST, ANNOTATION_CONTROL_RESULT};
 /// Name of the interface and the network a VMI gets when it declares neither (KubeVirt's
 /// `autoattachPodInterface`).
 pub const DEFAULT_NETWORK_NAME: &str = "default";

@@ -19,9 +19,10 @@
 //!   `microvirt.io/boot-time-ms` once the guest signalled boot through the boot timer;
 //! - carries out control requests that the operator writes on the pod (annotation
 //!   `microvirt.io/control-request: <id> pause|unpause|snapshot`) once per id and answers with
-//!   `microvirt.io/control-result: <id> ok|error <message>` — the path a warm-pool claim uses
-//!   to resume a paused launcher without creating a pod, and the one a pool's builder is
-//!   snapshotted through (`snapshot`: the launcher writes into its pod's snapshot mount,
+//!   `microvirt.io/control-result: <id> ok|error <message>` (the grammar:
+//!   [`microvirt_crds::control`]) — the path a warm-pool claim uses to resume a paused
+//!   launcher without creating a pod, and the one a pool's builder is snapshotted through
+//!   (`snapshot`: the launcher writes into its pod's snapshot mount,
 //!   `/var/run/microvirt/snapshot`; the answer is `<id> ok <host facts>`), see
 //!   docs/node-agent.md and docs/pools.md;
 //! - follows a pool's warm member when it is claimed: from then on the pod names a VMI (label
@@ -42,6 +43,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Client, ResourceExt};
+use microvirt_crds::control::{self, ControlCommand, ControlRequest, ControlResult, ParseError};
+use microvirt_crds::launcher_state::LauncherState;
 use microvirt_crds::pool::LABEL_POOL_ROLE;
 use microvirt_crds::vmi::{
     VirtualMachineInstance, VmiCondition, ANNOTATION_BOOT_TIME_MS, ANNOTATION_CONTROL_REQUEST,
@@ -72,8 +75,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// for how many tries (5 s) before it falls back to [`AgentConfig::retry`].
 const FAST_CONNECT: Duration = Duration::from_millis(20);
 const FAST_CONNECT_TRIES: u32 = 250;
-/// Commands a control request may carry.
-pub const CONTROL_COMMANDS: &[&str] = &["pause", "unpause", "snapshot"];
 /// How long a launcher may take to write a snapshot.
 pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -118,31 +119,25 @@ impl AgentConfig {
     }
 }
 
-/// A control request parsed from the pod annotation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ControlRequest {
-    pub id: String,
-    pub command: String,
-}
-
-impl ControlRequest {
-    /// `<id> <command>`; None when the annotation is malformed.
-    pub fn parse(s: &str) -> Option<Self> {
-        let mut it = s.split_whitespace();
-        let (id, command) = (it.next()?, it.next()?);
-        if it.next().is_some() {
-            return None;
+/// The error message the agent answers an unreadable control request `raw` with.
+fn refusal(raw: &str, err: &ParseError) -> String {
+    let names = ControlCommand::ALL.map(ControlCommand::as_str);
+    match err {
+        ParseError::UnknownCommand(c) => {
+            let mut list = String::new();
+            for (i, name) in names.iter().enumerate() {
+                if i > 0 {
+                    list.push_str(if i + 1 == names.len() { " or " } else { ", " });
+                }
+                list.push_str(name);
+            }
+            format!("unknown command {c:?} (want {list})")
         }
-        Some(Self {
-            id: id.into(),
-            command: command.into(),
-        })
+        _ => format!(
+            "malformed request {raw:?} (want \"<id> {}\")",
+            names.join("|")
+        ),
     }
-}
-
-/// The id a result annotation answers.
-fn result_id(s: &str) -> Option<&str> {
-    s.split_whitespace().next()
 }
 
 /// Whether a container of the pod runs.
@@ -316,7 +311,7 @@ async fn launcher_task(
         handled: pod
             .annotations()
             .get(ANNOTATION_CONTROL_RESULT)
-            .and_then(|r| result_id(r))
+            .and_then(|r| control::id_of(r))
             .map(str::to_string),
         want_boot_ms: None,
     };
@@ -370,7 +365,7 @@ async fn launcher_task(
                             // The launcher removes its socket when it exits: not paused any
                             // more, and its VM does not run.
                             st.want_paused = Some(false);
-                            st.state = Some("stopped".into());
+                            st.state = Some(LauncherState::Stopped);
                             st.flush().await;
                         }
                         continue 'connect;
@@ -403,7 +398,7 @@ struct TaskState {
     /// The pod is a VM pool's unclaimed warm member (label `microvirt.io/pool-role=warm`).
     warm: bool,
     /// The launcher's state as last seen (None: not reached yet).
-    state: Option<String>,
+    state: Option<LauncherState>,
     /// The launcher says the guest booted.
     booted: bool,
     /// The readiness gate as last read from the pod or written: status, reason and when its
@@ -438,7 +433,7 @@ impl TaskState {
 
     /// The readiness gate the launcher's state asks for (None before the launcher was reached).
     fn want_gate(&self) -> Option<(bool, &'static str)> {
-        Some(gate_for(self.state.as_deref()?, self.warm))
+        Some(gate_for(self.state.as_ref()?, self.warm))
     }
 
     /// Whether a write is still to be done (and so retried).
@@ -578,51 +573,42 @@ impl TaskState {
         let done = pod
             .annotations()
             .get(ANNOTATION_CONTROL_RESULT)
-            .and_then(|r| result_id(r));
-        let req = ControlRequest::parse(raw);
-        let id = match &req {
-            Some(r) => r.id.clone(),
-            None => raw.split_whitespace().next().unwrap_or("").to_string(),
+            .and_then(|r| control::id_of(r));
+        // A malformed request is answered too, under its first field.
+        let Some(id) = control::id_of(raw).map(str::to_string) else {
+            return;
         };
-        if id.is_empty() || done == Some(id.as_str()) || self.handled.as_deref() == Some(&id) {
+        if done == Some(id.as_str()) || self.handled.as_deref() == Some(&id) {
             return;
         }
-        let result = match req {
-            None => format!(
-                "{id} error malformed request {raw:?} (want \"<id> pause|unpause|snapshot\")"
-            ),
-            Some(r) if !CONTROL_COMMANDS.contains(&r.command.as_str()) => format!(
-                "{id} error unknown command {:?} (want pause, unpause or snapshot)",
-                r.command
-            ),
-            Some(r) if r.command == "snapshot" => {
+        let result = match ControlRequest::parse(raw) {
+            Err(e) => ControlResult::error(&id, refusal(raw, &e)),
+            Ok(r) if r.command == ControlCommand::Snapshot => {
                 // No `dir`: the launcher writes into its pod's snapshot mount
                 // (`/var/run/microvirt/snapshot`); the agent never names a path in the pod.
                 let req = json!({"cmd": "snapshot"});
                 match launcher::request_json(&self.socket, &req, SNAPSHOT_TIMEOUT).await {
                     Ok(answer) => {
                         self.want_paused = Some(true);
-                        self.state = Some("paused".into());
+                        self.state = Some(LauncherState::Paused);
                         tracing::info!("pod {}: snapshot taken: {answer}", self.pod_name);
-                        match &self.host_facts {
-                            Some(f) => format!("{id} ok {f}"),
-                            None => format!("{id} ok"),
-                        }
+                        ControlResult::ok(&id, self.host_facts.clone())
                     }
-                    Err(e) => format!("{id} error {e}"),
+                    Err(e) => ControlResult::error(&id, e.to_string()),
                 }
             }
-            Some(r) => match launcher::request(&self.socket, &r.command).await {
+            Ok(r) => match launcher::request(&self.socket, r.command.as_str()).await {
                 Ok(answer) => {
                     if let Ok(s) = LauncherStatus::from_answer(&answer) {
                         self.want_paused = Some(s.paused());
                         self.state = Some(s.state);
                     }
-                    format!("{id} ok")
+                    ControlResult::ok(&id, None)
                 }
-                Err(e) => format!("{id} error {e}"),
+                Err(e) => ControlResult::error(&id, e.to_string()),
             },
-        };
+        }
+        .to_string();
         tracing::info!("pod {}: control request: {result}", self.pod_name);
         let patch = json!({"metadata": {"annotations": {ANNOTATION_CONTROL_RESULT: result}}});
         match self
@@ -649,14 +635,17 @@ struct Gate {
 /// unclaimed warm member (`warm`) waits paused after its restore — Ready to be claimed, as the
 /// pool counts it; `False` (with why) otherwise. A paused VMI's pod is not Ready (KubeVirt's
 /// `kubevirt.io/virtual-machine-unpaused` gate does the same).
-pub fn gate_for(state: &str, warm: bool) -> (bool, &'static str) {
+pub fn gate_for(state: &LauncherState, warm: bool) -> (bool, &'static str) {
     match state {
-        "running" => (true, REASON_VM_RUNNING),
-        "paused" if warm => (true, REASON_WARM_MEMBER),
-        "paused" => (false, REASON_VM_PAUSED),
-        "starting" => (false, REASON_VM_STARTING),
+        LauncherState::Running => (true, REASON_VM_RUNNING),
+        LauncherState::Paused if warm => (true, REASON_WARM_MEMBER),
+        LauncherState::Paused => (false, REASON_VM_PAUSED),
+        LauncherState::Starting => (false, REASON_VM_STARTING),
         // shutting-down, stopping, stopped, or a state a newer launcher has.
-        _ => (false, REASON_VM_STOPPED),
+        LauncherState::ShuttingDown
+        | LauncherState::Stopping
+        | LauncherState::Stopped
+        | LauncherState::Other(_) => (false, REASON_VM_STOPPED),
     }
 }
 
@@ -826,34 +815,37 @@ mod tests {
     use super::*;
 
     #[test]
-    fn control_requests_parse() {
+    fn unreadable_control_requests_are_refused_with_what_is_wanted() {
+        let answer = |raw: &str| {
+            let e = ControlRequest::parse(raw).unwrap_err();
+            ControlResult::error(control::id_of(raw).unwrap(), refusal(raw, &e)).to_string()
+        };
         assert_eq!(
-            ControlRequest::parse("claim-7 unpause"),
-            Some(ControlRequest {
-                id: "claim-7".into(),
-                command: "unpause".into()
-            })
+            answer("r2 reboot"),
+            "r2 error unknown command \"reboot\" (want pause, unpause or snapshot)"
         );
         assert_eq!(
-            ControlRequest::parse("  a   pause "),
-            ControlRequest::parse("a pause")
+            answer("r3"),
+            "r3 error malformed request \"r3\" (want \"<id> pause|unpause|snapshot\")"
         );
-        assert_eq!(ControlRequest::parse("onlyid"), None);
-        assert_eq!(ControlRequest::parse("a b c"), None);
-        assert_eq!(ControlRequest::parse(""), None);
-        assert_eq!(result_id("claim-7 error boom"), Some("claim-7"));
+        assert_eq!(
+            answer("a b c"),
+            "a error malformed request \"a b c\" (want \"<id> pause|unpause|snapshot\")"
+        );
     }
 
     #[test]
     fn the_readiness_gate_follows_the_launchers_state() {
-        assert_eq!(gate_for("running", false), (true, "VMRunning"));
-        assert_eq!(gate_for("running", true), (true, "VMRunning"));
-        assert_eq!(gate_for("paused", false), (false, "VMPaused"));
-        assert_eq!(gate_for("paused", true), (true, "RestoredPaused"));
-        assert_eq!(gate_for("starting", false), (false, "VMStarting"));
+        // As the launcher writes them.
+        let gate = |s: &str, warm| gate_for(&LauncherState::parse(s), warm);
+        assert_eq!(gate("running", false), (true, "VMRunning"));
+        assert_eq!(gate("running", true), (true, "VMRunning"));
+        assert_eq!(gate("paused", false), (false, "VMPaused"));
+        assert_eq!(gate("paused", true), (true, "RestoredPaused"));
+        assert_eq!(gate("starting", false), (false, "VMStarting"));
         for s in ["shutting-down", "stopping", "stopped", "something-new"] {
-            assert_eq!(gate_for(s, false), (false, "VMStopped"), "{s}");
-            assert!(!gate_for(s, true).0, "{s}");
+            assert_eq!(gate(s, false), (false, "VMStopped"), "{s}");
+            assert!(!gate(s, true).0, "{s}");
         }
     }
 }

@@ -11,6 +11,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use microvirt_crds::launcher_state::LauncherState;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -78,8 +79,8 @@ pub async fn connect(path: &Path) -> Result<UnixStream, LauncherError> {
 /// What the agent needs from a `status` answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LauncherStatus {
-    /// starting, running, paused, shutting-down, stopped (or a newer launcher's state).
-    pub state: String,
+    /// As the launcher wrote it (a newer launcher's state is kept as `Other`).
+    pub state: LauncherState,
     pub booted: bool,
     pub boot_time_ms: Option<u64>,
 }
@@ -93,7 +94,7 @@ impl LauncherStatus {
             .and_then(Value::as_str)
             .ok_or_else(|| LauncherError::BadAnswer(format!("no state in {v}")))?;
         Ok(Self {
-            state: state.to_string(),
+            state: LauncherState::parse(state),
             booted: v.get("booted").and_then(Value::as_bool).unwrap_or(false),
             boot_time_ms: v.get("bootTimeMs").and_then(Value::as_u64),
         })
@@ -101,7 +102,7 @@ impl LauncherStatus {
 
     /// Whether the vCPUs are paused.
     pub fn paused(&self) -> bool {
-        self.state == "paused"
+        self.state == LauncherState::Paused
     }
 }
 

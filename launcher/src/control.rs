@@ -5,7 +5,7 @@
 //!
 //! | cmd | effect | answer fields |
 //! |---|---|---|
-//! | `status` | none | `name`, `state` (starting, running, paused, shutting-down, stopped), `booted`, `bootTimeMs`, `vcpus`, `memMiB`, `disks`, `network`, `vmmSeccomp` (seccomp mode of the VMM thread: 2 = filter), `capEff` (the VMM thread's effective capabilities, hex), `threads` (every thread: `tid`, `name`, `seccomp`, `noNewPrivs`, `capEff`), `consoleDroppedBytes` (guest console output dropped because its reader fell behind) |
+//! | `status` | none | `name`, `state` (starting, running, paused, shutting-down, stopped: `microvirt_crds::launcher_state`), `booted`, `bootTimeMs`, `vcpus`, `memMiB`, `disks`, `network`, `vmmSeccomp` (seccomp mode of the VMM thread: 2 = filter), `capEff` (the VMM thread's effective capabilities, hex), `threads` (every thread: `tid`, `name`, `seccomp`, `noNewPrivs`, `capEff`), `consoleDroppedBytes` (guest console output dropped because its reader fell behind) |
 //! | `pause` | pause the vCPUs | `state` |
 //! | `unpause` (or `resume`) | resume the vCPUs | `state` |
 //! | `shutdown` | graceful: Ctrl-Alt-Del, hard stop after the grace period | `state` |
@@ -40,6 +40,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
+use microvirt_crds::launcher_state::LauncherState;
 use serde_json::{json, Value};
 use vmm::{Action, VmmController};
 
@@ -159,7 +160,7 @@ fn status_json(ctx: &Context) -> Value {
     json!({
         "ok": true,
         "name": s.name,
-        "state": s.state,
+        "state": s.state.as_str(),
         "booted": s.boot_time_ms.is_some(),
         "bootTimeMs": s.boot_time_ms,
         "reboots": s.reboots,
@@ -178,7 +179,7 @@ fn status_json(ctx: &Context) -> Value {
 pub const WATCH_KEEPALIVE: Duration = Duration::from_secs(30);
 
 /// What a `watch` client is told about: a new line is sent when this changes.
-fn watched(s: &Status) -> (String, bool, u64) {
+fn watched(s: &Status) -> (LauncherState, bool, u64) {
     (s.state.clone(), s.boot_time_ms.is_some(), s.reboots)
 }
 
@@ -190,7 +191,7 @@ fn watch(w: &mut UnixStream, ctx: &Context) -> std::io::Result<()> {
             Err(_) => return Ok(()),
         };
         reply(w, &status_json(ctx))?;
-        if now.0 == "stopped" {
+        if now.0 == LauncherState::Stopped {
             return Ok(());
         }
         ctx.status
@@ -204,26 +205,27 @@ fn reply(w: &mut UnixStream, v: &Value) -> std::io::Result<()> {
     w.write_all(line.as_bytes())
 }
 
-fn action(ctx: &Context, a: Action, state: &str) -> Value {
+fn action(ctx: &Context, a: Action, state: LauncherState) -> Value {
     // A resume says "running" before the vCPUs go: the first resume of a restored VM records
     // its boot time while the VMM handles the request, and a `watch` client must not see
     // "booted" with the old "paused" in between (the node agent would report a pause that
     // never was). A refused request puts the old state back.
     let before = if a == Action::Resume {
         let old = ctx.status.lock().ok().map(|s| s.state.clone());
-        set_state(&ctx.status, state);
+        set_state(&ctx.status, state.clone());
         old
     } else {
         None
     };
     match ctx.controller.request(a) {
         Ok(_) => {
+            let answer = json!({"ok": true, "state": state.as_str()});
             set_state(&ctx.status, state);
-            json!({"ok": true, "state": state})
+            answer
         }
         Err(e) => {
             if let Some(old) = before {
-                set_state(&ctx.status, &old);
+                set_state(&ctx.status, old);
             }
             json!({"ok": false, "error": e})
         }
@@ -254,8 +256,8 @@ fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
         let cmd = req.get("cmd").and_then(Value::as_str).unwrap_or("");
         let answer = match cmd {
             "status" => status_json(ctx),
-            "pause" => action(ctx, Action::Pause, "paused"),
-            "unpause" | "resume" => action(ctx, Action::Resume, "running"),
+            "pause" => action(ctx, Action::Pause, LauncherState::Paused),
+            "unpause" | "resume" => action(ctx, Action::Resume, LauncherState::Running),
             "snapshot" => {
                 let mut req = req.clone();
                 if req.get("dir").is_none() {
@@ -265,16 +267,26 @@ fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
                 }
                 let answer = vmm::control::snapshot_command(&ctx.controller, &req);
                 if answer.get("ok") == Some(&Value::Bool(true)) {
-                    set_state(&ctx.status, "paused");
+                    set_state(&ctx.status, LauncherState::Paused);
                 }
                 answer
             }
             "shutdown" => {
-                answer_then_send(&mut writer, ctx, Event::ShutdownRequested, "shutting-down")?;
+                answer_then_send(
+                    &mut writer,
+                    ctx,
+                    Event::ShutdownRequested,
+                    LauncherState::ShuttingDown,
+                )?;
                 continue;
             }
             "stop" => {
-                answer_then_send(&mut writer, ctx, Event::StopRequested, "stopping")?;
+                answer_then_send(
+                    &mut writer,
+                    ctx,
+                    Event::StopRequested,
+                    LauncherState::Stopping,
+                )?;
                 continue;
             }
             "console" => {
@@ -305,9 +317,9 @@ fn answer_then_send(
     w: &mut UnixStream,
     ctx: &Context,
     event: Event,
-    state: &str,
+    state: LauncherState,
 ) -> std::io::Result<()> {
-    let answered = reply(w, &json!({"ok": true, "state": state}));
+    let answered = reply(w, &json!({"ok": true, "state": state.as_str()}));
     let _ = w.flush();
     let _ = ctx.events.send(event);
     answered

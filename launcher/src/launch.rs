@@ -5,6 +5,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use microvirt_crds::launcher_state::LauncherState;
 use vmm::devices::virtio::net::MacAddr;
 use vmm::devices::virtio::NetConfig;
 use vmm::timing::Clock;
@@ -343,7 +344,8 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
     let grace = grace.saturating_sub(opts.grace_reserve.min(grace / 2));
     let status = Status {
         name: doc.name().to_string(),
-        state: String::new(),
+        // `run` sets it again as it starts (nothing reads it before).
+        state: LauncherState::Starting,
         boot_time_ms: None,
         vcpus: vm.vcpus,
         mem_mib: vm.mem_mib,

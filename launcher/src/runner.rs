@@ -6,6 +6,7 @@ use std::sync::mpsc::{channel, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use microvirt_crds::launcher_state::LauncherState;
 use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
 use vmm::devices::legacy::boot_timer::BootTime;
 use vmm::devices::legacy::serial::OutputQueue;
@@ -285,7 +286,7 @@ pub fn run(
     rx: std::sync::mpsc::Receiver<Event>,
 ) -> Outcome {
     let status: SharedStatus = Arc::new(StatusCell::new(cfg.status.clone()));
-    set_state(&status, "starting");
+    set_state(&status, LauncherState::Starting);
     if let Some(m) = &cfg.booted_marker {
         let _ = std::fs::remove_file(m);
     }
@@ -296,7 +297,11 @@ pub fn run(
     };
     status.update(|s| {
         let paused = cfg.start_paused || cfg.restore.as_ref().is_some_and(|r| r.paused);
-        s.state = if paused { "paused" } else { "running" }.into();
+        s.state = if paused {
+            LauncherState::Paused
+        } else {
+            LauncherState::Running
+        };
         s.vmm_tid = Some(tid);
         s.console = console.clone();
     });
@@ -405,8 +410,11 @@ pub fn run(
                     "asking the guest to shut down (grace period {} s)",
                     cfg.grace.as_secs_f64()
                 );
-                let was_paused = status.lock().map(|s| s.state == "paused").unwrap_or(false);
-                set_state(&status, "shutting-down");
+                let was_paused = status
+                    .lock()
+                    .map(|s| s.state == LauncherState::Paused)
+                    .unwrap_or(false);
+                set_state(&status, LauncherState::ShuttingDown);
                 if was_paused {
                     // A paused guest cannot react; resume it first.
                     let _ = controller.request(Action::Resume);
@@ -442,7 +450,7 @@ pub fn run(
     if let Ok((_, timings)) = &result {
         log::info!("VM exits: {}", timings.exits.summary());
     }
-    set_state(&status, "stopped");
+    set_state(&status, LauncherState::Stopped);
     if let Some(dropped) = console.as_ref().map(|q| q.dropped()).filter(|d| *d > 0) {
         log::warn!("{dropped} bytes of guest console output were dropped: the console reader did not keep up");
     }

@@ -5,6 +5,7 @@
 use std::sync::{Arc, Condvar, LockResult, Mutex, MutexGuard};
 use std::time::Duration;
 
+use microvirt_crds::launcher_state::LauncherState;
 use vmm::builder::RunTimings;
 use vmm::devices::legacy::boot_timer::BootTime;
 use vmm::devices::legacy::serial::OutputQueue;
@@ -28,7 +29,7 @@ pub enum Event {
 #[derive(Clone, Debug, Default)]
 pub struct Status {
     pub name: String,
-    pub state: String,
+    pub state: LauncherState,
     pub boot_time_ms: Option<u64>,
     pub vcpus: u64,
     pub mem_mib: u64,
@@ -82,6 +83,6 @@ impl StatusCell {
 
 pub type SharedStatus = Arc<StatusCell>;
 
-pub fn set_state(status: &SharedStatus, state: &str) {
-    status.update(|s| s.state = state.to_string());
+pub fn set_state(status: &SharedStatus, state: LauncherState) {
+    status.update(|s| s.state = state);
 }

@@ -28,6 +28,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
+use microvirt_crds::control::{self, ControlCommand, ControlRequest, ControlResult};
 use microvirt_crds::pool::{ANNOTATION_HOST_FACTS, LABEL_POOL, LABEL_POOL_ROLE};
 use microvirt_crds::vmi::{ANNOTATION_CONTROL_REQUEST, ANNOTATION_CONTROL_RESULT};
 use microvirt_crds::{
@@ -75,18 +76,13 @@ async fn sim_node(pods: Api<Pod>) {
         let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
         let a = p.annotations();
         let answer = a.get(ANNOTATION_CONTROL_REQUEST).and_then(|req| {
-            let mut it = req.split_whitespace();
-            let (id, cmd) = (it.next()?, it.next()?);
+            let req = ControlRequest::parse(req).ok()?;
             let answered = a
                 .get(ANNOTATION_CONTROL_RESULT)
-                .is_some_and(|r| r.split_whitespace().next() == Some(id));
-            (!answered).then(|| {
-                if cmd == "snapshot" {
-                    format!("{id} ok {FACTS}")
-                } else {
-                    format!("{id} ok")
-                }
-            })
+                .and_then(|r| control::id_of(r))
+                == Some(req.id.as_str());
+            let facts = (req.command == ControlCommand::Snapshot).then(|| FACTS.to_string());
+            (!answered).then(|| ControlResult::ok(req.id, facts).to_string())
         });
         let key = format!("{name}/{bound}/{running}/{answer:?}");
         if !busy.lock().unwrap().insert(key.clone()) {
@@ -171,10 +167,10 @@ fn claim_clock(
             let a = p.annotations();
             let req = a
                 .get(ANNOTATION_CONTROL_REQUEST)
-                .and_then(|r| r.split_whitespace().next());
+                .and_then(|r| control::id_of(r));
             let answered = req.is_some()
                 && a.get(ANNOTATION_CONTROL_RESULT)
-                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|r| control::id_of(r))
                     == req;
             let now = Instant::now();
             let mut g = st.lock().unwrap();

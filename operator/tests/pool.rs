@@ -15,6 +15,7 @@ use common::*;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
+use microvirt_crds::control::{self, ControlCommand, ControlRequest, ControlResult};
 use microvirt_crds::pool::{SnapshotPhase, ANNOTATION_HOST_FACTS, LABEL_POOL_ROLE, LABEL_SNAPSHOT};
 use microvirt_crds::vmi::{
     ANNOTATION_CONTROL_REQUEST, ANNOTATION_CONTROL_RESULT, ANNOTATION_VMI_UID, LABEL_VMI_NAME,
@@ -92,20 +93,17 @@ async fn fake_node(client: Client, ns: String, node: String, log: Arc<NodeLog>) 
                 let Some(req) = a.get(ANNOTATION_CONTROL_REQUEST) else {
                     continue;
                 };
-                let mut it = req.split_whitespace();
-                let (Some(id), Some(cmd)) = (it.next(), it.next()) else {
+                let Ok(r) = ControlRequest::parse(req) else {
                     continue;
                 };
                 if a.get(ANNOTATION_CONTROL_RESULT)
-                    .is_some_and(|r| r.split_whitespace().next() == Some(id))
+                    .and_then(|r| control::id_of(r))
+                    == Some(r.id.as_str())
                 {
                     continue;
                 }
-                let result = if cmd == "snapshot" {
-                    format!("{id} ok {FACTS}")
-                } else {
-                    format!("{id} ok")
-                };
+                let facts = (r.command == ControlCommand::Snapshot).then(|| FACTS.to_string());
+                let result = ControlResult::ok(r.id, facts).to_string();
                 let patch =
                     json!({"metadata": {"annotations": {ANNOTATION_CONTROL_RESULT: result}}});
                 if pods

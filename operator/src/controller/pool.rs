@@ -19,6 +19,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
+use microvirt_crds::control::{ControlCommand, ControlRequest};
 use microvirt_crds::pool::{MemberRole, LABEL_POOL, LABEL_SNAPSHOT};
 use microvirt_crds::vmi::ANNOTATION_CONTROL_REQUEST;
 use microvirt_crds::{VirtualMachineInstance, VirtualMachinePool};
@@ -28,7 +29,7 @@ use super::{
     apply_status, is_conflict, is_not_found, name_ns, reconcile_with_finalizer, Context, Error,
 };
 use crate::config::FIELD_MANAGER;
-use crate::pool::members::{self, EffectiveTemplate, SNAPSHOT_COMMAND};
+use crate::pool::members::{self, EffectiveTemplate};
 use crate::pool::plan::{self, Inputs, Step};
 use crate::pool::snapshot::NodeView;
 use crate::pool::PoolExpectations;
@@ -426,8 +427,9 @@ impl Run<'_> {
     }
 
     async fn request_snapshot(&self, pod: &str, id: &str) -> Result<(), Error> {
+        let request = ControlRequest::new(id, ControlCommand::Snapshot);
         let patch = json!({"metadata": {"annotations": {
-            ANNOTATION_CONTROL_REQUEST: format!("{id} {SNAPSHOT_COMMAND}"),
+            ANNOTATION_CONTROL_REQUEST: request.to_string(),
         }}});
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),

@@ -9,6 +9,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
+use microvirt_crds::control::{
+    self, ControlCommand, ControlOutcome, ControlRequest, ControlResult,
+};
 use microvirt_crds::pool::{
     MemberRole, ANNOTATION_CLAIMED_FROM, ANNOTATION_POOL_UID, LABEL_POOL, LABEL_POOL_ROLE,
     LABEL_SNAPSHOT, LABEL_TEMPLATE_HASH,
@@ -38,8 +41,6 @@ pub const ENV_RESTORE: &str = "MICROVIRT_RESTORE";
 pub const ENV_RESTORE_PAUSED: &str = "MICROVIRT_RESTORE_PAUSED";
 /// Prefix of every launcher pod name.
 pub const POD_PREFIX: &str = "virt-launcher-";
-/// Node agent control command that takes the snapshot (into [`SNAPSHOT_MOUNT`]).
-pub const SNAPSHOT_COMMAND: &str = "snapshot";
 
 /// The template as the pool's members run it: presets applied, and its hash.
 #[derive(Clone, Debug, PartialEq)]
@@ -151,31 +152,23 @@ pub fn snapshot_request_id(snapshot_id: &str) -> String {
 /// What the node agent answered to control request `id` on `pod`: `None` while unanswered,
 /// `Some(Ok(detail))` (text after `ok`, possibly empty) or `Some(Err(message))`.
 pub fn control_result(pod: &Pod, id: &str) -> Option<Result<String, String>> {
-    let r = pod.annotations().get(ANNOTATION_CONTROL_RESULT)?;
-    let rest = r.strip_prefix(id)?;
-    if !(rest.is_empty() || rest.starts_with(' ')) {
+    let r = ControlResult::parse(pod.annotations().get(ANNOTATION_CONTROL_RESULT)?).ok()?;
+    if r.id != id {
         return None;
     }
-    let rest = rest.trim_start();
-    if let Some(detail) = rest.strip_prefix("ok") {
-        if detail.is_empty() || detail.starts_with(' ') {
-            return Some(Ok(detail.trim().to_string()));
+    Some(match r.outcome {
+        ControlOutcome::Ok(detail) => Ok(detail.unwrap_or_default()),
+        ControlOutcome::Error(msg) if msg.is_empty() => {
+            Err("the node agent reported an error".into())
         }
-    }
-    let msg = rest.strip_prefix("error").unwrap_or(rest).trim();
-    Some(Err(if msg.is_empty() {
-        "the node agent reported an error".into()
-    } else {
-        msg.to_string()
-    }))
+        ControlOutcome::Error(msg) => Err(msg),
+    })
 }
 
-/// The id of the control request on `pod`, if any.
+/// The id of the control request on `pod`, if any (also of a malformed one, which the node
+/// agent answers under that id).
 pub fn control_request_id(pod: &Pod) -> Option<&str> {
-    pod.annotations()
-        .get(ANNOTATION_CONTROL_REQUEST)?
-        .split_whitespace()
-        .next()
+    control::id_of(pod.annotations().get(ANNOTATION_CONTROL_REQUEST)?)
 }
 
 /// The role label of a pod.
@@ -404,13 +397,14 @@ pub fn claim_patch(pod: &Pod, vmi: &VirtualMachineInstance) -> Value {
     labels.insert(LABEL_VMI_NAME.into(), json!(vmi_name));
     labels.insert(LABEL_POOL_ROLE.into(), json!(MemberRole::Claimed.as_str()));
     let owner: Option<OwnerReference> = vmi.controller_owner_ref(&());
+    let request = ControlRequest::new(claim_request_id(&uid), ControlCommand::Unpause);
     json!({
         "metadata": {
             "resourceVersion": pod.resource_version(),
             "labels": labels,
             "annotations": {
                 ANNOTATION_VMI_UID: uid,
-                ANNOTATION_CONTROL_REQUEST: format!("{} unpause", claim_request_id(&uid)),
+                ANNOTATION_CONTROL_REQUEST: request.to_string(),
             },
             "ownerReferences": owner.map(|o| vec![o]).unwrap_or_default(),
         }
