@@ -20,7 +20,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
 use microvirt_crds::vmi::{VirtualMachineInstance, VmiCondition};
-use microvirt_testsupport::{Cluster, ClusterOptions};
+use microvirt_testsupport::{Cluster, ClusterOptions, TempDir};
 use serde_json::json;
 
 const NS: &str = "t-agent";
@@ -76,24 +76,6 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// A temp directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("mvh-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// A child process killed on drop; its stderr goes to a file for failure messages.
@@ -441,7 +423,7 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
 
     // The launcher pod as the operator creates it, already bound to our node.
     let tmp = TempDir::new("agent");
-    let (mut launcher, runtime) = launch(&pods, &tmp.0, &bin, "vm1", &vmi_uid).await;
+    let (mut launcher, runtime) = launch(&pods, tmp.path(), &bin, "vm1", &vmi_uid).await;
     // A second VMI whose pod names another uid (as if the VMI had been re-created under the
     // same name while the old pod still ran): the agent must leave that VMI alone.
     let vmi2: VirtualMachineInstance = serde_json::from_value(json!({
@@ -454,7 +436,7 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     vmis.create(&PostParams::default(), &vmi2).await.unwrap();
     let (_launcher2, _) = launch(
         &pods,
-        &tmp.0,
+        tmp.path(),
         &bin,
         "vm2",
         "00000000-0000-0000-0000-000000000000",
@@ -465,7 +447,7 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     let kubeconfig = std::fs::read_to_string(kc).unwrap();
     let (head, tail) = kubeconfig.split_once("    token: ").unwrap();
     let (token, rest) = tail.split_once('\n').unwrap();
-    let sa_kubeconfig = tmp.0.join("handler.kubeconfig");
+    let sa_kubeconfig = tmp.join("handler.kubeconfig");
     std::fs::write(
         &sa_kubeconfig,
         format!("{head}    token: {token}\n    as: {SA}\n{rest}"),
@@ -475,10 +457,10 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
         Command::new(env!("CARGO_BIN_EXE_virt-handler"))
             .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
             .arg("--kubelet-root")
-            .arg(tmp.0.join("kubelet"))
+            .arg(tmp.join("kubelet"))
             .env("KUBECONFIG", &sa_kubeconfig)
             .env("RUST_LOG", "info,microvirt_handler=debug"),
-        tmp.0.join("handler.log"),
+        tmp.join("handler.log"),
     );
     let diag = |h: &Proc, l: &Proc| format!("handler:\n{}\nlauncher:\n{}", h.log(), l.log());
 
@@ -660,9 +642,9 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
         Command::new(env!("CARGO_BIN_EXE_virt-handler"))
             .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
             .arg("--kubelet-root")
-            .arg(tmp.0.join("kubelet"))
+            .arg(tmp.join("kubelet"))
             .env("KUBECONFIG", &sa_kubeconfig),
-        tmp.0.join("handler2.log"),
+        tmp.join("handler2.log"),
     );
     second.wait_log("node agent watching");
     handler.signal(libc::SIGTERM);
@@ -724,7 +706,7 @@ async fn claims_host_facts_and_unused_snapshots() {
 
     let bin = tokio::task::block_in_place(launcher_bin);
     let tmp = TempDir::new("pool-agent");
-    let (_cluster, client, sa_kubeconfig) = cluster_for_agent(&tmp.0).await;
+    let (_cluster, client, sa_kubeconfig) = cluster_for_agent(tmp.path()).await;
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let nodes: Api<Node> = Api::all(client.clone());
@@ -753,7 +735,7 @@ async fn claims_host_facts_and_unused_snapshots() {
         .unwrap();
     // Snapshot directories on the node: h-2 is current, h-0 is used by the warm member below,
     // h-1 is neither; the other pool no longer exists.
-    let root = tmp.0.join("snapshots");
+    let root = tmp.join("snapshots");
     let gone_pool = "00000000-dead-beef-0000-000000000000";
     for (uid, id) in [
         (pool_uid.as_str(), "h-0"),
@@ -769,7 +751,7 @@ async fn claims_host_facts_and_unused_snapshots() {
     // A pool's builder: the template booted cold.
     let (mut builder, builder_rt) = launch_with(
         &pods,
-        &tmp.0,
+        tmp.path(),
         &bin,
         "web-snap-h-0",
         json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/pool": "web",
@@ -784,13 +766,13 @@ async fn claims_host_facts_and_unused_snapshots() {
         Command::new(env!("CARGO_BIN_EXE_virt-handler"))
             .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
             .arg("--kubelet-root")
-            .arg(tmp.0.join("kubelet"))
+            .arg(tmp.join("kubelet"))
             .arg("--snapshot-root")
             .arg(&root)
             .args(["--snapshot-gc-interval-secs", "1"])
             .env("KUBECONFIG", &sa_kubeconfig)
             .env("RUST_LOG", "info,microvirt_handler=debug"),
-        tmp.0.join("handler-pool.log"),
+        tmp.join("handler-pool.log"),
     );
     let diag = |h: &Proc, l: &Proc| format!("handler:\n{}\nlauncher:\n{}", h.log(), l.log());
 
@@ -847,7 +829,7 @@ async fn claims_host_facts_and_unused_snapshots() {
     // VMI yet. It is Ready (probe) while paused.
     let (mut launcher, runtime) = launch_with(
         &pods,
-        &tmp.0,
+        tmp.path(),
         &bin,
         "web-abcde",
         json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/pool": "web",
@@ -985,7 +967,7 @@ async fn claims_host_facts_and_unused_snapshots() {
 async fn readiness_gate_without_the_boot_timer() {
     let bin = tokio::task::block_in_place(launcher_bin);
     let tmp = TempDir::new("gate");
-    let (_cluster, client, sa_kubeconfig) = cluster_for_agent(&tmp.0).await;
+    let (_cluster, client, sa_kubeconfig) = cluster_for_agent(tmp.path()).await;
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let vmi: VirtualMachineInstance = serde_json::from_value(json!({
@@ -1004,7 +986,7 @@ async fn readiness_gate_without_the_boot_timer() {
     let pod = "virt-launcher-stock";
     let (mut cmd, runtime, log) = prepare(
         &pods,
-        &tmp.0,
+        tmp.path(),
         &bin,
         "stock",
         json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/vmi": "stock"}),
@@ -1018,10 +1000,10 @@ async fn readiness_gate_without_the_boot_timer() {
             Command::new(env!("CARGO_BIN_EXE_virt-handler"))
                 .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
                 .arg("--kubelet-root")
-                .arg(tmp.0.join("kubelet"))
+                .arg(tmp.join("kubelet"))
                 .env("KUBECONFIG", &sa_kubeconfig)
                 .env("RUST_LOG", "info,microvirt_handler=debug"),
-            tmp.0.join(log),
+            tmp.join(log),
         )
     };
 

@@ -15,6 +15,7 @@ use microvirt_handler::api::registration_server::{Registration, RegistrationServ
 use microvirt_handler::api::{
     AllocateRequest, ContainerAllocateRequest, Empty, ListAndWatchResponse, RegisterRequest,
 };
+use microvirt_testsupport::TempDir;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnixListenerStream;
@@ -22,31 +23,6 @@ use tonic::{Request, Response, Status};
 
 const ENDPOINT: &str = "microvirt-kvm.sock";
 const WAIT: Duration = Duration::from_secs(20);
-
-/// A temp directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "mv-devplugin-{tag}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// The `virt-handler` process, killed on drop.
 struct Handler(Option<Child>);
@@ -196,9 +172,9 @@ fn make_devices(dir: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_lists_watches_health_and_allocates() {
     let dir = TempDir::new("main");
-    make_devices(&dir.0);
-    let mut kubelet = FakeKubelet::start(&dir.0);
-    let _handler = Handler::spawn(&dir.0, 1000);
+    make_devices(dir.path());
+    let mut kubelet = FakeKubelet::start(dir.path());
+    let _handler = Handler::spawn(dir.path(), 1000);
 
     let reg = kubelet.registration().await;
     assert_eq!(reg.version, "v1beta1");
@@ -207,7 +183,7 @@ async fn registers_lists_watches_health_and_allocates() {
     let opts = reg.options.expect("options sent");
     assert!(!opts.pre_start_required);
 
-    let mut client = plugin_client(&dir.0).await;
+    let mut client = plugin_client(dir.path()).await;
     let o = client
         .get_device_plugin_options(Empty {})
         .await
@@ -227,11 +203,11 @@ async fn registers_lists_watches_health_and_allocates() {
 
     // /dev/kvm goes away → all unhealthy; back → healthy. Same for /dev/net/tun.
     for dev in ["kvm", "tun"] {
-        std::fs::remove_file(dir.0.join(dev)).unwrap();
+        std::fs::remove_file(dir.join(dev)).unwrap();
         let l = next_list(&mut stream).await;
         assert_eq!(l.devices.len(), 1000);
         assert_eq!(healths(&l), ["Unhealthy"], "after removing {dev}");
-        std::fs::write(dir.0.join(dev), b"").unwrap();
+        std::fs::write(dir.join(dev), b"").unwrap();
         let l = next_list(&mut stream).await;
         assert_eq!(healths(&l), ["Healthy"], "after re-creating {dev}");
     }
@@ -271,12 +247,8 @@ async fn registers_lists_watches_health_and_allocates() {
         assert_eq!(
             specs,
             [
-                ("/dev/kvm", dir.0.join("kvm").display().to_string(), "rw"),
-                (
-                    "/dev/net/tun",
-                    dir.0.join("tun").display().to_string(),
-                    "rw"
-                ),
+                ("/dev/kvm", dir.join("kvm").display().to_string(), "rw"),
+                ("/dev/net/tun", dir.join("tun").display().to_string(), "rw"),
             ]
         );
         assert!(c.mounts.is_empty() && c.envs.is_empty());
@@ -300,19 +272,19 @@ async fn registers_lists_watches_health_and_allocates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_again_when_the_kubelet_restarts() {
     let dir = TempDir::new("restart");
-    make_devices(&dir.0);
-    let mut kubelet = FakeKubelet::start(&dir.0);
-    let _handler = Handler::spawn(&dir.0, 3);
+    make_devices(dir.path());
+    let mut kubelet = FakeKubelet::start(dir.path());
+    let _handler = Handler::spawn(dir.path(), 3);
     kubelet.registration().await;
-    let mut client = plugin_client(&dir.0).await;
+    let mut client = plugin_client(dir.path()).await;
     let mut old_stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
     assert_eq!(next_list(&mut old_stream).await.devices.len(), 3);
 
     // 1. What a kubelet restart does: its socket and every plugin socket are deleted, then a
     //    new kubelet.sock appears.
     kubelet.stop().await;
-    std::fs::remove_file(dir.0.join(ENDPOINT)).unwrap();
-    let mut kubelet = FakeKubelet::start(&dir.0);
+    std::fs::remove_file(dir.join(ENDPOINT)).unwrap();
+    let mut kubelet = FakeKubelet::start(dir.path());
     let reg = kubelet.registration().await;
     assert_eq!(reg.endpoint, ENDPOINT);
     // The old server stopped: its stream ends.
@@ -321,20 +293,20 @@ async fn registers_again_when_the_kubelet_restarts() {
         .unwrap();
     assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
     // The new socket serves.
-    let mut client = plugin_client(&dir.0).await;
+    let mut client = plugin_client(dir.path()).await;
     let mut s = client.list_and_watch(Empty {}).await.unwrap().into_inner();
     assert_eq!(healths(&next_list(&mut s).await), ["Healthy"]);
 
     // 2. Only the plugin socket deleted.
-    std::fs::remove_file(dir.0.join(ENDPOINT)).unwrap();
+    std::fs::remove_file(dir.join(ENDPOINT)).unwrap();
     kubelet.registration().await;
-    assert!(dir.0.join(ENDPOINT).exists());
+    assert!(dir.join(ENDPOINT).exists());
 
     // 3. Only kubelet.sock re-created (the plugin socket left in place).
     kubelet.stop().await;
-    let mut kubelet = FakeKubelet::start(&dir.0);
+    let mut kubelet = FakeKubelet::start(dir.path());
     kubelet.registration().await;
-    let mut client = plugin_client(&dir.0).await;
+    let mut client = plugin_client(dir.path()).await;
     let mut s = client.list_and_watch(Empty {}).await.unwrap().into_inner();
     assert_eq!(next_list(&mut s).await.devices.len(), 3);
     kubelet.stop().await;
@@ -343,16 +315,16 @@ async fn registers_again_when_the_kubelet_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waits_for_the_kubelet_then_registers() {
     let dir = TempDir::new("late");
-    make_devices(&dir.0);
-    let _handler = Handler::spawn(&dir.0, 1);
+    make_devices(dir.path());
+    let _handler = Handler::spawn(dir.path(), 1);
     // The plugin serves before the kubelet exists.
     let t0 = Instant::now();
-    while !dir.0.join(ENDPOINT).exists() {
+    while !dir.join(ENDPOINT).exists() {
         assert!(t0.elapsed() < WAIT, "the plugin socket never appeared");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut kubelet = FakeKubelet::start(&dir.0);
+    let mut kubelet = FakeKubelet::start(dir.path());
     assert_eq!(
         kubelet.registration().await.resource_name,
         "devices.microvirt.io/kvm"
@@ -363,11 +335,11 @@ async fn waits_for_the_kubelet_then_registers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_serving_and_exits_zero() {
     let dir = TempDir::new("term");
-    make_devices(&dir.0);
-    let mut kubelet = FakeKubelet::start(&dir.0);
-    let mut handler = Handler::spawn(&dir.0, 10);
+    make_devices(dir.path());
+    let mut kubelet = FakeKubelet::start(dir.path());
+    let mut handler = Handler::spawn(dir.path(), 10);
     kubelet.registration().await;
-    let mut client = plugin_client(&dir.0).await;
+    let mut client = plugin_client(dir.path()).await;
     let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
     next_list(&mut stream).await;
 
@@ -376,7 +348,7 @@ async fn sigterm_stops_serving_and_exits_zero() {
     let code = tokio::task::block_in_place(|| handler.wait_exit(WAIT));
     assert_eq!(code, Some(0), "virt-handler did not exit 0 after SIGTERM");
     assert!(
-        !dir.0.join(ENDPOINT).exists(),
+        !dir.join(ENDPOINT).exists(),
         "the plugin socket is left behind"
     );
     let end = tokio::time::timeout(WAIT, stream.message()).await.unwrap();
@@ -387,9 +359,9 @@ async fn sigterm_stops_serving_and_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
     let dir = TempDir::new("twice");
-    make_devices(&dir.0);
-    let mut kubelet = FakeKubelet::start(&dir.0);
-    let mut handler = Handler::spawn(&dir.0, 1);
+    make_devices(dir.path());
+    let mut kubelet = FakeKubelet::start(dir.path());
+    let mut handler = Handler::spawn(dir.path(), 1);
     kubelet.registration().await;
     // Both signals become pending while the process is stopped and are handled together on
     // SIGCONT: the second one must end the process with the forced-exit status.

@@ -10,32 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
+use microvirt_testsupport::TempDir;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p =
-            std::env::temp_dir().join(format!("launcher-test-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A running launcher whose stdout and stderr are collected as they arrive.
 struct Launcher {

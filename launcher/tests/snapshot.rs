@@ -10,28 +10,10 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use microvirt_testsupport::TempDir;
+
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
 const WAIT: Duration = Duration::from_secs(60);
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("launcher-snap-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A running launcher, its output collected; killed when dropped.
 struct Launcher {
@@ -136,13 +118,13 @@ fn vmi(dir: &Path, name: &str, memory: &str, kernel_args: &str) -> PathBuf {
 #[test]
 fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     let t = TempDir::new("flow");
-    let base = t.path("base.img");
+    let base = t.join("base.img");
     std::fs::write(&base, vec![0u8; 1 << 20]).unwrap();
     let k = 200;
     let args = format!("testguest.scenario=stream testguest.stream_count={k}");
-    let vmi_file = vmi(&t.0, "snapvm", "32Mi", &args);
-    let (s1, s2) = (t.path("one.sock"), t.path("two.sock"));
-    let (rt1, rt2) = (t.path("rt1"), t.path("rt2"));
+    let vmi_file = vmi(t.path(), "snapvm", "32Mi", &args);
+    let (s1, s2) = (t.join("one.sock"), t.join("two.sock"));
+    let (rt1, rt2) = (t.join("rt1"), t.join("rt2"));
     let vmi_s = vmi_file.display().to_string();
     let mut one = Launcher::run(&[
         "run",
@@ -153,7 +135,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
         &rt1.display().to_string(),
     ]);
     one.wait_for("stream: 60");
-    let snap = t.path("snap");
+    let snap = t.join("snap");
     let (out, a) = client(&[
         "snapshot",
         &snap.display().to_string(),
@@ -172,7 +154,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     let printed = one.stdout();
 
     // A VMI that asks for other memory is refused before anything runs.
-    let other = vmi(&t.0, "bigger", "64Mi", &args);
+    let other = vmi(t.path(), "bigger", "64Mi", &args);
     let out = Command::new(BIN)
         .args(["run", &other.display().to_string(), "--restore"])
         .arg(&snap)
@@ -237,7 +219,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     drop(watch);
     // A snapshot of the restored VM (its RAM maps the snapshot's file: the VMM thread asks
     // `mincore` which pages it wrote), under the launcher's seccomp filters, then on.
-    let snap2 = t.path("snap2");
+    let snap2 = t.join("snap2");
     let (out, a) = client(&[
         "snapshot",
         &snap2.display().to_string(),
@@ -294,25 +276,25 @@ fn ticks(out: &str) -> Vec<(u64, u64, String, String)> {
 #[test]
 fn ticker_clones_continue_the_count_share_the_boot_id_and_reseed() {
     let t = TempDir::new("ticker");
-    std::fs::write(t.path("base.img"), vec![0u8; 1 << 20]).unwrap();
+    std::fs::write(t.join("base.img"), vec![0u8; 1 << 20]).unwrap();
     let vmi_file = vmi(
-        &t.0,
+        t.path(),
         "tickvm",
         "32Mi",
         "testguest.scenario=ticker testguest.tick_ms=50",
     );
     let vmi_s = vmi_file.display().to_string();
-    let sock = t.path("orig.sock");
+    let sock = t.join("orig.sock");
     let mut orig = Launcher::run(&[
         "run",
         &vmi_s,
         "--control-socket",
         &sock.display().to_string(),
         "--runtime-dir",
-        &t.path("rt-orig").display().to_string(),
+        &t.join("rt-orig").display().to_string(),
     ]);
     orig.wait_for("tick n=5 ");
-    let snap = t.path("snap");
+    let snap = t.join("snap");
     let (out, a) = client(&[
         "snapshot",
         &snap.display().to_string(),
@@ -338,7 +320,7 @@ fn ticker_clones_continue_the_count_share_the_boot_id_and_reseed() {
                 "--restore",
                 &snap.display().to_string(),
                 "--runtime-dir",
-                &t.path(&format!("rt-clone{i}")).display().to_string(),
+                &t.join(format!("rt-clone{i}")).display().to_string(),
             ])
         })
         .collect();

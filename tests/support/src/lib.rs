@@ -85,6 +85,7 @@ pub mod node;
 pub mod oci;
 mod process;
 mod real;
+mod tempdir;
 
 pub use binaries::{
     cache_root, ensure_binaries, ensure_node_binaries, Binaries, BinariesError, NodeBinaries,
@@ -96,3 +97,4 @@ pub use http::{Connected, HttpError, Response};
 pub use node::{Node, NodeError, NodeOptions};
 pub use process::{continue_process, signal_taken, stop_process, SIGNAL_ACTED_ON_WITHIN};
 pub use real::{RealCluster, RealClusterError, RealClusterOptions};
+pub use tempdir::TempDir;
