@@ -8,77 +8,52 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use microvirt_testsupport::ScratchNetns;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
 const NODE_IP: &str = "10.99.0.1";
 const POD_IP: &str = "10.99.0.2";
 
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("running ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The node and pod namespaces; deleted on drop (which removes the veth too).
+/// The node and pod namespaces, a veth between them; deleted on drop (which removes the veth
+/// too).
 struct Netns {
-    node: String,
-    pod: String,
+    node: ScratchNetns,
+    pod: ScratchNetns,
 }
 
 impl Netns {
     fn new() -> Self {
-        let id = std::process::id();
         let n = Netns {
-            node: format!("mvgn-node-{id}"),
-            pod: format!("mvgn-pod-{id}"),
+            node: ScratchNetns::new("gn-node"),
+            pod: ScratchNetns::new("gn-pod"),
         };
         for ns in [&n.node, &n.pod] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-            ip(&["netns", "add", ns]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
+            ns.ip(&["link", "set", "lo", "up"]);
         }
-        ip(&[
-            "link", "add", "eth0", "netns", &n.pod, "type", "veth", "peer", "name", "veth-pod",
-            "netns", &n.node,
-        ]);
-        ip(&[
-            "-n",
-            &n.node,
-            "addr",
+        n.pod.ip(&[
+            "link",
             "add",
-            &format!("{NODE_IP}/24"),
-            "dev",
-            "veth-pod",
-        ]);
-        ip(&["-n", &n.node, "link", "set", "veth-pod", "up"]);
-        ip(&[
-            "-n",
-            &n.pod,
-            "addr",
-            "add",
-            &format!("{POD_IP}/24"),
-            "dev",
             "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "veth-pod",
+            "netns",
+            n.node.name(),
         ]);
-        ip(&["-n", &n.pod, "link", "set", "eth0", "up"]);
-        ip(&["-n", &n.pod, "route", "add", "default", "via", NODE_IP]);
+        n.node
+            .ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "veth-pod"]);
+        n.node.ip(&["link", "set", "veth-pod", "up"]);
+        n.pod
+            .ip(&["addr", "add", &format!("{POD_IP}/24"), "dev", "eth0"]);
+        n.pod.ip(&["link", "set", "eth0", "up"]);
+        n.pod.ip(&["route", "add", "default", "via", NODE_IP]);
         n
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for ns in [&self.node, &self.pod] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
     }
 }
 
@@ -125,20 +100,6 @@ impl Drop for Launcher {
     }
 }
 
-/// Runs `f` on a thread that joined the network namespace `ns`.
-fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).expect("opening the netns");
-        // SAFETY: setns(2) with a valid namespace fd; it changes only this thread.
-        let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("netns thread")
-}
-
 #[test]
 fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
     let ns = Netns::new();
@@ -163,8 +124,10 @@ fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
     .unwrap();
     let resolv = dir.join("resolv.conf");
     std::fs::write(&resolv, "nameserver 10.96.0.10\n").unwrap();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &ns.pod, BIN, "run", "--pod-network"])
+    let mut child = ns
+        .pod
+        .command(BIN)
+        .args(["run", "--pod-network"])
         .arg(&vmi)
         .env("MICROVIRT_RESOLV_CONF", &resolv)
         .stdin(Stdio::null())
@@ -202,11 +165,10 @@ fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
     );
 
     // Ping the pod IP from the node: DNAT to the guest, which answers.
-    let node = ns.node.clone();
-    let ping = Command::new("ip")
-        .args([
-            "netns", "exec", &node, "busybox", "ping", "-c", "3", "-W", "5", POD_IP,
-        ])
+    let ping = ns
+        .node
+        .command("busybox")
+        .args(["ping", "-c", "3", "-W", "5", POD_IP])
         .output()
         .expect("busybox ping");
     let text = String::from_utf8_lossy(&ping.stdout).into_owned();
@@ -218,7 +180,7 @@ fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
     );
 
     // UDP echo through the pod IP, several sizes.
-    let replies = in_netns(&node, || {
+    let replies = ns.node.run(|| {
         let s = UdpSocket::bind("0.0.0.0:0").unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let to = SocketAddrV4::new(POD_IP.parse::<Ipv4Addr>().unwrap(), 7);

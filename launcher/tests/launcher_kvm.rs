@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
-use microvirt_testsupport::TempDir;
+use microvirt_testsupport::{ScratchNetns, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
 
@@ -1183,46 +1183,20 @@ fn every_launcher_thread_is_unprivileged_and_filtered_with_pod_networking() {
     assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
 }
 
-/// A named network namespace, deleted on drop.
-struct NetNs(String);
-
-impl NetNs {
-    fn new(tag: &str) -> Self {
-        let name = format!("mvl-{tag}-{}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(Stdio::null())
-            .status();
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "ip netns add {name}");
-        let ns = NetNs(name);
-        ns.sh("ip link set lo up && ip link add eth0 type veth peer name peer0 && ip link set peer0 up \
-               && ip addr add 10.244.2.5/24 dev eth0 && ip link set eth0 up");
-        ns
-    }
-    fn sh(&self, script: &str) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.0, "sh", "-c", script])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{script}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
+/// A scratch network namespace standing in for a pod's: `eth0` (one end of a veth) holds the
+/// pod IP.
+fn pod_netns(tag: &str) -> ScratchNetns {
+    let ns = ScratchNetns::new(tag);
+    ns.sh(
+        "ip link set lo up && ip link add eth0 type veth peer name peer0 && ip link set peer0 up \
+           && ip addr add 10.244.2.5/24 dev eth0 && ip link set eth0 up",
+    );
+    ns
 }
 
 #[test]
 fn run_pod_network_threads_are_unprivileged_and_a_helper_removes_the_network() {
-    let ns = NetNs::new("runnet");
+    let ns = pod_netns("runnet");
     let t = TempDir::new("runnet");
     let vmi = demo_vmi(
         t.path(),
@@ -1234,8 +1208,8 @@ fn run_pod_network_threads_are_unprivileged_and_a_helper_removes_the_network() {
     let resolv = t.path().join("resolv.conf");
     std::fs::write(&resolv, "nameserver 10.96.0.10\n").unwrap();
     let mut l = Launcher::spawn(
-        Command::new("ip")
-            .args(["netns", "exec", &ns.0, BIN, "run"])
+        ns.command(BIN)
+            .arg("run")
             .arg(&vmi)
             .args(["--pod-network", "--console", "socket", "--control-socket"])
             .arg(&sock)

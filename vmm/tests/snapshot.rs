@@ -9,7 +9,6 @@ mod virtio_common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +20,7 @@ use serde_json::{json, Value};
 
 use common::guest;
 use snapshot_common::*;
-use virtio_common::{Netns, ETH_P};
+use virtio_common::{ScratchNetns, ETH_P};
 
 /// Boots the counter guest, takes a snapshot once it has printed a few lines, and returns
 /// (the paused original, the last complete line it printed, the counters in the memory file).
@@ -341,18 +340,11 @@ fn ten_clones_from_one_snapshot_share_its_memory_file() {
 /// AF_PACKET responder in `ns` on every interface: answers `microvirt req <i> <t>` with
 /// `microvirt ack <i> <t>` on the interface it came in on and records (interface, i, t).
 fn stream_responder(
-    ns: &str,
+    ns: &ScratchNetns,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<Vec<(i32, u64, u64)>> {
-    let ns = ns.to_string();
     let (ready_tx, ready_rx) = channel();
-    let h = std::thread::spawn(move || {
-        let nsf = File::open(format!("/var/run/netns/{ns}")).unwrap();
-        // SAFETY: setns on this thread only, with an fd we own.
-        assert_eq!(
-            unsafe { libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) },
-            0
-        );
+    let h = ns.spawn(move || {
         // SAFETY: plain socket syscall.
         let s = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(ETH_P.to_be())) };
         assert!(s >= 0);
@@ -431,18 +423,18 @@ fn stream_responder(
     h
 }
 
-fn ifindex(ns: &Netns, name: &str) -> i32 {
+fn ifindex(ns: &ScratchNetns, name: &str) -> i32 {
     let out = Command::new("ip")
-        .args(["-n", &ns.name, "-o", "link", "show", name])
+        .args(["-n", ns.name(), "-o", "link", "show", name])
         .output()
         .unwrap();
     let s = String::from_utf8_lossy(&out.stdout);
     s.split(':').next().unwrap().trim().parse().unwrap()
 }
 
-fn in_netns(ns: &Netns, args: &[&str]) -> Proc {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", &ns.name, MICROVM]).args(args);
+fn in_netns(ns: &ScratchNetns, args: &[&str]) -> Proc {
+    let mut c = ns.command(MICROVM);
+    c.args(args);
     Proc::spawn(c)
 }
 
@@ -452,14 +444,14 @@ fn in_netns(ns: &Netns, args: &[&str]) -> Proc {
 fn disk_writes_and_network_traffic_survive_restore_exactly_once() {
     let id = std::process::id() % 100_000;
     let t = TempDir::new("stream");
-    let ns = Netns::new(&format!("mvsns{id}"));
+    let ns = ScratchNetns::new("snap-stream");
     let (tap_a, tap_b) = (format!("mvsa{id}"), format!("mvsb{id}"));
     for tap in [&tap_a, &tap_b] {
         ns.ip(&["tuntap", "add", "dev", tap, "mode", "tap", "vnet_hdr"]);
         ns.ip(&["link", "set", tap, "up"]);
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let responder = stream_responder(&ns.name, stop.clone());
+    let responder = stream_responder(&ns, stop.clone());
     let base = t.join("base.img");
     std::fs::write(&base, vec![0u8; 1 << 20]).unwrap();
     let base_before = fingerprint(t.path())["base.img"];
@@ -549,7 +541,7 @@ fn disk_writes_and_network_traffic_survive_restore_exactly_once() {
     );
     for tap in [&tap_a, &tap_b] {
         let _ = Command::new("ip")
-            .args(["-n", &ns.name, "link", "del", tap])
+            .args(["-n", ns.name(), "link", "del", tap])
             .status();
     }
 }

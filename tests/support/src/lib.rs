@@ -85,6 +85,7 @@ pub mod node;
 pub mod oci;
 mod process;
 mod real;
+mod scratch_netns;
 mod tempdir;
 
 pub use binaries::{
@@ -97,4 +98,5 @@ pub use http::{Connected, HttpError, Response};
 pub use node::{Node, NodeError, NodeOptions};
 pub use process::{continue_process, signal_taken, stop_process, SIGNAL_ACTED_ON_WITHIN};
 pub use real::{RealCluster, RealClusterError, RealClusterOptions};
+pub use scratch_netns::ScratchNetns;
 pub use tempdir::TempDir;
