@@ -6,13 +6,10 @@
 //! the guest down through Ctrl+Alt+Del (exit 0). Needs root, iproute2 and busybox (ping); both
 //! namespaces are removed on drop, also when the test fails.
 
-use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use microvirt_testsupport::ScratchNetns;
+use microvirt_testsupport::{ScratchNetns, Spawned, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
 const NODE_IP: &str = "10.99.0.1";
@@ -57,61 +54,10 @@ impl Netns {
     }
 }
 
-struct Launcher {
-    child: Option<Child>,
-    out: Arc<Mutex<String>>,
-    err: Arc<Mutex<String>>,
-}
-
-fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let buf = Arc::new(Mutex::new(String::new()));
-    let b = buf.clone();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(r);
-        let mut line = Vec::new();
-        while r
-            .read_until(b'\n', &mut line)
-            .map(|n| n > 0)
-            .unwrap_or(false)
-        {
-            b.lock().unwrap().push_str(&String::from_utf8_lossy(&line));
-            line.clear();
-        }
-    });
-    buf
-}
-
-impl Launcher {
-    fn output(&self) -> String {
-        format!(
-            "stdout:\n{}\nstderr:\n{}",
-            self.out.lock().unwrap(),
-            self.err.lock().unwrap()
-        )
-    }
-}
-
-impl Drop for Launcher {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 #[test]
 fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
     let ns = Netns::new();
-    let dir = std::env::temp_dir().join(format!("mv-guestnet-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    struct Rm(std::path::PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _rm = Rm(dir.clone());
+    let dir = TempDir::new("guestnet");
     let vmi = dir.join("vmi.yaml");
     std::fs::write(
         &vmi,
@@ -124,40 +70,19 @@ fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
     .unwrap();
     let resolv = dir.join("resolv.conf");
     std::fs::write(&resolv, "nameserver 10.96.0.10\n").unwrap();
-    let mut child = ns
-        .pod
-        .command(BIN)
-        .args(["run", "--pod-network"])
-        .arg(&vmi)
-        .env("MICROVIRT_RESOLV_CONF", &resolv)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = collect(child.stdout.take().unwrap());
-    let err = collect(child.stderr.take().unwrap());
-    let mut l = Launcher {
-        child: Some(child),
-        out,
-        err,
-    };
+    let mut l = Spawned::spawn(
+        ns.pod
+            .command(BIN)
+            .args(["run", "--pod-network"])
+            .arg(&vmi)
+            .env("MICROVIRT_RESOLV_CONF", &resolv),
+    );
 
     // DHCP: the guest reports the lease from the launcher's server.
     let t0 = Instant::now();
-    while !l.out.lock().unwrap().contains("net-serve: ip=") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no lease; {}",
-            l.output()
-        );
-        if let Some(st) = l.child.as_mut().unwrap().try_wait().unwrap() {
-            panic!("launcher exited {st}; {}", l.output());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    l.wait_for_stdout("net-serve: ip=", Duration::from_secs(30));
     let dhcp_ms = t0.elapsed().as_millis();
-    let line = l.out.lock().unwrap().clone();
+    let line = l.stdout();
     assert!(
         line.contains("net-serve: ip=10.0.2.2/24 router=10.0.2.1 server=10.0.2.1 udp-echo=7"),
         "{}",
@@ -208,26 +133,12 @@ fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
 
     // Graceful shutdown: SIGTERM → Ctrl+Alt+Del (the guest did not arm the ACPI power button)
     // → the guest powers off (ACPI S5) → exit 0.
-    let pid = l.child.as_ref().unwrap().id() as i32;
-    // SAFETY: kill(2) on our child (`ip netns exec` execs the launcher in place).
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let t0 = Instant::now();
-    let st = loop {
-        if let Some(st) = l.child.as_mut().unwrap().try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no exit; {}",
-            l.output()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    l.child = None;
-    std::thread::sleep(Duration::from_millis(100));
+    // (`ip netns exec` execs the launcher in place: the child is the launcher.)
+    l.signal(libc::SIGTERM);
+    let (st, _) = l.wait(Duration::from_secs(30));
     assert_eq!(st.code(), Some(0), "{}", l.output());
     assert!(
-        l.out.lock().unwrap().contains("ctrl-alt-del received"),
+        l.stdout().contains("ctrl-alt-del received"),
         "{}",
         l.output()
     );

@@ -4,94 +4,19 @@
 //! that does not match the snapshot is refused before anything runs. The `ticker` guest (a VM
 //! pool's member) shows what clones of one snapshot share and where they diverge.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use microvirt_testsupport::TempDir;
+use microvirt_testsupport::{Spawned, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
 const WAIT: Duration = Duration::from_secs(60);
 
-/// A running launcher, its output collected; killed when dropped.
-struct Launcher {
-    child: Child,
-    out: Arc<Mutex<String>>,
-    err: Arc<Mutex<String>>,
-}
-
-fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let buf = Arc::new(Mutex::new(String::new()));
-    let b = buf.clone();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(r);
-        let mut line = Vec::new();
-        while r
-            .read_until(b'\n', &mut line)
-            .map(|n| n > 0)
-            .unwrap_or(false)
-        {
-            b.lock().unwrap().push_str(&String::from_utf8_lossy(&line));
-            line.clear();
-        }
-    });
-    buf
-}
-
-impl Launcher {
-    fn run(args: &[&str]) -> Launcher {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = collect(child.stdout.take().unwrap());
-        let err = collect(child.stderr.take().unwrap());
-        Launcher { child, out, err }
-    }
-
-    fn stdout(&self) -> String {
-        self.out.lock().unwrap().clone()
-    }
-
-    fn context(&self) -> String {
-        format!(
-            "stdout:\n{}\nstderr:\n{}",
-            self.stdout(),
-            self.err.lock().unwrap()
-        )
-    }
-
-    fn wait_for(&self, needle: &str) {
-        let end = Instant::now() + WAIT;
-        while !self.stdout().contains(needle) {
-            assert!(Instant::now() < end, "no {needle:?}; {}", self.context());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn wait(&mut self) -> ExitStatus {
-        let end = Instant::now() + WAIT;
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                std::thread::sleep(Duration::from_millis(50));
-                return st;
-            }
-            assert!(Instant::now() < end, "still running; {}", self.context());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Launcher {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `virt-launcher ARGS`, its output collected; killed when dropped.
+fn launcher(args: &[&str]) -> Spawned {
+    Spawned::spawn(Command::new(BIN).args(args))
 }
 
 fn client(args: &[&str]) -> (Output, serde_json::Value) {
@@ -126,7 +51,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     let (s1, s2) = (t.join("one.sock"), t.join("two.sock"));
     let (rt1, rt2) = (t.join("rt1"), t.join("rt2"));
     let vmi_s = vmi_file.display().to_string();
-    let mut one = Launcher::run(&[
+    let mut one = launcher(&[
         "run",
         &vmi_s,
         "--control-socket",
@@ -134,7 +59,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
         "--runtime-dir",
         &rt1.display().to_string(),
     ]);
-    one.wait_for("stream: 60");
+    one.wait_for_stdout("stream: 60", WAIT);
     let snap = t.join("snap");
     let (out, a) = client(&[
         "snapshot",
@@ -142,7 +67,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
         "--socket",
         &s1.display().to_string(),
     ]);
-    assert!(out.status.success(), "{out:?}; {}", one.context());
+    assert!(out.status.success(), "{out:?}; {}", one.output());
     assert_eq!(a["state"], "paused", "{a}");
     assert!(a["overlayBytes"].as_u64().unwrap() > 0, "{a}");
     assert!(snap.join("disk0.overlay").is_file());
@@ -150,7 +75,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     assert_eq!(st["state"], "paused");
     let (out, _) = client(&["stop", "--socket", &s1.display().to_string()]);
     assert!(out.status.success());
-    assert_eq!(one.wait().code(), Some(5), "{}", one.context());
+    assert_eq!(one.wait(WAIT).0.code(), Some(5), "{}", one.output());
     let printed = one.stdout();
 
     // A VMI that asks for other memory is refused before anything runs.
@@ -168,7 +93,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     );
     assert!(out.stdout.is_empty(), "the guest ran: {out:?}");
 
-    let mut two = Launcher::run(&[
+    let mut two = launcher(&[
         "run",
         &vmi_s,
         "--restore",
@@ -181,7 +106,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     ]);
     let end = Instant::now() + WAIT;
     while std::os::unix::net::UnixStream::connect(&s2).is_err() {
-        assert!(Instant::now() < end, "no control socket; {}", two.context());
+        assert!(Instant::now() < end, "no control socket; {}", two.output());
         std::thread::sleep(Duration::from_millis(10));
     }
     let (_, st) = client(&["status", "--socket", &s2.display().to_string()]);
@@ -191,7 +116,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     assert!(
         two.stdout().is_empty(),
         "ran while paused: {}",
-        two.context()
+        two.output()
     );
     // What the node agent follows: the watch stream never says "booted" while "paused" (the
     // resume of a restored VM records its boot time while the request runs; a watcher would
@@ -226,13 +151,13 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
         "--socket",
         &s2.display().to_string(),
     ]);
-    assert!(out.status.success(), "{out:?}; {}", two.context());
+    assert!(out.status.success(), "{out:?}; {}", two.output());
     assert_eq!(a["state"], "paused", "{a}");
     assert!(snap2.join("vmstate").is_file());
     let (out, a) = client(&["resume", "--socket", &s2.display().to_string()]);
     assert!(out.status.success(), "{a}");
-    two.wait_for(&format!("stream: done {k} blk=ok net=none"));
-    assert!(two.wait().success(), "{}", two.context());
+    two.wait_for_stdout(&format!("stream: done {k} blk=ok net=none"), WAIT);
+    assert!(two.wait(WAIT).0.success(), "{}", two.output());
     let stdout = two.stdout();
     assert!(
         !stdout.contains("stream: start"),
@@ -240,9 +165,9 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     );
     assert!(printed.contains("stream: start"));
     assert!(
-        two.context().contains("guest restored and running in"),
+        two.output().contains("guest restored and running in"),
         "{}",
-        two.context()
+        two.output()
     );
     // The restore's own overlay (a copy of the saved one, then written on); the image and the
     // first run's overlay are as they were.
@@ -285,7 +210,7 @@ fn ticker_clones_continue_the_count_share_the_boot_id_and_reseed() {
     );
     let vmi_s = vmi_file.display().to_string();
     let sock = t.join("orig.sock");
-    let mut orig = Launcher::run(&[
+    let mut orig = launcher(&[
         "run",
         &vmi_s,
         "--control-socket",
@@ -293,7 +218,7 @@ fn ticker_clones_continue_the_count_share_the_boot_id_and_reseed() {
         "--runtime-dir",
         &t.join("rt-orig").display().to_string(),
     ]);
-    orig.wait_for("tick n=5 ");
+    orig.wait_for_stdout("tick n=5 ", WAIT);
     let snap = t.join("snap");
     let (out, a) = client(&[
         "snapshot",
@@ -301,20 +226,20 @@ fn ticker_clones_continue_the_count_share_the_boot_id_and_reseed() {
         "--socket",
         &sock.display().to_string(),
     ]);
-    assert!(out.status.success(), "{out:?}; {}", orig.context());
+    assert!(out.status.success(), "{out:?}; {}", orig.output());
     assert_eq!(a["state"], "paused", "{a}");
     let (out, _) = client(&["stop", "--socket", &sock.display().to_string()]);
     assert!(out.status.success());
-    orig.wait();
+    orig.wait(WAIT);
     let before = ticks(&orig.stdout());
     let last = before.last().cloned().expect("ticks before the snapshot");
     assert!(last.0 >= 5, "{before:?}");
     // More than three periods pass before the clones run.
     std::thread::sleep(Duration::from_millis(400));
 
-    let clones: Vec<Launcher> = (0..2)
+    let mut clones: Vec<Spawned> = (0..2)
         .map(|i| {
-            Launcher::run(&[
+            launcher(&[
                 "run",
                 &vmi_s,
                 "--restore",
@@ -324,16 +249,16 @@ fn ticker_clones_continue_the_count_share_the_boot_id_and_reseed() {
             ])
         })
         .collect();
-    for c in &clones {
-        c.wait_for("rng reseeded");
-        c.wait_for(&format!("tick n={} ", last.0 + 3));
+    for c in &mut clones {
+        c.wait_for_stdout("rng reseeded", WAIT);
+        c.wait_for_stdout(&format!("tick n={} ", last.0 + 3), WAIT);
     }
     let after: Vec<_> = clones.iter().map(|c| ticks(&c.stdout())).collect();
     for (c, a) in clones.iter().zip(&after) {
         assert!(
             !c.stdout().contains("ticker: boot-id="),
             "a clone booted again: {}",
-            c.context()
+            c.output()
         );
         let first = &a[0];
         assert_eq!(first.0, last.0 + 1, "the count continues: {a:?}");

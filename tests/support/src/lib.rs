@@ -86,6 +86,7 @@ pub mod oci;
 mod process;
 mod real;
 mod scratch_netns;
+mod spawned;
 mod tempdir;
 
 pub use binaries::{
@@ -99,4 +100,5 @@ pub use node::{Node, NodeError, NodeOptions};
 pub use process::{continue_process, signal_taken, stop_process, SIGNAL_ACTED_ON_WITHIN};
 pub use real::{RealCluster, RealClusterError, RealClusterOptions};
 pub use scratch_netns::ScratchNetns;
+pub use spawned::Spawned;
 pub use tempdir::TempDir;
