@@ -30,7 +30,7 @@ fn has(r: &Run, line: &str) {
 
 #[test]
 fn blk_rw_ro_overlay_and_hostile_from_the_guest() {
-    let d = tmp("virtio-blk");
+    let d = TempDir::new("virtio-blk");
     let rw = d.join("rw.img");
     let ro = d.join("ro.img");
     let base = d.join("base.img");
@@ -110,7 +110,7 @@ fn fnv1a(b: &[u8]) -> u32 {
 /// writes land in the overlay, the qcow2 file is untouched.
 #[test]
 fn blk_qcow2_base_under_an_overlay_and_read_only_from_the_guest() {
-    let d = tmp("virtio-blk-qcow2");
+    let d = TempDir::new("virtio-blk-qcow2");
     let raw = d.join("src.raw");
     let img = d.join("base.qcow2");
     let ovl = d.join("vm.ovl");

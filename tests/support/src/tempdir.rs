@@ -54,6 +54,14 @@ impl TempDir {
     }
 }
 
+/// A `TempDir` can stand where a `&Path` is wanted (`&dir`, `dir.join(…)`, `dir.display()`).
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
 impl AsRef<Path> for TempDir {
     fn as_ref(&self) -> &Path {
         &self.path
@@ -85,6 +93,8 @@ mod tests {
             name.starts_with(&format!("mvt-kit-{}-", std::process::id())),
             "{name}"
         );
+        let as_path: &Path = &a;
+        assert_eq!(as_path, a.path());
         std::fs::create_dir_all(a.join("x/y")).unwrap();
         std::fs::write(a.join("x/y/f"), b"data").unwrap();
         let (pa, pb) = (a.path().to_owned(), b.path().to_owned());
