@@ -7,7 +7,7 @@
 //! tests on the real node.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use microvirt_handler::api::device_plugin_client::DevicePluginClient;
@@ -15,7 +15,7 @@ use microvirt_handler::api::registration_server::{Registration, RegistrationServ
 use microvirt_handler::api::{
     AllocateRequest, ContainerAllocateRequest, Empty, ListAndWatchResponse, RegisterRequest,
 };
-use microvirt_testsupport::TempDir;
+use microvirt_testsupport::{Spawned, TempDir};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnixListenerStream;
@@ -24,12 +24,10 @@ use tonic::{Request, Response, Status};
 const ENDPOINT: &str = "microvirt-kvm.sock";
 const WAIT: Duration = Duration::from_secs(20);
 
-/// The `virt-handler` process, killed on drop.
-struct Handler(Option<Child>);
-
-impl Handler {
-    fn spawn(dir: &Path, devices: u32) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+/// The `virt-handler` process (its output collected), killed on drop.
+fn spawn_handler(dir: &Path, devices: u32) -> Spawned {
+    Spawned::spawn(
+        Command::new(env!("CARGO_BIN_EXE_virt-handler"))
             .arg("--no-node-agent")
             .arg("--device-plugin-dir")
             .arg(dir)
@@ -41,44 +39,8 @@ impl Handler {
             .arg(devices.to_string())
             .arg("--poll-interval-ms")
             .arg("50")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("starting virt-handler");
-        Self(Some(child))
-    }
-
-    fn pid(&self) -> i32 {
-        self.0.as_ref().unwrap().id() as i32
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0);
-    }
-
-    /// Waits for the exit (at most `limit`) and returns the exit code.
-    fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
-        let child = self.0.as_mut().unwrap();
-        let t0 = Instant::now();
-        while t0.elapsed() < limit {
-            if let Some(st) = child.try_wait().unwrap() {
-                self.0 = None;
-                return st.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Handler {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+            .env("RUST_LOG", "info"),
+    )
 }
 
 struct Reg(mpsc::UnboundedSender<RegisterRequest>);
@@ -174,7 +136,7 @@ async fn registers_lists_watches_health_and_allocates() {
     let dir = TempDir::new("main");
     make_devices(dir.path());
     let mut kubelet = FakeKubelet::start(dir.path());
-    let _handler = Handler::spawn(dir.path(), 1000);
+    let _handler = spawn_handler(dir.path(), 1000);
 
     let reg = kubelet.registration().await;
     assert_eq!(reg.version, "v1beta1");
@@ -274,7 +236,7 @@ async fn registers_again_when_the_kubelet_restarts() {
     let dir = TempDir::new("restart");
     make_devices(dir.path());
     let mut kubelet = FakeKubelet::start(dir.path());
-    let _handler = Handler::spawn(dir.path(), 3);
+    let _handler = spawn_handler(dir.path(), 3);
     kubelet.registration().await;
     let mut client = plugin_client(dir.path()).await;
     let mut old_stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
@@ -316,7 +278,7 @@ async fn registers_again_when_the_kubelet_restarts() {
 async fn waits_for_the_kubelet_then_registers() {
     let dir = TempDir::new("late");
     make_devices(dir.path());
-    let _handler = Handler::spawn(dir.path(), 1);
+    let _handler = spawn_handler(dir.path(), 1);
     // The plugin serves before the kubelet exists.
     let t0 = Instant::now();
     while !dir.join(ENDPOINT).exists() {
@@ -337,7 +299,7 @@ async fn sigterm_stops_serving_and_exits_zero() {
     let dir = TempDir::new("term");
     make_devices(dir.path());
     let mut kubelet = FakeKubelet::start(dir.path());
-    let mut handler = Handler::spawn(dir.path(), 10);
+    let mut handler = spawn_handler(dir.path(), 10);
     kubelet.registration().await;
     let mut client = plugin_client(dir.path()).await;
     let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
@@ -345,8 +307,13 @@ async fn sigterm_stops_serving_and_exits_zero() {
 
     handler.signal(libc::SIGTERM);
     // Bounded wait, not a speed assertion: the process must exit by itself.
-    let code = tokio::task::block_in_place(|| handler.wait_exit(WAIT));
-    assert_eq!(code, Some(0), "virt-handler did not exit 0 after SIGTERM");
+    let code = tokio::task::block_in_place(|| handler.wait(WAIT).0.code());
+    assert_eq!(
+        code,
+        Some(0),
+        "virt-handler did not exit 0 after SIGTERM; {}",
+        handler.output()
+    );
     assert!(
         !dir.join(ENDPOINT).exists(),
         "the plugin socket is left behind"
@@ -361,17 +328,17 @@ async fn a_second_signal_exits_at_once() {
     let dir = TempDir::new("twice");
     make_devices(dir.path());
     let mut kubelet = FakeKubelet::start(dir.path());
-    let mut handler = Handler::spawn(dir.path(), 1);
+    let mut handler = spawn_handler(dir.path(), 1);
     kubelet.registration().await;
     // Both signals become pending while the process is stopped and are handled together on
     // SIGCONT: the second one must end the process with the forced-exit status.
     // Stopped means every thread stopped: a thread still running after a bare SIGSTOP could
     // take the SIGTERM alone and start the graceful exit.
-    microvirt_testsupport::stop_process(handler.pid() as u32).expect("stopping virt-handler");
+    microvirt_testsupport::stop_process(handler.id()).expect("stopping virt-handler");
     handler.signal(libc::SIGTERM);
     handler.signal(libc::SIGINT);
     handler.signal(libc::SIGCONT);
-    let code = tokio::task::block_in_place(|| handler.wait_exit(WAIT));
-    assert_eq!(code, Some(130));
+    let code = tokio::task::block_in_place(|| handler.wait(WAIT).0.code());
+    assert_eq!(code, Some(130), "{}", handler.output());
     kubelet.stop().await;
 }

@@ -55,6 +55,12 @@ impl Collected {
     }
 }
 
+#[derive(Clone, Copy)]
+enum Stream {
+    Out,
+    Err,
+}
+
 /// A spawned child whose standard output and error are collected as they arrive; killed and
 /// reaped when dropped if it still runs, so nothing a test started outlives it.
 ///
@@ -158,15 +164,37 @@ impl Spawned {
     /// Waits up to `timeout` until the child's standard output contains `needle`; panics when
     /// the time is up or when the child exited (and its output ended) without writing it.
     pub fn wait_for_stdout(&mut self, needle: &str, timeout: Duration) {
+        self.wait_for_text(Stream::Out, needle, timeout)
+    }
+
+    /// [`wait_for_stdout`](Self::wait_for_stdout) for standard error (where the programs of
+    /// this project log).
+    pub fn wait_for_stderr(&mut self, needle: &str, timeout: Duration) {
+        self.wait_for_text(Stream::Err, needle, timeout)
+    }
+
+    fn wait_for_text(&mut self, which: Stream, needle: &str, timeout: Duration) {
+        let name = match which {
+            Stream::Out => "stdout",
+            Stream::Err => "stderr",
+        };
+        let text = |s: &Spawned| match which {
+            Stream::Out => s.stdout(),
+            Stream::Err => s.stderr(),
+        };
         let end = Instant::now() + timeout;
         loop {
-            if self.stdout().contains(needle) {
+            if text(self).contains(needle) {
                 return;
             }
             if let Some(st) = self.try_wait() {
-                if self.out.ended() && !self.stdout().contains(needle) {
+                let ended = match which {
+                    Stream::Out => self.out.ended(),
+                    Stream::Err => self.err.ended(),
+                };
+                if ended && !text(self).contains(needle) {
                     panic!(
-                        "{} exited ({st}) without writing {needle:?} to stdout; {}",
+                        "{} exited ({st}) without writing {needle:?} to {name}; {}",
                         self.what,
                         self.output()
                     );
@@ -174,7 +202,7 @@ impl Spawned {
             }
             assert!(
                 Instant::now() < end,
-                "no {needle:?} on the stdout of {} within {timeout:?}; {}",
+                "no {needle:?} on the {name} of {} within {timeout:?}; {}",
                 self.what,
                 self.output()
             );
@@ -247,6 +275,16 @@ mod tests {
         assert_eq!(s.stderr(), "err\n");
         assert_eq!(s.output(), "stdout:\none\ntwo\nno newline\nstderr:\nerr\n");
         assert_eq!(s.try_wait().and_then(|s| s.code()), Some(3));
+    }
+
+    #[test]
+    fn waiting_for_a_line_on_stderr() {
+        let mut s = Spawned::spawn(&mut sh("sleep 0.1; echo 'log: ready' >&2; exec sleep 30"));
+        s.wait_for_stderr("log: ready", Duration::from_secs(10));
+        assert_eq!(s.stdout(), "");
+        let msg = panic_text(|| s.wait_for_stderr("never", Duration::from_millis(200)));
+        assert!(msg.contains("no \"never\" on the stderr of"), "{msg}");
+        assert!(msg.contains("log: ready"), "{msg}");
     }
 
     #[test]
