@@ -12,7 +12,7 @@
 //! requests on the pod).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -20,7 +20,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, ResourceExt};
 use microvirt_crds::vmi::{VirtualMachineInstance, VmiCondition};
-use microvirt_testsupport::{Cluster, ClusterOptions};
+use microvirt_testsupport::{Cluster, ClusterOptions, Spawned, TempDir};
 use serde_json::json;
 
 const NS: &str = "t-agent";
@@ -76,91 +76,6 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// A temp directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("mvh-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A child process killed on drop; its stderr goes to a file for failure messages.
-struct Proc {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(cmd: &mut Command, log: PathBuf) -> Self {
-        let f = std::fs::File::create(&log).unwrap();
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(f)
-            .spawn()
-            .expect("spawning");
-        Self {
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn signal(&self, sig: i32) {
-        let pid = self.child.as_ref().unwrap().id() as i32;
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-    }
-
-    /// The exit status (`Some(code)`, or `None` when killed by a signal); panics after `limit`.
-    fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
-        let t0 = Instant::now();
-        while t0.elapsed() < limit {
-            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                self.child = None;
-                return st.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("still running after {limit:?}; log:\n{}", self.log())
-    }
-
-    /// Waits until the log contains `line`.
-    fn wait_log(&self, line: &str) {
-        let t0 = Instant::now();
-        while !self.log().contains(line) {
-            assert!(
-                t0.elapsed() < WAIT,
-                "no {line:?} in the log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 async fn admin_client(kubeconfig: &Path) -> Client {
@@ -234,7 +149,7 @@ async fn launch(
     bin: &Path,
     name: &str,
     vmi_uid: &str,
-) -> (Proc, PathBuf) {
+) -> (Spawned, PathBuf) {
     launch_with(
         pods,
         tmp,
@@ -257,8 +172,8 @@ async fn launch_with(
     labels: serde_json::Value,
     annotations: serde_json::Value,
     env: &[(&str, PathBuf)],
-) -> (Proc, PathBuf) {
-    let (mut cmd, runtime, log) = prepare(
+) -> (Spawned, PathBuf) {
+    let (mut cmd, runtime) = prepare(
         pods,
         tmp,
         bin,
@@ -269,11 +184,11 @@ async fn launch_with(
         "halt-forever",
     )
     .await;
-    (Proc::spawn(&mut cmd, log), runtime)
+    (Spawned::spawn(&mut cmd), runtime)
 }
 
 /// Creates the pod and the kubelet's directories of [`launch_with`], with the test guest's
-/// `scenario`; returns the launcher's command (not started), its runtime directory and log.
+/// `scenario`; returns the launcher's command (not started) and its runtime directory.
 #[allow(clippy::too_many_arguments)]
 async fn prepare(
     pods: &Api<Pod>,
@@ -284,7 +199,7 @@ async fn prepare(
     annotations: serde_json::Value,
     env: &[(&str, PathBuf)],
     scenario: &str,
-) -> (Command, PathBuf, PathBuf) {
+) -> (Command, PathBuf) {
     let vmi_uid = annotations["microvirt.io/vmi-uid"]
         .as_str()
         .unwrap_or("")
@@ -343,7 +258,7 @@ async fn prepare(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    (cmd, runtime, tmp.join(format!("launcher-{name}.log")))
+    (cmd, runtime)
 }
 
 /// The pod condition `type_` of pod `name`: (status, reason, lastTransitionTime).
@@ -441,7 +356,7 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
 
     // The launcher pod as the operator creates it, already bound to our node.
     let tmp = TempDir::new("agent");
-    let (mut launcher, runtime) = launch(&pods, &tmp.0, &bin, "vm1", &vmi_uid).await;
+    let (mut launcher, runtime) = launch(&pods, tmp.path(), &bin, "vm1", &vmi_uid).await;
     // A second VMI whose pod names another uid (as if the VMI had been re-created under the
     // same name while the old pod still ran): the agent must leave that VMI alone.
     let vmi2: VirtualMachineInstance = serde_json::from_value(json!({
@@ -454,7 +369,7 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     vmis.create(&PostParams::default(), &vmi2).await.unwrap();
     let (_launcher2, _) = launch(
         &pods,
-        &tmp.0,
+        tmp.path(),
         &bin,
         "vm2",
         "00000000-0000-0000-0000-000000000000",
@@ -465,22 +380,22 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     let kubeconfig = std::fs::read_to_string(kc).unwrap();
     let (head, tail) = kubeconfig.split_once("    token: ").unwrap();
     let (token, rest) = tail.split_once('\n').unwrap();
-    let sa_kubeconfig = tmp.0.join("handler.kubeconfig");
+    let sa_kubeconfig = tmp.join("handler.kubeconfig");
     std::fs::write(
         &sa_kubeconfig,
         format!("{head}    token: {token}\n    as: {SA}\n{rest}"),
     )
     .unwrap();
-    let mut handler = Proc::spawn(
+    let mut handler = Spawned::spawn(
         Command::new(env!("CARGO_BIN_EXE_virt-handler"))
             .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
             .arg("--kubelet-root")
-            .arg(tmp.0.join("kubelet"))
+            .arg(tmp.join("kubelet"))
             .env("KUBECONFIG", &sa_kubeconfig)
             .env("RUST_LOG", "info,microvirt_handler=debug"),
-        tmp.0.join("handler.log"),
     );
-    let diag = |h: &Proc, l: &Proc| format!("handler:\n{}\nlauncher:\n{}", h.log(), l.log());
+    let diag =
+        |h: &Spawned, l: &Spawned| format!("handler:\n{}\nlauncher:\n{}", h.stderr(), l.stderr());
 
     // 1. Running guest: Paused=False appears; the operator's Ready condition stays.
     let c = wait_for("Paused=False", || paused_is(&vmis, "vm1", "False")).await;
@@ -644,7 +559,7 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     wait_for("Paused=True by request", || paused_is(&vmis, "vm1", "True")).await;
     launcher_cmd(&bin, &runtime, "stop");
     assert_eq!(
-        tokio::task::block_in_place(|| launcher.wait_exit(WAIT)),
+        tokio::task::block_in_place(|| launcher.wait(WAIT).0.code()),
         Some(5),
         "{}",
         diag(&handler, &launcher)
@@ -656,24 +571,23 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     gate_is(&pods, "virt-launcher-vm1", "False", "VMStopped").await;
 
     // 6. SIGTERM: exit 0 with the API server up, and with the API server hung (stopped).
-    let mut second = Proc::spawn(
+    let mut second = Spawned::spawn(
         Command::new(env!("CARGO_BIN_EXE_virt-handler"))
             .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
             .arg("--kubelet-root")
-            .arg(tmp.0.join("kubelet"))
+            .arg(tmp.join("kubelet"))
             .env("KUBECONFIG", &sa_kubeconfig),
-        tmp.0.join("handler2.log"),
     );
-    second.wait_log("node agent watching");
+    second.wait_for_stderr("node agent watching", WAIT);
     handler.signal(libc::SIGTERM);
-    let code = tokio::task::block_in_place(|| handler.wait_exit(WAIT));
-    assert_eq!(code, Some(0), "{}", handler.log());
+    let code = tokio::task::block_in_place(|| handler.wait(WAIT).0.code());
+    assert_eq!(code, Some(0), "{}", handler.stderr());
     // Frozen (every thread stopped) until the guard drops, even if the test fails.
     let frozen = tokio::task::block_in_place(|| cluster.freeze_apiserver()).expect("apiserver");
     second.signal(libc::SIGTERM);
-    let code = tokio::task::block_in_place(|| second.wait_exit(WAIT));
+    let code = tokio::task::block_in_place(|| second.wait(WAIT).0.code());
     tokio::task::block_in_place(|| drop(frozen));
-    assert_eq!(code, Some(0), "{}", second.log());
+    assert_eq!(code, Some(0), "{}", second.stderr());
 }
 
 /// Starts a cluster with the CRDs, the handler's RBAC and namespace `NS`; returns it with an
@@ -724,7 +638,7 @@ async fn claims_host_facts_and_unused_snapshots() {
 
     let bin = tokio::task::block_in_place(launcher_bin);
     let tmp = TempDir::new("pool-agent");
-    let (_cluster, client, sa_kubeconfig) = cluster_for_agent(&tmp.0).await;
+    let (_cluster, client, sa_kubeconfig) = cluster_for_agent(tmp.path()).await;
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let nodes: Api<Node> = Api::all(client.clone());
@@ -753,7 +667,7 @@ async fn claims_host_facts_and_unused_snapshots() {
         .unwrap();
     // Snapshot directories on the node: h-2 is current, h-0 is used by the warm member below,
     // h-1 is neither; the other pool no longer exists.
-    let root = tmp.0.join("snapshots");
+    let root = tmp.join("snapshots");
     let gone_pool = "00000000-dead-beef-0000-000000000000";
     for (uid, id) in [
         (pool_uid.as_str(), "h-0"),
@@ -769,7 +683,7 @@ async fn claims_host_facts_and_unused_snapshots() {
     // A pool's builder: the template booted cold.
     let (mut builder, builder_rt) = launch_with(
         &pods,
-        &tmp.0,
+        tmp.path(),
         &bin,
         "web-snap-h-0",
         json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/pool": "web",
@@ -778,21 +692,21 @@ async fn claims_host_facts_and_unused_snapshots() {
         &[],
     )
     .await;
-    tokio::task::block_in_place(|| builder.wait_log("guest booted"));
+    tokio::task::block_in_place(|| builder.wait_for_stderr("guest booted", WAIT));
 
-    let mut handler = Proc::spawn(
+    let mut handler = Spawned::spawn(
         Command::new(env!("CARGO_BIN_EXE_virt-handler"))
             .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
             .arg("--kubelet-root")
-            .arg(tmp.0.join("kubelet"))
+            .arg(tmp.join("kubelet"))
             .arg("--snapshot-root")
             .arg(&root)
             .args(["--snapshot-gc-interval-secs", "1"])
             .env("KUBECONFIG", &sa_kubeconfig)
             .env("RUST_LOG", "info,microvirt_handler=debug"),
-        tmp.0.join("handler-pool.log"),
     );
-    let diag = |h: &Proc, l: &Proc| format!("handler:\n{}\nlauncher:\n{}", h.log(), l.log());
+    let diag =
+        |h: &Spawned, l: &Spawned| format!("handler:\n{}\nlauncher:\n{}", h.stderr(), l.stderr());
 
     // 1. The snapshot request: the launcher writes into its snapshot mount and stays paused;
     //    the answer carries this node's host facts.
@@ -841,13 +755,13 @@ async fn claims_host_facts_and_unused_snapshots() {
     assert_eq!(launcher_state(&bin, &builder_rt), "paused");
     // The builder's job is done.
     launcher_cmd(&bin, &builder_rt, "stop");
-    tokio::task::block_in_place(|| builder.wait_exit(WAIT));
+    tokio::task::block_in_place(|| builder.wait(WAIT));
 
     // The warm member: `virt-launcher pod` restoring that snapshot paused; its pod names no
     // VMI yet. It is Ready (probe) while paused.
     let (mut launcher, runtime) = launch_with(
         &pods,
-        &tmp.0,
+        tmp.path(),
         &bin,
         "web-abcde",
         json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/pool": "web",
@@ -859,7 +773,7 @@ async fn claims_host_facts_and_unused_snapshots() {
         ],
     )
     .await;
-    tokio::task::block_in_place(|| launcher.wait_log("restored paused"));
+    tokio::task::block_in_place(|| launcher.wait_for_stderr("restored paused", WAIT));
     assert_eq!(launcher_state(&bin, &runtime), "paused");
     // Ready to be claimed: the readiness gate is True while it waits paused (the pool counts
     // its Ready warm members), and says why.
@@ -951,7 +865,7 @@ async fn claims_host_facts_and_unused_snapshots() {
     // 4. The pool and the member go: so does the member's snapshot, and the pool's directory.
     pools.delete("web", &Default::default()).await.unwrap();
     launcher_cmd(&bin, &runtime, "stop");
-    tokio::task::block_in_place(|| launcher.wait_exit(WAIT));
+    tokio::task::block_in_place(|| launcher.wait(WAIT));
     for p in ["virt-launcher-web-abcde", "virt-launcher-web-snap-h-0"] {
         pods.delete(
             p,
@@ -970,10 +884,10 @@ async fn claims_host_facts_and_unused_snapshots() {
     assert!(root.exists());
     handler.signal(libc::SIGTERM);
     assert_eq!(
-        tokio::task::block_in_place(|| handler.wait_exit(WAIT)),
+        tokio::task::block_in_place(|| handler.wait(WAIT).0.code()),
         Some(0),
         "{}",
-        handler.log()
+        handler.stderr()
     );
 }
 
@@ -985,7 +899,7 @@ async fn claims_host_facts_and_unused_snapshots() {
 async fn readiness_gate_without_the_boot_timer() {
     let bin = tokio::task::block_in_place(launcher_bin);
     let tmp = TempDir::new("gate");
-    let (_cluster, client, sa_kubeconfig) = cluster_for_agent(&tmp.0).await;
+    let (_cluster, client, sa_kubeconfig) = cluster_for_agent(tmp.path()).await;
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let vmi: VirtualMachineInstance = serde_json::from_value(json!({
@@ -1002,9 +916,9 @@ async fn readiness_gate_without_the_boot_timer() {
         .uid()
         .unwrap();
     let pod = "virt-launcher-stock";
-    let (mut cmd, runtime, log) = prepare(
+    let (mut cmd, runtime) = prepare(
         &pods,
-        &tmp.0,
+        tmp.path(),
         &bin,
         "stock",
         json!({"app.kubernetes.io/name": "virt-launcher", "microvirt.io/vmi": "stock"}),
@@ -1013,26 +927,26 @@ async fn readiness_gate_without_the_boot_timer() {
         "no-boot-timer",
     )
     .await;
-    let start_handler = |log: &str| {
-        Proc::spawn(
+    let start_handler = || {
+        Spawned::spawn(
             Command::new(env!("CARGO_BIN_EXE_virt-handler"))
                 .args(["--no-device-plugin", "--node-name", NODE, "--namespace", NS])
                 .arg("--kubelet-root")
-                .arg(tmp.0.join("kubelet"))
+                .arg(tmp.join("kubelet"))
                 .env("KUBECONFIG", &sa_kubeconfig)
                 .env("RUST_LOG", "info,microvirt_handler=debug"),
-            tmp.0.join(log),
         )
     };
 
     // 1. The agent follows the pod, but the launcher has not started: no gate (not Ready).
-    let mut handler = start_handler("handler-gate.log");
-    tokio::task::block_in_place(|| handler.wait_log("waiting for the launcher"));
+    let mut handler = start_handler();
+    tokio::task::block_in_place(|| handler.wait_for_stderr("waiting for the launcher", WAIT));
     assert_eq!(pod_condition(&pods, pod, GATE).await, None);
 
     // 2. The launcher runs a guest that never writes the boot timer: Ready anyway.
-    let mut launcher = Proc::spawn(&mut cmd, log);
-    let diag = |h: &Proc, l: &Proc| format!("handler:\n{}\nlauncher:\n{}", h.log(), l.log());
+    let mut launcher = Spawned::spawn(&mut cmd);
+    let diag =
+        |h: &Spawned, l: &Spawned| format!("handler:\n{}\nlauncher:\n{}", h.stderr(), l.stderr());
     let (_, _, since) = gate_is(&pods, pod, "True", "VMRunning").await;
     let status: serde_json::Value = serde_json::from_slice(
         &Command::new(&bin)
@@ -1073,7 +987,7 @@ async fn readiness_gate_without_the_boot_timer() {
     //    while no agent ran.
     handler.signal(libc::SIGTERM);
     assert_eq!(
-        tokio::task::block_in_place(|| handler.wait_exit(WAIT)),
+        tokio::task::block_in_place(|| handler.wait(WAIT).0.code()),
         Some(0)
     );
     let wrong = json!({"status": {"conditions": [{"type": GATE, "status": "False",
@@ -1081,13 +995,13 @@ async fn readiness_gate_without_the_boot_timer() {
     pods.patch_status(pod, &PatchParams::default(), &Patch::Strategic(&wrong))
         .await
         .unwrap();
-    let mut handler = start_handler("handler-gate-2.log");
+    let mut handler = start_handler();
     gate_is(&pods, pod, "True", "VMRunning").await;
 
     // 5. The launcher exits: False.
     launcher_cmd(&bin, &runtime, "stop");
     assert_eq!(
-        tokio::task::block_in_place(|| launcher.wait_exit(WAIT)),
+        tokio::task::block_in_place(|| launcher.wait(WAIT).0.code()),
         Some(5),
         "{}",
         diag(&handler, &launcher)
@@ -1095,9 +1009,9 @@ async fn readiness_gate_without_the_boot_timer() {
     gate_is(&pods, pod, "False", "VMStopped").await;
     handler.signal(libc::SIGTERM);
     assert_eq!(
-        tokio::task::block_in_place(|| handler.wait_exit(WAIT)),
+        tokio::task::block_in_place(|| handler.wait(WAIT).0.code()),
         Some(0),
         "{}",
-        handler.log()
+        handler.stderr()
     );
 }

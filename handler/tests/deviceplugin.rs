@@ -7,7 +7,7 @@
 //! tests on the real node.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use microvirt_handler::api::device_plugin_client::DevicePluginClient;
@@ -15,6 +15,7 @@ use microvirt_handler::api::registration_server::{Registration, RegistrationServ
 use microvirt_handler::api::{
     AllocateRequest, ContainerAllocateRequest, Empty, ListAndWatchResponse, RegisterRequest,
 };
+use microvirt_testsupport::{Spawned, TempDir};
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnixListenerStream;
@@ -23,37 +24,10 @@ use tonic::{Request, Response, Status};
 const ENDPOINT: &str = "microvirt-kvm.sock";
 const WAIT: Duration = Duration::from_secs(20);
 
-/// A temp directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "mv-devplugin-{tag}-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// The `virt-handler` process, killed on drop.
-struct Handler(Option<Child>);
-
-impl Handler {
-    fn spawn(dir: &Path, devices: u32) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_virt-handler"))
+/// The `virt-handler` process (its output collected), killed on drop.
+fn spawn_handler(dir: &Path, devices: u32) -> Spawned {
+    Spawned::spawn(
+        Command::new(env!("CARGO_BIN_EXE_virt-handler"))
             .arg("--no-node-agent")
             .arg("--device-plugin-dir")
             .arg(dir)
@@ -65,44 +39,8 @@ impl Handler {
             .arg(devices.to_string())
             .arg("--poll-interval-ms")
             .arg("50")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("starting virt-handler");
-        Self(Some(child))
-    }
-
-    fn pid(&self) -> i32 {
-        self.0.as_ref().unwrap().id() as i32
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0);
-    }
-
-    /// Waits for the exit (at most `limit`) and returns the exit code.
-    fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
-        let child = self.0.as_mut().unwrap();
-        let t0 = Instant::now();
-        while t0.elapsed() < limit {
-            if let Some(st) = child.try_wait().unwrap() {
-                self.0 = None;
-                return st.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Handler {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+            .env("RUST_LOG", "info"),
+    )
 }
 
 struct Reg(mpsc::UnboundedSender<RegisterRequest>);
@@ -196,9 +134,9 @@ fn make_devices(dir: &Path) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_lists_watches_health_and_allocates() {
     let dir = TempDir::new("main");
-    make_devices(&dir.0);
-    let mut kubelet = FakeKubelet::start(&dir.0);
-    let _handler = Handler::spawn(&dir.0, 1000);
+    make_devices(dir.path());
+    let mut kubelet = FakeKubelet::start(dir.path());
+    let _handler = spawn_handler(dir.path(), 1000);
 
     let reg = kubelet.registration().await;
     assert_eq!(reg.version, "v1beta1");
@@ -207,7 +145,7 @@ async fn registers_lists_watches_health_and_allocates() {
     let opts = reg.options.expect("options sent");
     assert!(!opts.pre_start_required);
 
-    let mut client = plugin_client(&dir.0).await;
+    let mut client = plugin_client(dir.path()).await;
     let o = client
         .get_device_plugin_options(Empty {})
         .await
@@ -227,11 +165,11 @@ async fn registers_lists_watches_health_and_allocates() {
 
     // /dev/kvm goes away → all unhealthy; back → healthy. Same for /dev/net/tun.
     for dev in ["kvm", "tun"] {
-        std::fs::remove_file(dir.0.join(dev)).unwrap();
+        std::fs::remove_file(dir.join(dev)).unwrap();
         let l = next_list(&mut stream).await;
         assert_eq!(l.devices.len(), 1000);
         assert_eq!(healths(&l), ["Unhealthy"], "after removing {dev}");
-        std::fs::write(dir.0.join(dev), b"").unwrap();
+        std::fs::write(dir.join(dev), b"").unwrap();
         let l = next_list(&mut stream).await;
         assert_eq!(healths(&l), ["Healthy"], "after re-creating {dev}");
     }
@@ -271,12 +209,8 @@ async fn registers_lists_watches_health_and_allocates() {
         assert_eq!(
             specs,
             [
-                ("/dev/kvm", dir.0.join("kvm").display().to_string(), "rw"),
-                (
-                    "/dev/net/tun",
-                    dir.0.join("tun").display().to_string(),
-                    "rw"
-                ),
+                ("/dev/kvm", dir.join("kvm").display().to_string(), "rw"),
+                ("/dev/net/tun", dir.join("tun").display().to_string(), "rw"),
             ]
         );
         assert!(c.mounts.is_empty() && c.envs.is_empty());
@@ -300,19 +234,19 @@ async fn registers_lists_watches_health_and_allocates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_again_when_the_kubelet_restarts() {
     let dir = TempDir::new("restart");
-    make_devices(&dir.0);
-    let mut kubelet = FakeKubelet::start(&dir.0);
-    let _handler = Handler::spawn(&dir.0, 3);
+    make_devices(dir.path());
+    let mut kubelet = FakeKubelet::start(dir.path());
+    let _handler = spawn_handler(dir.path(), 3);
     kubelet.registration().await;
-    let mut client = plugin_client(&dir.0).await;
+    let mut client = plugin_client(dir.path()).await;
     let mut old_stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
     assert_eq!(next_list(&mut old_stream).await.devices.len(), 3);
 
     // 1. What a kubelet restart does: its socket and every plugin socket are deleted, then a
     //    new kubelet.sock appears.
     kubelet.stop().await;
-    std::fs::remove_file(dir.0.join(ENDPOINT)).unwrap();
-    let mut kubelet = FakeKubelet::start(&dir.0);
+    std::fs::remove_file(dir.join(ENDPOINT)).unwrap();
+    let mut kubelet = FakeKubelet::start(dir.path());
     let reg = kubelet.registration().await;
     assert_eq!(reg.endpoint, ENDPOINT);
     // The old server stopped: its stream ends.
@@ -321,20 +255,20 @@ async fn registers_again_when_the_kubelet_restarts() {
         .unwrap();
     assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
     // The new socket serves.
-    let mut client = plugin_client(&dir.0).await;
+    let mut client = plugin_client(dir.path()).await;
     let mut s = client.list_and_watch(Empty {}).await.unwrap().into_inner();
     assert_eq!(healths(&next_list(&mut s).await), ["Healthy"]);
 
     // 2. Only the plugin socket deleted.
-    std::fs::remove_file(dir.0.join(ENDPOINT)).unwrap();
+    std::fs::remove_file(dir.join(ENDPOINT)).unwrap();
     kubelet.registration().await;
-    assert!(dir.0.join(ENDPOINT).exists());
+    assert!(dir.join(ENDPOINT).exists());
 
     // 3. Only kubelet.sock re-created (the plugin socket left in place).
     kubelet.stop().await;
-    let mut kubelet = FakeKubelet::start(&dir.0);
+    let mut kubelet = FakeKubelet::start(dir.path());
     kubelet.registration().await;
-    let mut client = plugin_client(&dir.0).await;
+    let mut client = plugin_client(dir.path()).await;
     let mut s = client.list_and_watch(Empty {}).await.unwrap().into_inner();
     assert_eq!(next_list(&mut s).await.devices.len(), 3);
     kubelet.stop().await;
@@ -343,16 +277,16 @@ async fn registers_again_when_the_kubelet_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waits_for_the_kubelet_then_registers() {
     let dir = TempDir::new("late");
-    make_devices(&dir.0);
-    let _handler = Handler::spawn(&dir.0, 1);
+    make_devices(dir.path());
+    let _handler = spawn_handler(dir.path(), 1);
     // The plugin serves before the kubelet exists.
     let t0 = Instant::now();
-    while !dir.0.join(ENDPOINT).exists() {
+    while !dir.join(ENDPOINT).exists() {
         assert!(t0.elapsed() < WAIT, "the plugin socket never appeared");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut kubelet = FakeKubelet::start(&dir.0);
+    let mut kubelet = FakeKubelet::start(dir.path());
     assert_eq!(
         kubelet.registration().await.resource_name,
         "devices.microvirt.io/kvm"
@@ -363,20 +297,25 @@ async fn waits_for_the_kubelet_then_registers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_serving_and_exits_zero() {
     let dir = TempDir::new("term");
-    make_devices(&dir.0);
-    let mut kubelet = FakeKubelet::start(&dir.0);
-    let mut handler = Handler::spawn(&dir.0, 10);
+    make_devices(dir.path());
+    let mut kubelet = FakeKubelet::start(dir.path());
+    let mut handler = spawn_handler(dir.path(), 10);
     kubelet.registration().await;
-    let mut client = plugin_client(&dir.0).await;
+    let mut client = plugin_client(dir.path()).await;
     let mut stream = client.list_and_watch(Empty {}).await.unwrap().into_inner();
     next_list(&mut stream).await;
 
     handler.signal(libc::SIGTERM);
     // Bounded wait, not a speed assertion: the process must exit by itself.
-    let code = tokio::task::block_in_place(|| handler.wait_exit(WAIT));
-    assert_eq!(code, Some(0), "virt-handler did not exit 0 after SIGTERM");
+    let code = tokio::task::block_in_place(|| handler.wait(WAIT).0.code());
+    assert_eq!(
+        code,
+        Some(0),
+        "virt-handler did not exit 0 after SIGTERM; {}",
+        handler.output()
+    );
     assert!(
-        !dir.0.join(ENDPOINT).exists(),
+        !dir.join(ENDPOINT).exists(),
         "the plugin socket is left behind"
     );
     let end = tokio::time::timeout(WAIT, stream.message()).await.unwrap();
@@ -387,19 +326,19 @@ async fn sigterm_stops_serving_and_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
     let dir = TempDir::new("twice");
-    make_devices(&dir.0);
-    let mut kubelet = FakeKubelet::start(&dir.0);
-    let mut handler = Handler::spawn(&dir.0, 1);
+    make_devices(dir.path());
+    let mut kubelet = FakeKubelet::start(dir.path());
+    let mut handler = spawn_handler(dir.path(), 1);
     kubelet.registration().await;
     // Both signals become pending while the process is stopped and are handled together on
     // SIGCONT: the second one must end the process with the forced-exit status.
     // Stopped means every thread stopped: a thread still running after a bare SIGSTOP could
     // take the SIGTERM alone and start the graceful exit.
-    microvirt_testsupport::stop_process(handler.pid() as u32).expect("stopping virt-handler");
+    microvirt_testsupport::stop_process(handler.id()).expect("stopping virt-handler");
     handler.signal(libc::SIGTERM);
     handler.signal(libc::SIGINT);
     handler.signal(libc::SIGCONT);
-    let code = tokio::task::block_in_place(|| handler.wait_exit(WAIT));
-    assert_eq!(code, Some(130));
+    let code = tokio::task::block_in_place(|| handler.wait(WAIT).0.code());
+    assert_eq!(code, Some(130), "{}", handler.output());
     kubelet.stop().await;
 }

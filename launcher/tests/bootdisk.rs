@@ -10,6 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use microvirt_testsupport::TempDir;
+
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
 /// The test guest as a bzImage (launcher/build.rs).
 const BZIMAGE: &str = concat!(env!("OUT_DIR"), "/testguest-bzImage");
@@ -20,29 +22,6 @@ const PART_UUID: &str = "a1b2c3d4-e5f6-4711-8899-aabbccddeeff";
 const MBR_ID: &str = "0x1234abcd";
 const KERNEL_NAME: &str = "vmlinuz-6.1.0-99-cloud-amd64";
 const INITRD_NAME: &str = "initrd.img-6.1.0-99-cloud-amd64";
-
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("bootdisk-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn tools() {
     static ONCE: std::sync::Once = std::sync::Once::new();

@@ -5,30 +5,14 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use microvirt_testsupport::{Spawned, TempDir};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
-
-struct PodDir(PathBuf);
-
-impl Drop for PodDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct Launcher(Child);
-
-impl Drop for Launcher {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn watch(sock: &Path) -> (UnixStream, BufReader<UnixStream>) {
     let mut s = UnixStream::connect(sock).expect("connecting to control.sock");
@@ -58,8 +42,8 @@ fn request(sock: &Path, cmd: &str) -> Value {
 
 #[test]
 fn watch_streams_state_changes_until_the_launcher_exits() {
-    let dir = PodDir(std::env::temp_dir().join(format!("mv-watch-{}", std::process::id())));
-    let root = dir.0.join("root");
+    let dir = TempDir::new("watch");
+    let root = dir.join("root");
     std::fs::create_dir_all(root.join("vmi")).unwrap();
     // The kernelBoot image's mount with the demo guest (a pod never boots the built-in one).
     std::fs::create_dir_all(root.join("kernel-boot/boot")).unwrap();
@@ -80,21 +64,19 @@ fn watch_streams_state_changes_until_the_launcher_exits() {
         "vcpus": 1
     });
     std::fs::write(root.join("vmi/vmi.json"), doc.to_string()).unwrap();
-    let mut l = Launcher(
+    let mut l = Spawned::spawn(
         Command::new(BIN)
             .arg("pod")
             .env("MICROVIRT_ROOT", &root)
-            .env("MICROVIRT_TERMINATION_LOG", dir.0.join("term"))
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .env("MICROVIRT_TERMINATION_LOG", dir.join("term")),
     );
     let sock = root.join("control.sock");
     let t0 = Instant::now();
     while !root.join("booted").exists() {
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "the guest never booted"
+            "the guest never booted; {}",
+            l.output()
         );
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -129,16 +111,16 @@ fn watch_streams_state_changes_until_the_launcher_exits() {
             );
         }
     }
-    let st = l.0.wait().unwrap();
-    assert_eq!(st.code(), Some(5));
+    let (st, _) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(5), "{}", l.output());
 }
 
 /// `startStrategy: Paused` (KubeVirt's): the launcher builds the VM and keeps its vCPUs stopped
 /// — the guest never runs, so it never boots — until `unpause`, after which it boots as usual.
 #[test]
 fn start_strategy_paused_builds_the_vm_and_waits_for_unpause() {
-    let dir = PodDir(std::env::temp_dir().join(format!("mv-startpaused-{}", std::process::id())));
-    let root = dir.0.join("root");
+    let dir = TempDir::new("startpaused");
+    let root = dir.join("root");
     std::fs::create_dir_all(root.join("vmi")).unwrap();
     std::fs::create_dir_all(root.join("kernel-boot/boot")).unwrap();
     std::fs::write(
@@ -158,23 +140,25 @@ fn start_strategy_paused_builds_the_vm_and_waits_for_unpause() {
         "vcpus": 1
     });
     std::fs::write(root.join("vmi/vmi.json"), doc.to_string()).unwrap();
-    let mut l = Launcher(
+    let mut l = Spawned::spawn(
         Command::new(BIN)
             .arg("pod")
             .env("MICROVIRT_ROOT", &root)
-            .env("MICROVIRT_TERMINATION_LOG", dir.0.join("term"))
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .env("MICROVIRT_TERMINATION_LOG", dir.join("term")),
     );
     let sock = root.join("control.sock");
     let t0 = Instant::now();
     while UnixStream::connect(&sock).is_err() {
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "the control socket never came up"
+            "the control socket never came up; {}",
+            l.output()
         );
-        assert!(l.0.try_wait().unwrap().is_none(), "the launcher exited");
+        assert!(
+            l.try_wait().is_none(),
+            "the launcher exited; {}",
+            l.output()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     // The watch's first line is the state once the VM is built: paused, not booted.
@@ -191,12 +175,13 @@ fn start_strategy_paused_builds_the_vm_and_waits_for_unpause() {
     while !root.join("booted").exists() {
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "the guest never booted after unpause"
+            "the guest never booted after unpause; {}",
+            l.output()
         );
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(request(&sock, "status")["booted"], true);
     request(&sock, "stop");
-    let st = l.0.wait().unwrap();
-    assert_eq!(st.code(), Some(5));
+    let (st, _) = l.wait(Duration::from_secs(20));
+    assert_eq!(st.code(), Some(5), "{}", l.output());
 }

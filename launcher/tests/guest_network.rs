@@ -6,151 +6,58 @@
 //! the guest down through Ctrl+Alt+Del (exit 0). Needs root, iproute2 and busybox (ping); both
 //! namespaces are removed on drop, also when the test fails.
 
-use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use microvirt_testsupport::{ScratchNetns, Spawned, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
 const NODE_IP: &str = "10.99.0.1";
 const POD_IP: &str = "10.99.0.2";
 
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("running ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The node and pod namespaces; deleted on drop (which removes the veth too).
+/// The node and pod namespaces, a veth between them; deleted on drop (which removes the veth
+/// too).
 struct Netns {
-    node: String,
-    pod: String,
+    node: ScratchNetns,
+    pod: ScratchNetns,
 }
 
 impl Netns {
     fn new() -> Self {
-        let id = std::process::id();
         let n = Netns {
-            node: format!("mvgn-node-{id}"),
-            pod: format!("mvgn-pod-{id}"),
+            node: ScratchNetns::new("gn-node"),
+            pod: ScratchNetns::new("gn-pod"),
         };
         for ns in [&n.node, &n.pod] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-            ip(&["netns", "add", ns]);
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
+            ns.ip(&["link", "set", "lo", "up"]);
         }
-        ip(&[
-            "link", "add", "eth0", "netns", &n.pod, "type", "veth", "peer", "name", "veth-pod",
-            "netns", &n.node,
-        ]);
-        ip(&[
-            "-n",
-            &n.node,
-            "addr",
+        n.pod.ip(&[
+            "link",
             "add",
-            &format!("{NODE_IP}/24"),
-            "dev",
-            "veth-pod",
-        ]);
-        ip(&["-n", &n.node, "link", "set", "veth-pod", "up"]);
-        ip(&[
-            "-n",
-            &n.pod,
-            "addr",
-            "add",
-            &format!("{POD_IP}/24"),
-            "dev",
             "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "veth-pod",
+            "netns",
+            n.node.name(),
         ]);
-        ip(&["-n", &n.pod, "link", "set", "eth0", "up"]);
-        ip(&["-n", &n.pod, "route", "add", "default", "via", NODE_IP]);
+        n.node
+            .ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "veth-pod"]);
+        n.node.ip(&["link", "set", "veth-pod", "up"]);
+        n.pod
+            .ip(&["addr", "add", &format!("{POD_IP}/24"), "dev", "eth0"]);
+        n.pod.ip(&["link", "set", "eth0", "up"]);
+        n.pod.ip(&["route", "add", "default", "via", NODE_IP]);
         n
     }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for ns in [&self.node, &self.pod] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
-    }
-}
-
-struct Launcher {
-    child: Option<Child>,
-    out: Arc<Mutex<String>>,
-    err: Arc<Mutex<String>>,
-}
-
-fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let buf = Arc::new(Mutex::new(String::new()));
-    let b = buf.clone();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(r);
-        let mut line = Vec::new();
-        while r
-            .read_until(b'\n', &mut line)
-            .map(|n| n > 0)
-            .unwrap_or(false)
-        {
-            b.lock().unwrap().push_str(&String::from_utf8_lossy(&line));
-            line.clear();
-        }
-    });
-    buf
-}
-
-impl Launcher {
-    fn output(&self) -> String {
-        format!(
-            "stdout:\n{}\nstderr:\n{}",
-            self.out.lock().unwrap(),
-            self.err.lock().unwrap()
-        )
-    }
-}
-
-impl Drop for Launcher {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Runs `f` on a thread that joined the network namespace `ns`.
-fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).expect("opening the netns");
-        // SAFETY: setns(2) with a valid namespace fd; it changes only this thread.
-        let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
-        f()
-    })
-    .join()
-    .expect("netns thread")
 }
 
 #[test]
 fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
     let ns = Netns::new();
-    let dir = std::env::temp_dir().join(format!("mv-guestnet-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    struct Rm(std::path::PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _rm = Rm(dir.clone());
+    let dir = TempDir::new("guestnet");
     let vmi = dir.join("vmi.yaml");
     std::fs::write(
         &vmi,
@@ -163,38 +70,19 @@ fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
     .unwrap();
     let resolv = dir.join("resolv.conf");
     std::fs::write(&resolv, "nameserver 10.96.0.10\n").unwrap();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &ns.pod, BIN, "run", "--pod-network"])
-        .arg(&vmi)
-        .env("MICROVIRT_RESOLV_CONF", &resolv)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = collect(child.stdout.take().unwrap());
-    let err = collect(child.stderr.take().unwrap());
-    let mut l = Launcher {
-        child: Some(child),
-        out,
-        err,
-    };
+    let mut l = Spawned::spawn(
+        ns.pod
+            .command(BIN)
+            .args(["run", "--pod-network"])
+            .arg(&vmi)
+            .env("MICROVIRT_RESOLV_CONF", &resolv),
+    );
 
     // DHCP: the guest reports the lease from the launcher's server.
     let t0 = Instant::now();
-    while !l.out.lock().unwrap().contains("net-serve: ip=") {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no lease; {}",
-            l.output()
-        );
-        if let Some(st) = l.child.as_mut().unwrap().try_wait().unwrap() {
-            panic!("launcher exited {st}; {}", l.output());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    l.wait_for_stdout("net-serve: ip=", Duration::from_secs(30));
     let dhcp_ms = t0.elapsed().as_millis();
-    let line = l.out.lock().unwrap().clone();
+    let line = l.stdout();
     assert!(
         line.contains("net-serve: ip=10.0.2.2/24 router=10.0.2.1 server=10.0.2.1 udp-echo=7"),
         "{}",
@@ -202,11 +90,10 @@ fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
     );
 
     // Ping the pod IP from the node: DNAT to the guest, which answers.
-    let node = ns.node.clone();
-    let ping = Command::new("ip")
-        .args([
-            "netns", "exec", &node, "busybox", "ping", "-c", "3", "-W", "5", POD_IP,
-        ])
+    let ping = ns
+        .node
+        .command("busybox")
+        .args(["ping", "-c", "3", "-W", "5", POD_IP])
         .output()
         .expect("busybox ping");
     let text = String::from_utf8_lossy(&ping.stdout).into_owned();
@@ -218,7 +105,7 @@ fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
     );
 
     // UDP echo through the pod IP, several sizes.
-    let replies = in_netns(&node, || {
+    let replies = ns.node.run(|| {
         let s = UdpSocket::bind("0.0.0.0:0").unwrap();
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let to = SocketAddrV4::new(POD_IP.parse::<Ipv4Addr>().unwrap(), 7);
@@ -246,26 +133,12 @@ fn guest_gets_dhcp_address_and_answers_ping_and_udp_echo_through_the_pod_ip() {
 
     // Graceful shutdown: SIGTERM → Ctrl+Alt+Del (the guest did not arm the ACPI power button)
     // → the guest powers off (ACPI S5) → exit 0.
-    let pid = l.child.as_ref().unwrap().id() as i32;
-    // SAFETY: kill(2) on our child (`ip netns exec` execs the launcher in place).
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let t0 = Instant::now();
-    let st = loop {
-        if let Some(st) = l.child.as_mut().unwrap().try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "no exit; {}",
-            l.output()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    l.child = None;
-    std::thread::sleep(Duration::from_millis(100));
+    // (`ip netns exec` execs the launcher in place: the child is the launcher.)
+    l.signal(libc::SIGTERM);
+    let (st, _) = l.wait(Duration::from_secs(30));
     assert_eq!(st.code(), Some(0), "{}", l.output());
     assert!(
-        l.out.lock().unwrap().contains("ctrl-alt-del received"),
+        l.stdout().contains("ctrl-alt-del received"),
         "{}",
         l.output()
     );

@@ -2,147 +2,19 @@
 //! guest embedded in the binary): run mode, signals and the grace period, crashes, pod mode
 //! with a fake pod filesystem, the control socket, and disks from volumes.
 
-use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
+use microvirt_testsupport::{ScratchNetns, Spawned, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
 
-/// A temporary directory removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p =
-            std::env::temp_dir().join(format!("launcher-test-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A running launcher whose stdout and stderr are collected as they arrive.
-struct Launcher {
-    child: Child,
-    out: Arc<Mutex<String>>,
-    err: Arc<Mutex<String>>,
-}
-
-fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let buf = Arc::new(Mutex::new(String::new()));
-    let b = buf.clone();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(r);
-        let mut line = Vec::new();
-        while r
-            .read_until(b'\n', &mut line)
-            .map(|n| n > 0)
-            .unwrap_or(false)
-        {
-            b.lock().unwrap().push_str(&String::from_utf8_lossy(&line));
-            line.clear();
-        }
-    });
-    buf
-}
-
-impl Launcher {
-    fn spawn(cmd: &mut Command) -> Self {
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = collect(child.stdout.take().unwrap());
-        let err = collect(child.stderr.take().unwrap());
-        Launcher { child, out, err }
-    }
-
-    fn stdout(&self) -> String {
-        self.out.lock().unwrap().clone()
-    }
-    fn stderr(&self) -> String {
-        self.err.lock().unwrap().clone()
-    }
-
-    fn wait_for_output(&self, needle: &str, timeout: Duration) {
-        let end = Instant::now() + timeout;
-        while !self.stdout().contains(needle) {
-            assert!(
-                Instant::now() < end,
-                "no {needle:?} within {timeout:?}; stdout:\n{}\nstderr:\n{}",
-                self.stdout(),
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn signal(&self, sig: i32) {
-        // SAFETY: kill with the pid of our own child process.
-        assert_eq!(unsafe { libc::kill(self.child.id() as i32, sig) }, 0);
-    }
-
-    /// Waits for the exit (killing the launcher after `timeout`); returns status and time taken.
-    fn wait(&mut self, timeout: Duration) -> (ExitStatus, Duration) {
-        let t0 = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                // Let the reader threads drain the pipes.
-                std::thread::sleep(Duration::from_millis(50));
-                return (st, t0.elapsed());
-            }
-            if t0.elapsed() > timeout {
-                let _ = self.child.kill();
-                panic!(
-                    "launcher still running after {timeout:?}; stdout:\n{}\nstderr:\n{}",
-                    self.stdout(),
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-/// A launcher still running when its test fails is killed, so no VM outlives the test.
-impl Drop for Launcher {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A child process (a console client) killed and reaped on drop.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
-    }
-}
+/// A running launcher, its stdout and stderr collected as they arrive; killed if still
+/// running when its test ends.
+type Launcher = Spawned;
 
 fn demo_vmi(dir: &Path, name: &str, kernel_args: &str, extra_spec: &str) -> PathBuf {
     let p = dir.join(format!("{name}.yaml"));
@@ -229,7 +101,7 @@ fn soft_stop_presses_the_power_button_with_acpi_and_sends_ctrl_alt_del_without()
         &vmi,
         &["--termination-log", log.to_str().unwrap()],
     ));
-    l.wait_for_output("waiting for ctrl-alt-del", Duration::from_secs(20));
+    l.wait_for_stdout("waiting for ctrl-alt-del", Duration::from_secs(20));
     assert!(
         l.stdout().contains("acpi: power button armed"),
         "{}",
@@ -270,7 +142,7 @@ fn soft_stop_presses_the_power_button_with_acpi_and_sends_ctrl_alt_del_without()
         &vmi,
         &["--termination-log", log.to_str().unwrap()],
     ));
-    l.wait_for_output("waiting for ctrl-alt-del", Duration::from_secs(20));
+    l.wait_for_stdout("waiting for ctrl-alt-del", Duration::from_secs(20));
     l.signal(libc::SIGTERM);
     let (st, _) = l.wait(Duration::from_secs(20));
     let (out, err) = (l.stdout(), l.stderr());
@@ -306,7 +178,7 @@ fn a_guest_reboot_keeps_the_vm_running_and_is_counted() {
         &vmi,
         &["--control-socket", sock.to_str().unwrap()],
     ));
-    l.wait_for_output("reboot: halting", Duration::from_secs(30));
+    l.wait_for_stdout("reboot: halting", Duration::from_secs(30));
     let out = l.stdout();
     assert_eq!(
         out.matches("microvirt-testguest: entry=").count(),
@@ -382,7 +254,7 @@ fn sigterm_shuts_the_guest_down_within_the_grace_period() {
         &vmi,
         &["--termination-log", log.to_str().unwrap()],
     ));
-    l.wait_for_output("waiting for ctrl-alt-del", Duration::from_secs(20));
+    l.wait_for_stdout("waiting for ctrl-alt-del", Duration::from_secs(20));
     l.signal(libc::SIGTERM);
     let (st, took) = l.wait(Duration::from_secs(20));
     assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
@@ -420,7 +292,7 @@ fn a_guest_that_ignores_sigterm_is_stopped_after_the_grace_period() {
             log.to_str().unwrap(),
         ],
     ));
-    l.wait_for_output("halting", Duration::from_secs(20));
+    l.wait_for_stdout("halting", Duration::from_secs(20));
     l.signal(libc::SIGTERM);
     let (st, took) = l.wait(Duration::from_secs(20));
     assert_eq!(st.code(), Some(4), "stderr:\n{}", l.stderr());
@@ -442,7 +314,7 @@ fn a_second_signal_stops_at_once() {
     let t = TempDir::new("twice");
     let vmi = demo_vmi(t.path(), "twice", "testguest.scenario=halt-forever", "");
     let mut l = Launcher::spawn(&mut run_cmd(&vmi, &["--grace-period", "60"]));
-    l.wait_for_output("halting", Duration::from_secs(20));
+    l.wait_for_stdout("halting", Duration::from_secs(20));
     l.signal(libc::SIGINT);
     // Two SIGINTs pending at once are one signal: send the second only after the launcher
     // handled the first (a fixed pause was not enough on a busy machine).
@@ -720,51 +592,28 @@ fn pod_mode_readiness_control_socket_console_and_termination_message() {
     assert_eq!(pod.control("unpause")["state"], "running");
 
     // Console round trip: the echo guest answers each line; `quit` makes it reset.
-    let mut console = pod
-        .cmd(&["console"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = collect(console.stdout.take().unwrap());
+    let mut console = Spawned::spawn_with_stdin(&mut pod.cmd(&["console"]));
     // A second console at the same time only watches.
-    let mut watcher = pod
-        .cmd(&["console"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let watched = collect(watcher.stdout.take().unwrap());
-    let mut stdin = console.stdin.take().unwrap();
+    let mut watcher = Spawned::spawn(&mut pod.cmd(&["console"]));
+    let mut stdin = console.stdin().take().unwrap();
     use std::io::Write;
-    let end = Instant::now() + Duration::from_secs(10);
-    while !watched.lock().unwrap().contains("echo: ready")
-        || !out.lock().unwrap().contains("echo: ready")
-    {
-        assert!(Instant::now() < end, "consoles did not attach");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    watcher.wait_for_stdout("echo: ready", Duration::from_secs(10));
+    console.wait_for_stdout("echo: ready", Duration::from_secs(10));
     stdin.write_all(b"hello launcher\n").unwrap();
-    let end = Instant::now() + Duration::from_secs(10);
-    while !out.lock().unwrap().contains("echo: hello launcher") {
-        assert!(Instant::now() < end, "no echo: {:?}", out.lock().unwrap());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    console.wait_for_stdout("echo: hello launcher", Duration::from_secs(10));
     // The console replays recent output: the guest's banner is there too.
-    assert!(out.lock().unwrap().contains("echo: ready"));
+    assert!(console.stdout().contains("echo: ready"));
     stdin.write_all(b"quit\n").unwrap();
     let (st, _) = l.wait(Duration::from_secs(20));
     assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
-    let cst = console.wait().unwrap();
+    let (cst, _) = console.wait(Duration::from_secs(20));
     assert!(
         cst.success(),
         "console client ends when the VM does: {cst:?}"
     );
-    assert!(out.lock().unwrap().contains("echo: bye"));
-    assert!(watcher.wait().unwrap().success());
-    assert!(watched.lock().unwrap().contains("echo: hello launcher"));
+    assert!(console.stdout().contains("echo: bye"));
+    assert!(watcher.wait(Duration::from_secs(20)).0.success());
+    assert!(watcher.stdout().contains("echo: hello launcher"));
     // The launcher's stdout (the container log) carries the guest console too.
     let log = l.stdout();
     assert!(log.contains("microvirt-testguest: entry=pvh"), "{log}");
@@ -917,31 +766,21 @@ fn pod_mode_sets_up_masquerade_networking_in_the_pod_namespace() {
         "dropped after network setup"
     );
     // The guest got a virtio-net device (its command line names the MMIO slot).
-    let mut console = pod
-        .cmd(&["console"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = collect(console.stdout.take().unwrap());
-    let mut stdin = console.stdin.take().unwrap();
+    let mut console = Spawned::spawn_with_stdin(&mut pod.cmd(&["console"]));
+    let mut stdin = console.stdin().take().unwrap();
     use std::io::Write;
-    let end = Instant::now() + Duration::from_secs(10);
-    while !out.lock().unwrap().contains("echo: ready") {
-        assert!(Instant::now() < end, "{:?}", out.lock().unwrap());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    console.wait_for_stdout("echo: ready", Duration::from_secs(10));
     assert!(
-        out.lock()
-            .unwrap()
+        console
+            .stdout()
             .contains("virtio_mmio.device=4K@0xc0001000:5"),
         "{:?}",
-        out.lock().unwrap()
+        console.stdout()
     );
     stdin.write_all(b"quit\n").unwrap();
     let (st, _) = l.wait(Duration::from_secs(20));
     assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
-    let _ = console.wait();
+    let _ = console.wait(Duration::from_secs(20));
 }
 
 /// A loop block device over a file (`losetup`), detached on drop.
@@ -1153,19 +992,8 @@ fn every_launcher_thread_is_unprivileged_and_filtered_with_pod_networking() {
         std::thread::sleep(Duration::from_millis(20));
     }
     // A console attached and a control request in flight: every kind of thread exists.
-    let mut console = Reaped(
-        pod.cmd(&["console"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let out = collect(console.0.stdout.take().unwrap());
-    let end = Instant::now() + Duration::from_secs(10);
-    while !out.lock().unwrap().contains("echo: ready") {
-        assert!(Instant::now() < end, "{:?}", out.lock().unwrap());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut console = Spawned::spawn_with_stdin(&mut pod.cmd(&["console"]));
+    console.wait_for_stdout("echo: ready", Duration::from_secs(10));
     let st = pod.control("status");
     assert!(
         st["network"].as_str().unwrap().starts_with("Masquerade"),
@@ -1179,7 +1007,7 @@ fn every_launcher_thread_is_unprivileged_and_filtered_with_pod_networking() {
         assert_eq!(t["seccomp"], 2, "{t}");
     }
     // ...and what /proc shows from outside.
-    let names = assert_all_threads_locked_down(l.child.id());
+    let names = assert_all_threads_locked_down(l.id());
     for want in [
         "virt-launcher",
         "dhcp-server",
@@ -1196,8 +1024,7 @@ fn every_launcher_thread_is_unprivileged_and_filtered_with_pod_networking() {
     }
     use std::io::Write;
     console
-        .0
-        .stdin
+        .stdin()
         .take()
         .unwrap()
         .write_all(b"quit\n")
@@ -1206,46 +1033,20 @@ fn every_launcher_thread_is_unprivileged_and_filtered_with_pod_networking() {
     assert_eq!(st.code(), Some(0), "stderr:\n{}", l.stderr());
 }
 
-/// A named network namespace, deleted on drop.
-struct NetNs(String);
-
-impl NetNs {
-    fn new(tag: &str) -> Self {
-        let name = format!("mvl-{tag}-{}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &name])
-            .stderr(Stdio::null())
-            .status();
-        let ok = Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "ip netns add {name}");
-        let ns = NetNs(name);
-        ns.sh("ip link set lo up && ip link add eth0 type veth peer name peer0 && ip link set peer0 up \
-               && ip addr add 10.244.2.5/24 dev eth0 && ip link set eth0 up");
-        ns
-    }
-    fn sh(&self, script: &str) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.0, "sh", "-c", script])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{script}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for NetNs {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
+/// A scratch network namespace standing in for a pod's: `eth0` (one end of a veth) holds the
+/// pod IP.
+fn pod_netns(tag: &str) -> ScratchNetns {
+    let ns = ScratchNetns::new(tag);
+    ns.sh(
+        "ip link set lo up && ip link add eth0 type veth peer name peer0 && ip link set peer0 up \
+           && ip addr add 10.244.2.5/24 dev eth0 && ip link set eth0 up",
+    );
+    ns
 }
 
 #[test]
 fn run_pod_network_threads_are_unprivileged_and_a_helper_removes_the_network() {
-    let ns = NetNs::new("runnet");
+    let ns = pod_netns("runnet");
     let t = TempDir::new("runnet");
     let vmi = demo_vmi(
         t.path(),
@@ -1257,8 +1058,8 @@ fn run_pod_network_threads_are_unprivileged_and_a_helper_removes_the_network() {
     let resolv = t.path().join("resolv.conf");
     std::fs::write(&resolv, "nameserver 10.96.0.10\n").unwrap();
     let mut l = Launcher::spawn(
-        Command::new("ip")
-            .args(["netns", "exec", &ns.0, BIN, "run"])
+        ns.command(BIN)
+            .arg("run")
             .arg(&vmi)
             .args(["--pod-network", "--console", "socket", "--control-socket"])
             .arg(&sock)
@@ -1282,10 +1083,9 @@ fn run_pod_network_threads_are_unprivileged_and_a_helper_removes_the_network() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(ns.sh("ip -o link").contains("k6t-eth0"));
-    assert_all_threads_locked_down(l.child.id());
+    assert_all_threads_locked_down(l.id());
     // The teardown helper: a child process that kept only CAP_NET_ADMIN.
-    let children =
-        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", l.child.id())).unwrap();
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", l.id())).unwrap();
     let helper: u32 = children.split_whitespace().next().unwrap().parse().unwrap();
     let text = std::fs::read_to_string(format!("/proc/{helper}/status")).unwrap();
     assert!(text.contains("Name:\tnet-teardown\n"), "{text}");
@@ -1571,28 +1371,17 @@ fn pod_mode_gives_up_root_after_setup_and_reads_cloud_init_from_secret_mounts() 
         String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
         "{out:?}"
     );
-    let mut console = Reaped(
-        pod.cmd(&["console"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let out = collect(console.0.stdout.take().unwrap());
-    let end = Instant::now() + Duration::from_secs(10);
-    while !out.lock().unwrap().contains("echo: ready") {
-        assert!(Instant::now() < end, "{:?}", out.lock().unwrap());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut console = Spawned::spawn_with_stdin(&mut pod.cmd(&["console"]));
+    console.wait_for_stdout("echo: ready", Duration::from_secs(10));
     // The guest has its NIC (the TAP opened before the switch) and the three disks (the Block
     // claim's device opened before it).
-    let text = out.lock().unwrap().clone();
+    let text = console.stdout();
     assert!(
         text.contains("virtio_mmio.device=4K@0xc0001000:5")
             && text.contains("virtio_mmio.device=4K@0xc0004000:8"),
         "{text}"
     );
-    let pid = l.child.id();
+    let pid = l.id();
     for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let s = std::fs::read_to_string(t.unwrap().path().join("status")).unwrap_or_default();
         if s.is_empty() {
@@ -1611,8 +1400,7 @@ fn pod_mode_gives_up_root_after_setup_and_reads_cloud_init_from_secret_mounts() 
     }
     use std::io::Write;
     console
-        .0
-        .stdin
+        .stdin()
         .take()
         .unwrap()
         .write_all(b"quit\n")

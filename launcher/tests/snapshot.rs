@@ -4,112 +4,19 @@
 //! that does not match the snapshot is refused before anything runs. The `ticker` guest (a VM
 //! pool's member) shows what clones of one snapshot share and where they diverge.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+
+use microvirt_testsupport::{Spawned, TempDir};
 
 const BIN: &str = env!("CARGO_BIN_EXE_virt-launcher");
 const WAIT: Duration = Duration::from_secs(60);
 
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("launcher-snap-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A running launcher, its output collected; killed when dropped.
-struct Launcher {
-    child: Child,
-    out: Arc<Mutex<String>>,
-    err: Arc<Mutex<String>>,
-}
-
-fn collect(r: impl Read + Send + 'static) -> Arc<Mutex<String>> {
-    let buf = Arc::new(Mutex::new(String::new()));
-    let b = buf.clone();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(r);
-        let mut line = Vec::new();
-        while r
-            .read_until(b'\n', &mut line)
-            .map(|n| n > 0)
-            .unwrap_or(false)
-        {
-            b.lock().unwrap().push_str(&String::from_utf8_lossy(&line));
-            line.clear();
-        }
-    });
-    buf
-}
-
-impl Launcher {
-    fn run(args: &[&str]) -> Launcher {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = collect(child.stdout.take().unwrap());
-        let err = collect(child.stderr.take().unwrap());
-        Launcher { child, out, err }
-    }
-
-    fn stdout(&self) -> String {
-        self.out.lock().unwrap().clone()
-    }
-
-    fn context(&self) -> String {
-        format!(
-            "stdout:\n{}\nstderr:\n{}",
-            self.stdout(),
-            self.err.lock().unwrap()
-        )
-    }
-
-    fn wait_for(&self, needle: &str) {
-        let end = Instant::now() + WAIT;
-        while !self.stdout().contains(needle) {
-            assert!(Instant::now() < end, "no {needle:?}; {}", self.context());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn wait(&mut self) -> ExitStatus {
-        let end = Instant::now() + WAIT;
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                std::thread::sleep(Duration::from_millis(50));
-                return st;
-            }
-            assert!(Instant::now() < end, "still running; {}", self.context());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Launcher {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `virt-launcher ARGS`, its output collected; killed when dropped.
+fn launcher(args: &[&str]) -> Spawned {
+    Spawned::spawn(Command::new(BIN).args(args))
 }
 
 fn client(args: &[&str]) -> (Output, serde_json::Value) {
@@ -136,15 +43,15 @@ fn vmi(dir: &Path, name: &str, memory: &str, kernel_args: &str) -> PathBuf {
 #[test]
 fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     let t = TempDir::new("flow");
-    let base = t.path("base.img");
+    let base = t.join("base.img");
     std::fs::write(&base, vec![0u8; 1 << 20]).unwrap();
     let k = 200;
     let args = format!("testguest.scenario=stream testguest.stream_count={k}");
-    let vmi_file = vmi(&t.0, "snapvm", "32Mi", &args);
-    let (s1, s2) = (t.path("one.sock"), t.path("two.sock"));
-    let (rt1, rt2) = (t.path("rt1"), t.path("rt2"));
+    let vmi_file = vmi(t.path(), "snapvm", "32Mi", &args);
+    let (s1, s2) = (t.join("one.sock"), t.join("two.sock"));
+    let (rt1, rt2) = (t.join("rt1"), t.join("rt2"));
     let vmi_s = vmi_file.display().to_string();
-    let mut one = Launcher::run(&[
+    let mut one = launcher(&[
         "run",
         &vmi_s,
         "--control-socket",
@@ -152,15 +59,15 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
         "--runtime-dir",
         &rt1.display().to_string(),
     ]);
-    one.wait_for("stream: 60");
-    let snap = t.path("snap");
+    one.wait_for_stdout("stream: 60", WAIT);
+    let snap = t.join("snap");
     let (out, a) = client(&[
         "snapshot",
         &snap.display().to_string(),
         "--socket",
         &s1.display().to_string(),
     ]);
-    assert!(out.status.success(), "{out:?}; {}", one.context());
+    assert!(out.status.success(), "{out:?}; {}", one.output());
     assert_eq!(a["state"], "paused", "{a}");
     assert!(a["overlayBytes"].as_u64().unwrap() > 0, "{a}");
     assert!(snap.join("disk0.overlay").is_file());
@@ -168,11 +75,11 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     assert_eq!(st["state"], "paused");
     let (out, _) = client(&["stop", "--socket", &s1.display().to_string()]);
     assert!(out.status.success());
-    assert_eq!(one.wait().code(), Some(5), "{}", one.context());
+    assert_eq!(one.wait(WAIT).0.code(), Some(5), "{}", one.output());
     let printed = one.stdout();
 
     // A VMI that asks for other memory is refused before anything runs.
-    let other = vmi(&t.0, "bigger", "64Mi", &args);
+    let other = vmi(t.path(), "bigger", "64Mi", &args);
     let out = Command::new(BIN)
         .args(["run", &other.display().to_string(), "--restore"])
         .arg(&snap)
@@ -186,7 +93,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     );
     assert!(out.stdout.is_empty(), "the guest ran: {out:?}");
 
-    let mut two = Launcher::run(&[
+    let mut two = launcher(&[
         "run",
         &vmi_s,
         "--restore",
@@ -199,7 +106,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     ]);
     let end = Instant::now() + WAIT;
     while std::os::unix::net::UnixStream::connect(&s2).is_err() {
-        assert!(Instant::now() < end, "no control socket; {}", two.context());
+        assert!(Instant::now() < end, "no control socket; {}", two.output());
         std::thread::sleep(Duration::from_millis(10));
     }
     let (_, st) = client(&["status", "--socket", &s2.display().to_string()]);
@@ -209,7 +116,7 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     assert!(
         two.stdout().is_empty(),
         "ran while paused: {}",
-        two.context()
+        two.output()
     );
     // What the node agent follows: the watch stream never says "booted" while "paused" (the
     // resume of a restored VM records its boot time while the request runs; a watcher would
@@ -237,20 +144,20 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     drop(watch);
     // A snapshot of the restored VM (its RAM maps the snapshot's file: the VMM thread asks
     // `mincore` which pages it wrote), under the launcher's seccomp filters, then on.
-    let snap2 = t.path("snap2");
+    let snap2 = t.join("snap2");
     let (out, a) = client(&[
         "snapshot",
         &snap2.display().to_string(),
         "--socket",
         &s2.display().to_string(),
     ]);
-    assert!(out.status.success(), "{out:?}; {}", two.context());
+    assert!(out.status.success(), "{out:?}; {}", two.output());
     assert_eq!(a["state"], "paused", "{a}");
     assert!(snap2.join("vmstate").is_file());
     let (out, a) = client(&["resume", "--socket", &s2.display().to_string()]);
     assert!(out.status.success(), "{a}");
-    two.wait_for(&format!("stream: done {k} blk=ok net=none"));
-    assert!(two.wait().success(), "{}", two.context());
+    two.wait_for_stdout(&format!("stream: done {k} blk=ok net=none"), WAIT);
+    assert!(two.wait(WAIT).0.success(), "{}", two.output());
     let stdout = two.stdout();
     assert!(
         !stdout.contains("stream: start"),
@@ -258,9 +165,9 @@ fn snapshot_then_restore_paused_resume_with_the_containerdisk_overlay() {
     );
     assert!(printed.contains("stream: start"));
     assert!(
-        two.context().contains("guest restored and running in"),
+        two.output().contains("guest restored and running in"),
         "{}",
-        two.context()
+        two.output()
     );
     // The restore's own overlay (a copy of the saved one, then written on); the image and the
     // first run's overlay are as they were.
@@ -294,64 +201,64 @@ fn ticks(out: &str) -> Vec<(u64, u64, String, String)> {
 #[test]
 fn ticker_clones_continue_the_count_share_the_boot_id_and_reseed() {
     let t = TempDir::new("ticker");
-    std::fs::write(t.path("base.img"), vec![0u8; 1 << 20]).unwrap();
+    std::fs::write(t.join("base.img"), vec![0u8; 1 << 20]).unwrap();
     let vmi_file = vmi(
-        &t.0,
+        t.path(),
         "tickvm",
         "32Mi",
         "testguest.scenario=ticker testguest.tick_ms=50",
     );
     let vmi_s = vmi_file.display().to_string();
-    let sock = t.path("orig.sock");
-    let mut orig = Launcher::run(&[
+    let sock = t.join("orig.sock");
+    let mut orig = launcher(&[
         "run",
         &vmi_s,
         "--control-socket",
         &sock.display().to_string(),
         "--runtime-dir",
-        &t.path("rt-orig").display().to_string(),
+        &t.join("rt-orig").display().to_string(),
     ]);
-    orig.wait_for("tick n=5 ");
-    let snap = t.path("snap");
+    orig.wait_for_stdout("tick n=5 ", WAIT);
+    let snap = t.join("snap");
     let (out, a) = client(&[
         "snapshot",
         &snap.display().to_string(),
         "--socket",
         &sock.display().to_string(),
     ]);
-    assert!(out.status.success(), "{out:?}; {}", orig.context());
+    assert!(out.status.success(), "{out:?}; {}", orig.output());
     assert_eq!(a["state"], "paused", "{a}");
     let (out, _) = client(&["stop", "--socket", &sock.display().to_string()]);
     assert!(out.status.success());
-    orig.wait();
+    orig.wait(WAIT);
     let before = ticks(&orig.stdout());
     let last = before.last().cloned().expect("ticks before the snapshot");
     assert!(last.0 >= 5, "{before:?}");
     // More than three periods pass before the clones run.
     std::thread::sleep(Duration::from_millis(400));
 
-    let clones: Vec<Launcher> = (0..2)
+    let mut clones: Vec<Spawned> = (0..2)
         .map(|i| {
-            Launcher::run(&[
+            launcher(&[
                 "run",
                 &vmi_s,
                 "--restore",
                 &snap.display().to_string(),
                 "--runtime-dir",
-                &t.path(&format!("rt-clone{i}")).display().to_string(),
+                &t.join(format!("rt-clone{i}")).display().to_string(),
             ])
         })
         .collect();
-    for c in &clones {
-        c.wait_for("rng reseeded");
-        c.wait_for(&format!("tick n={} ", last.0 + 3));
+    for c in &mut clones {
+        c.wait_for_stdout("rng reseeded", WAIT);
+        c.wait_for_stdout(&format!("tick n={} ", last.0 + 3), WAIT);
     }
     let after: Vec<_> = clones.iter().map(|c| ticks(&c.stdout())).collect();
     for (c, a) in clones.iter().zip(&after) {
         assert!(
             !c.stdout().contains("ticker: boot-id="),
             "a clone booted again: {}",
-            c.context()
+            c.output()
         );
         let first = &a[0];
         assert_eq!(first.0, last.0 + 1, "the count continues: {a:?}");

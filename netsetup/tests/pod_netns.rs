@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
+use microvirt_testsupport::{ScratchNetns, TempDir};
 use netsetup::{netns, Binding, InterfaceSpec, PortForward, Protocol};
 
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
@@ -34,7 +35,7 @@ fn ip(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Three namespaces named after the test and the process; deleted on drop.
+/// Four scratch namespaces named after the test; deleted on drop.
 struct Fixture {
     node: String,
     pod: String,
@@ -42,24 +43,28 @@ struct Fixture {
     /// Holds relay0, the VM link's peer for the TAP relay: no addresses, so its kernel stack
     /// never answers the VM (which would bypass the TAP).
     wire: String,
-    dir: PathBuf,
+    /// The namespaces named above (wire, vm, pod, node: deleted in that order).
+    _netns: Vec<ScratchNetns>,
+    dir: TempDir,
 }
 
 impl Fixture {
     /// The namespaces and the node↔pod veth, without addresses.
     fn bare(tag: &str) -> Result<Self> {
-        let id = std::process::id();
+        let netns: Vec<ScratchNetns> = ["wire", "vm", "pod", "node"]
+            .iter()
+            .map(|role| ScratchNetns::new(&format!("{tag}-{role}")))
+            .collect();
+        let name = |i: usize| netns[i].name().to_string();
         let f = Fixture {
-            node: format!("mvn-{tag}-{id}"),
-            pod: format!("mvp-{tag}-{id}"),
-            vm: format!("mvv-{tag}-{id}"),
-            wire: format!("mvw-{tag}-{id}"),
-            dir: std::env::temp_dir().join(format!("netsetup-{tag}-{id}")),
+            node: name(3),
+            pod: name(2),
+            vm: name(1),
+            wire: name(0),
+            dir: TempDir::new(&format!("netsetup-{tag}")),
+            _netns: netns,
         };
-        std::fs::create_dir_all(&f.dir)?;
         for ns in [&f.node, &f.pod, &f.vm, &f.wire] {
-            let _ = ip(&["netns", "del", ns]);
-            ip(&["netns", "add", ns])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
         ip(&[
@@ -244,15 +249,6 @@ impl Fixture {
         self.in_ns(ns, || -> Result<_> {
             Ok(netsetup::rtnl::Rtnl::open()?.links()?)
         })?
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        for ns in [&self.wire, &self.vm, &self.pod, &self.node] {
-            let _ = ip(&["netns", "del", ns]);
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

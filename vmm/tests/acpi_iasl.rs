@@ -73,7 +73,7 @@ fn disassemble(dir: &Path, name: &str, bytes: &[u8]) -> String {
 #[test]
 fn iasl_decodes_every_table() {
     ensure_iasl();
-    let dir = common::tmp("acpi-iasl");
+    let dir = common::TempDir::new("acpi-iasl");
     let mut mgr = MmioDeviceManager::new();
     for name in ["blk0", "blk1", "net0", "rng"] {
         mgr.allocate(name).unwrap();

@@ -68,10 +68,10 @@ fn bzimage_kernel() {
 
 /// An initrd of `len` bytes in its own directory (the guard), its path and what the guest
 /// reports for it.
-fn initrd_file(name: &str, len: usize) -> (TmpDir, std::path::PathBuf, String) {
+fn initrd_file(name: &str, len: usize) -> (TempDir, std::path::PathBuf, String) {
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
     let sum = data.iter().fold(0u32, |a, b| a.wrapping_add(u32::from(*b)));
-    let dir = tmp(name);
+    let dir = TempDir::new(name);
     let p = dir.join("initrd.img");
     std::fs::write(&p, &data).unwrap();
     (dir, p, format!("{len} bytes sum={sum:08x}"))
@@ -210,7 +210,7 @@ fn second_signal_stops_a_guest_that_ignores_the_first() {
 fn serial_on_a_unix_socket() {
     use std::io::{BufRead, BufReader};
     use std::os::unix::net::UnixStream;
-    let dir = tmp("sock");
+    let dir = TempDir::new("sock");
     let sock = dir.join("console.sock");
     let mut child = spawn(&[
         "--kernel",

@@ -1,8 +1,10 @@
 //! Bad input to `microvm` gets a one-line error and a non-zero exit, never a panic.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
+
+use microvirt_testsupport::TempDir;
 
 fn microvm(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_microvm"))
@@ -25,22 +27,6 @@ fn one_line_error(out: &Output) -> String {
     errors[0].to_string()
 }
 
-/// A scratch directory removed (with its contents) when the test ends, also on failure.
-struct TmpDir(PathBuf);
-
-impl std::ops::Deref for TmpDir {
-    type Target = PathBuf;
-    fn deref(&self) -> &PathBuf {
-        &self.0
-    }
-}
-
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A usage error in clap's style (as every microvirt binary reports them): exit 2, `error: `
 /// first, a hint to `--help` last, no panic. Returns the error line.
 fn usage_error(out: &Output) -> String {
@@ -56,12 +42,6 @@ fn usage_error(out: &Output) -> String {
         "{stderr}"
     );
     first.to_string()
-}
-
-fn tmpdir(name: &str) -> TmpDir {
-    let d = std::env::temp_dir().join(format!("microvm-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    TmpDir(d)
 }
 
 /// A minimal ELF64 executable whose single PT_LOAD segment spans `memsz` bytes at 1 MiB.
@@ -103,7 +83,7 @@ fn missing_kernel_file() {
 
 #[test]
 fn garbage_kernel_file() {
-    let d = tmpdir("garbage");
+    let d = TempDir::new("garbage");
     let k = d.join("garbage");
     std::fs::write(&k, vec![0x5au8; 8192]).unwrap();
     let e = one_line_error(&microvm(&["--kernel", k.to_str().unwrap()]));
@@ -112,7 +92,7 @@ fn garbage_kernel_file() {
 
 #[test]
 fn memory_too_small_for_kernel() {
-    let d = tmpdir("big");
+    let d = TempDir::new("big");
     let k = d.join("big.elf");
     synthetic_elf(&k, 64 << 20);
     let e = one_line_error(&microvm(&[
@@ -129,7 +109,7 @@ fn memory_too_small_for_kernel() {
 
 #[test]
 fn command_line_too_long() {
-    let d = tmpdir("cmdline");
+    let d = TempDir::new("cmdline");
     let k = d.join("k.elf");
     synthetic_elf(&k, 4096);
     let long = "a".repeat(3000);
@@ -187,7 +167,7 @@ fn help_and_version() {
 
 #[test]
 fn bad_config_file() {
-    let d = tmpdir("config");
+    let d = TempDir::new("config");
     let c = d.join("vm.json");
     std::fs::write(&c, r#"{"kernel": "/k", "memory": 5}"#).unwrap();
     let e = usage_error(&microvm(&["--config", c.to_str().unwrap()]));
@@ -197,7 +177,7 @@ fn bad_config_file() {
 #[test]
 fn no_access_to_dev_kvm() {
     // Run as an unprivileged user (nobody) who cannot open /dev/kvm (mode 0600 root).
-    let d = tmpdir("nokvm");
+    let d = TempDir::new("nokvm");
     let k = d.join("k.elf");
     synthetic_elf(&k, 4096);
     // The checkout may live where `nobody` cannot reach (e.g. under /root): run a copy.

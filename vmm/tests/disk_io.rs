@@ -26,9 +26,9 @@ fn a_blocked_disk_does_not_stall_the_other_disk() {
     const ROUNDS: u64 = 20;
     let t = TempDir::new("slowdisk");
     let img = ext4_image(&t, "slow.ext4", &[("vda.img", 1 << 20)]);
-    let vdb = t.path("vdb.img");
+    let vdb = t.join("vdb.img");
     std::fs::write(&vdb, vec![0u8; 1 << 20]).unwrap();
-    let mnt = t.path("mnt");
+    let mnt = t.join("mnt");
     let kernel = guest().pvh.display().to_string();
     let vda = mnt.join("vda.img");
     let mut vm = microvm_with_mount(

@@ -69,7 +69,7 @@ fn check_reboots(r: &Run, entry: &str, reboots: usize, cpus: u32) {
 
 #[test]
 fn reboots_in_place_through_the_i8042_with_cleared_ram_and_the_disk_kept() {
-    let d = tmp("reboot-i8042");
+    let d = TempDir::new("reboot-i8042");
     let img = disk(&d);
     // An initrd is loaded again on every boot: the guest sums it each time.
     let initrd = d.join("initrd");
@@ -107,7 +107,7 @@ fn reboots_in_place_through_the_i8042_with_cleared_ram_and_the_disk_kept() {
 
 #[test]
 fn reboots_in_place_through_the_acpi_reset_register_with_two_vcpus() {
-    let d = tmp("reboot-acpi");
+    let d = TempDir::new("reboot-acpi");
     let img = disk(&d);
     for kernel in [&guest().linux64, &guest().bzimage] {
         std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
@@ -143,7 +143,7 @@ fn reboots_in_place_through_the_acpi_reset_register_with_two_vcpus() {
 
 #[test]
 fn exit_on_reboot_is_the_default() {
-    let d = tmp("reboot-exit");
+    let d = TempDir::new("reboot-exit");
     let img = disk(&d);
     let r = run(
         &[
@@ -169,7 +169,7 @@ fn exit_on_reboot_is_the_default() {
 /// reboots in place; one that did not ends the VM with its reset.
 #[test]
 fn in_place_if_acpi_follows_the_guest() {
-    let d = tmp("reboot-if-acpi");
+    let d = TempDir::new("reboot-if-acpi");
     let img = disk(&d);
     for (args, reboots) in [
         (
@@ -231,7 +231,7 @@ fn a_triple_fault_stays_a_crash_with_in_place_reboots() {
 /// snapshot of a VM that rebooted restores (the saved state is the current boot's).
 #[test]
 fn reboot_count_notification_and_a_snapshot_after_a_reboot() {
-    let d = tmp("reboot-snap");
+    let d = TempDir::new("reboot-snap");
     let img = disk(&d);
     let out = Arc::new(Mutex::new(Vec::new()));
     let mut cfg = VmConfig::new(&guest().pvh);

@@ -9,7 +9,6 @@ mod virtio_common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +20,7 @@ use serde_json::{json, Value};
 
 use common::guest;
 use snapshot_common::*;
-use virtio_common::{Netns, ETH_P};
+use virtio_common::{ScratchNetns, ETH_P};
 
 /// Boots the counter guest, takes a snapshot once it has printed a few lines, and returns
 /// (the paused original, the last complete line it printed, the counters in the memory file).
@@ -31,7 +30,7 @@ fn counter_snapshot(
     extra_cmdline: &str,
 ) -> (Proc, Vec<u64>, Vec<u64>, u64) {
     let kernel = guest().pvh.display().to_string();
-    let sock = t.path("orig.sock");
+    let sock = t.join("orig.sock");
     let cmdline = format!("testguest.scenario=counter {extra_cmdline}");
     let vc = vcpus.to_string();
     let mut orig = Proc::microvm(&[
@@ -46,7 +45,7 @@ fn counter_snapshot(
     ]);
     let addr = counters_addr(&mut orig);
     orig.wait_line("counter line 5", |l| l.starts_with("counter: seq=5 "));
-    let snap = t.path("snap");
+    let snap = t.join("snap");
     let a = snapshot(&sock, &snap);
     assert_eq!(a["ramBytes"], 128u64 << 20);
     // Paused: no more output.
@@ -74,7 +73,7 @@ fn counter_continues(vcpus: u8) {
     let n = usize::from(vcpus);
     let (orig, last, saved, _) = counter_snapshot(&t, vcpus, "");
     let last_seq = last[n];
-    let snap = t.path("snap");
+    let snap = t.join("snap");
     for i in 0..n {
         assert!(
             saved[i] >= last[i],
@@ -138,8 +137,8 @@ fn paused_restore_resume_resnapshot_and_clock_advance() {
     let t = TempDir::new("paused");
     let (orig, last, _, _) = counter_snapshot(&t, 1, "");
     drop(orig);
-    let snap = t.path("snap");
-    let sock = t.path("clone.sock");
+    let snap = t.join("snap");
+    let sock = t.join("clone.sock");
     std::thread::sleep(Duration::from_millis(1500));
     let t0 = Instant::now();
     let mut clone = Proc::microvm(&[
@@ -152,7 +151,7 @@ fn paused_restore_resume_resnapshot_and_clock_advance() {
     wait_socket(&sock);
     assert_eq!(control(&sock, json!({"cmd": "state"}))["state"], "paused");
     // Snapshot the restored VM before it ran: its clocks were advanced at restore.
-    let snap2 = t.path("snap2");
+    let snap2 = t.join("snap2");
     snapshot(&sock, &snap2);
     let gap = t0.elapsed();
     std::thread::sleep(Duration::from_millis(300));
@@ -167,7 +166,7 @@ fn paused_restore_resume_resnapshot_and_clock_advance() {
         parse_counter(l).is_some_and(|c| c.0 >= last[1] + 3)
     });
     // Snapshot the running clone, restore that: it continues again.
-    let snap3 = t.path("snap3");
+    let snap3 = t.join("snap3");
     snapshot(&sock, &snap3);
     let last3 = counters(clone.drain(), 1).last().unwrap().0;
     drop(clone);
@@ -264,14 +263,14 @@ fn ten_clones_from_one_snapshot_share_its_memory_file() {
         &format!("testguest.touch_mib={MIB} testguest.reread=1 testguest.counter_every=200"),
     );
     drop(orig);
-    let snap = t.path("snap");
+    let snap = t.join("snap");
     let mem = snap.join("memory");
     let files = fingerprint(&snap);
     let expected_sum =
         (0..MIB * 256).fold(0u64, |s, p| s.wrapping_add(((16 << 20) + p * 4096) | 1));
     let mut clones: Vec<(Proc, PathBuf)> = (0..10)
         .map(|i| {
-            let sock = t.path(&format!("c{i}.sock"));
+            let sock = t.join(format!("c{i}.sock"));
             let p = Proc::microvm(&[
                 "--restore",
                 &snap.display().to_string(),
@@ -341,18 +340,11 @@ fn ten_clones_from_one_snapshot_share_its_memory_file() {
 /// AF_PACKET responder in `ns` on every interface: answers `microvirt req <i> <t>` with
 /// `microvirt ack <i> <t>` on the interface it came in on and records (interface, i, t).
 fn stream_responder(
-    ns: &str,
+    ns: &ScratchNetns,
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<Vec<(i32, u64, u64)>> {
-    let ns = ns.to_string();
     let (ready_tx, ready_rx) = channel();
-    let h = std::thread::spawn(move || {
-        let nsf = File::open(format!("/var/run/netns/{ns}")).unwrap();
-        // SAFETY: setns on this thread only, with an fd we own.
-        assert_eq!(
-            unsafe { libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) },
-            0
-        );
+    let h = ns.spawn(move || {
         // SAFETY: plain socket syscall.
         let s = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(ETH_P.to_be())) };
         assert!(s >= 0);
@@ -431,18 +423,18 @@ fn stream_responder(
     h
 }
 
-fn ifindex(ns: &Netns, name: &str) -> i32 {
+fn ifindex(ns: &ScratchNetns, name: &str) -> i32 {
     let out = Command::new("ip")
-        .args(["-n", &ns.name, "-o", "link", "show", name])
+        .args(["-n", ns.name(), "-o", "link", "show", name])
         .output()
         .unwrap();
     let s = String::from_utf8_lossy(&out.stdout);
     s.split(':').next().unwrap().trim().parse().unwrap()
 }
 
-fn in_netns(ns: &Netns, args: &[&str]) -> Proc {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", &ns.name, MICROVM]).args(args);
+fn in_netns(ns: &ScratchNetns, args: &[&str]) -> Proc {
+    let mut c = ns.command(MICROVM);
+    c.args(args);
     Proc::spawn(c)
 }
 
@@ -452,20 +444,20 @@ fn in_netns(ns: &Netns, args: &[&str]) -> Proc {
 fn disk_writes_and_network_traffic_survive_restore_exactly_once() {
     let id = std::process::id() % 100_000;
     let t = TempDir::new("stream");
-    let ns = Netns::new(&format!("mvsns{id}"));
+    let ns = ScratchNetns::new("snap-stream");
     let (tap_a, tap_b) = (format!("mvsa{id}"), format!("mvsb{id}"));
     for tap in [&tap_a, &tap_b] {
         ns.ip(&["tuntap", "add", "dev", tap, "mode", "tap", "vnet_hdr"]);
         ns.ip(&["link", "set", tap, "up"]);
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let responder = stream_responder(&ns.name, stop.clone());
-    let base = t.path("base.img");
+    let responder = stream_responder(&ns, stop.clone());
+    let base = t.join("base.img");
     std::fs::write(&base, vec![0u8; 1 << 20]).unwrap();
-    let base_before = fingerprint(&t.0)["base.img"];
+    let base_before = fingerprint(t.path())["base.img"];
     const K: u64 = 300;
     let kernel = guest().pvh.display().to_string();
-    let sock = t.path("orig.sock");
+    let sock = t.join("orig.sock");
     let cmdline = format!("testguest.scenario=stream testguest.stream_count={K}");
     let mut orig = in_netns(
         &ns,
@@ -473,7 +465,11 @@ fn disk_writes_and_network_traffic_survive_restore_exactly_once() {
             "--kernel",
             &kernel,
             "--disk",
-            &format!("path={},overlay={}", base.display(), t.s("o1.ovl")),
+            &format!(
+                "path={},overlay={}",
+                base.display(),
+                t.join("o1.ovl").display()
+            ),
             "--net",
             &format!("tap={tap_a},mac=52:54:00:00:00:07"),
             "--cmdline",
@@ -486,7 +482,7 @@ fn disk_writes_and_network_traffic_survive_restore_exactly_once() {
         l.starts_with("stream: start count=300 blk=1 net=1")
     });
     orig.wait_line("stream progress", |l| l == "stream: 100");
-    let snap = t.path("snap");
+    let snap = t.join("snap");
     let a = snapshot(&sock, &snap);
     assert!(a["overlayBytes"].as_u64().unwrap() > 0, "{a}");
     assert!(snap.join("disk0.overlay").is_file());
@@ -497,7 +493,11 @@ fn disk_writes_and_network_traffic_survive_restore_exactly_once() {
             "--restore",
             &snap.display().to_string(),
             "--disk",
-            &format!("path={},overlay={}", base.display(), t.s("o2.ovl")),
+            &format!(
+                "path={},overlay={}",
+                base.display(),
+                t.join("o2.ovl").display()
+            ),
             "--net",
             &format!("tap={tap_b}"),
         ],
@@ -535,13 +535,13 @@ fn disk_writes_and_network_traffic_survive_restore_exactly_once() {
         "tapA up to {max_a}, tapB from {min_b}"
     );
     assert_eq!(
-        fingerprint(&t.0)["base.img"],
+        fingerprint(t.path())["base.img"],
         base_before,
         "the base image changed"
     );
     for tap in [&tap_a, &tap_b] {
         let _ = Command::new("ip")
-            .args(["-n", &ns.name, "link", "del", tap])
+            .args(["-n", ns.name(), "link", "del", tap])
             .status();
     }
 }
@@ -553,12 +553,12 @@ fn disk_writes_and_network_traffic_survive_restore_exactly_once() {
 fn a_disk_request_in_flight_at_snapshot_time_completes_exactly_once() {
     let t = TempDir::new("inflight");
     let img = ext4_image(&t, "ovl.ext4", &[]);
-    let mnt = t.path("mnt");
-    let base = t.path("base.img");
+    let mnt = t.join("mnt");
+    let base = t.join("base.img");
     std::fs::write(&base, vec![0u8; 4 << 20]).unwrap();
     const K: u64 = 4000;
     let kernel = guest().pvh.display().to_string();
-    let sock = t.path("orig.sock");
+    let sock = t.join("orig.sock");
     // The guest waits for its requests (it may take a minute; the snapshot sits in between).
     let cmdline = format!(
         "testguest.scenario=stream testguest.stream_count={K} testguest.blk_timeout_ms=60000"
@@ -586,7 +586,7 @@ fn a_disk_request_in_flight_at_snapshot_time_completes_exactly_once() {
     let mut frozen = Frozen::freeze(orig.pid(), &mnt);
     // The guest's next write is stuck in the disk's I/O thread.
     wait_thread_state(orig.pid(), "blk-io0", 'D');
-    let snap = t.path("snap");
+    let snap = t.join("snap");
     let (tx, rx) = channel();
     let (s, d) = (sock.clone(), snap.clone());
     let taker = std::thread::spawn(move || {
@@ -619,7 +619,11 @@ fn a_disk_request_in_flight_at_snapshot_time_completes_exactly_once() {
         "--restore",
         &snap.display().to_string(),
         "--disk",
-        &format!("path={},overlay={}", base.display(), t.s("o2.ovl")),
+        &format!(
+            "path={},overlay={}",
+            base.display(),
+            t.join("o2.ovl").display()
+        ),
     ]);
     let done = clone.wait_line("the stream's end", |l| l.starts_with("stream: done"));
     assert!(clone.wait_exit(WAIT).success(), "{}", clone.context());
@@ -641,7 +645,7 @@ fn a_disk_request_in_flight_at_snapshot_time_completes_exactly_once() {
 fn rng_works_after_restore() {
     let t = TempDir::new("rng");
     let kernel = guest().pvh.display().to_string();
-    let sock = t.path("orig.sock");
+    let sock = t.join("orig.sock");
     let mut orig = Proc::microvm(&[
         "--kernel",
         &kernel,
@@ -653,7 +657,7 @@ fn rng_works_after_restore() {
     ]);
     orig.wait_line("rng waiting", |l| l == "rng: waiting");
     assert!(orig.seen.iter().any(|l| l == "rng: after-mistake len=64"));
-    let snap = t.path("snap");
+    let snap = t.join("snap");
     snapshot(&sock, &snap);
     drop(orig);
     let mut c = Command::new(MICROVM);
@@ -670,7 +674,7 @@ fn rng_works_after_restore() {
 fn a_restored_acpi_vm_has_its_power_button_and_powers_off() {
     let t = TempDir::new("acpi");
     let kernel = guest().pvh.display().to_string();
-    let sock = t.path("orig.sock");
+    let sock = t.join("orig.sock");
     let mut orig = Proc::microvm(&[
         "--kernel",
         &kernel,
@@ -684,13 +688,13 @@ fn a_restored_acpi_vm_has_its_power_button_and_powers_off() {
     orig.wait_line("the wait for the button", |l| {
         l == "acpi: waiting for the power button"
     });
-    let snap = t.path("snap");
+    let snap = t.join("snap");
     snapshot(&sock, &snap);
     drop(orig);
     let state = std::fs::read(snap.join(vmm::snapshot::STATE_FILE)).unwrap();
     let text = String::from_utf8_lossy(&state);
     assert!(text.contains("\"acpi\":true"), "machine.acpi not saved");
-    let sock2 = t.path("clone.sock");
+    let sock2 = t.join("clone.sock");
     let mut clone = Proc::microvm(&[
         "--restore",
         &snap.display().to_string(),
@@ -728,7 +732,7 @@ fn genid_of(line: &str) -> String {
 fn every_restore_gives_the_guest_a_new_vm_generation_id() {
     let t = TempDir::new("vmgenid");
     let kernel = guest().pvh.display().to_string();
-    let sock = t.path("orig.sock");
+    let sock = t.join("orig.sock");
     let mut orig = Proc::microvm(&[
         "--kernel",
         &kernel,
@@ -750,7 +754,7 @@ fn every_restore_gives_the_guest_a_new_vm_generation_id() {
     let first = genid_of(&orig.wait_line("the ID", |l| l.starts_with("vmgenid: id=")));
     assert_ne!(first, "0".repeat(32), "{}", orig.context());
     orig.wait_line("the wait", |l| l == "vmgenid: waiting for a change");
-    let snap = t.path("snap");
+    let snap = t.join("snap");
     snapshot(&sock, &snap);
     drop(orig);
     let saved = {

@@ -17,9 +17,9 @@ use vmm::snapshot::format;
 /// A snapshot of the counter guest with a disk, in `<dir>/snap` (disk: `<dir>/disk.img`).
 fn copy_of(tag: &str) -> TempDir {
     let t = TempDir::new(tag);
-    let disk = t.path("disk.img");
+    let disk = t.join("disk.img");
     std::fs::write(&disk, vec![0u8; 1 << 20]).unwrap();
-    let sock = t.path("ctl.sock");
+    let sock = t.join("ctl.sock");
     let kernel = guest().pvh.display().to_string();
     let mut vm = Proc::microvm(&[
         "--kernel",
@@ -32,7 +32,7 @@ fn copy_of(tag: &str) -> TempDir {
         &sock.display().to_string(),
     ]);
     vm.wait_line("counter", |l| l.starts_with("counter: seq=2 "));
-    snapshot(&sock, &t.path("snap"));
+    snapshot(&sock, &t.join("snap"));
     t
 }
 
@@ -82,13 +82,13 @@ fn has(err: &str, needle: &str) {
 #[test]
 fn corrupt_state_file_fails_the_checksum() {
     let t = copy_of("crc");
-    let p = t.path("snap").join("vmstate");
+    let p = t.join("snap").join("vmstate");
     let mut b = std::fs::read(&p).unwrap();
     let n = b.len();
     b[n - 10] ^= 0x20;
     std::fs::write(&p, b).unwrap();
     has(
-        &restore_fails(&t.path("snap"), &[]),
+        &restore_fails(&t.join("snap"), &[]),
         "state file checksum mismatch",
     );
 }
@@ -96,13 +96,13 @@ fn corrupt_state_file_fails_the_checksum() {
 #[test]
 fn other_major_version_is_refused_and_minor_is_accepted_to_the_next_check() {
     let t = copy_of("version");
-    let p = t.path("snap").join("vmstate");
+    let p = t.join("snap").join("vmstate");
     let mut b = std::fs::read(&p).unwrap();
     b[8] = 2;
     b[10] = 0;
     std::fs::write(&p, &b).unwrap();
     has(
-        &restore_fails(&t.path("snap"), &[]),
+        &restore_fails(&t.join("snap"), &[]),
         "snapshot format 2.0 is not supported (this VMM reads 1.x)",
     );
     // A newer minor passes the version check (then fails on the memory size asked for).
@@ -110,7 +110,7 @@ fn other_major_version_is_refused_and_minor_is_accepted_to_the_next_check() {
     b[10] = 9;
     std::fs::write(&p, &b).unwrap();
     has(
-        &restore_fails(&t.path("snap"), &["--mem-mib", "64"]),
+        &restore_fails(&t.join("snap"), &["--mem-mib", "64"]),
         "memory size mismatch: the snapshot has 128 MiB, 64 MiB asked for",
     );
 }
@@ -118,7 +118,7 @@ fn other_major_version_is_refused_and_minor_is_accepted_to_the_next_check() {
 #[test]
 fn overlay_copy_names_must_be_plain_names_inside_the_snapshot() {
     let t = copy_of("overlayname");
-    let dir = t.path("snap");
+    let dir = t.join("snap");
     let good = read_state(&dir);
     // The empty name (found by the snapshot_state fuzz target) would open the snapshot
     // directory itself as the overlay copy.
@@ -137,11 +137,11 @@ fn overlay_copy_names_must_be_plain_names_inside_the_snapshot() {
 fn memory_size_and_vcpu_mismatch() {
     let t = copy_of("memsize");
     has(
-        &restore_fails(&t.path("snap"), &["--mem-mib", "256"]),
+        &restore_fails(&t.join("snap"), &["--mem-mib", "256"]),
         "memory size mismatch: the snapshot has 128 MiB, 256 MiB asked for",
     );
     has(
-        &restore_fails(&t.path("snap"), &["--vcpus", "2"]),
+        &restore_fails(&t.join("snap"), &["--vcpus", "2"]),
         "vCPU count mismatch: the snapshot has 1, 2 asked for",
     );
 }
@@ -149,7 +149,7 @@ fn memory_size_and_vcpu_mismatch() {
 #[test]
 fn another_host_cpu_is_refused() {
     let t = copy_of("cpu");
-    let snap = t.path("snap");
+    let snap = t.join("snap");
     let mut s = read_state(&snap);
     let model = s["host"]["cpu_model"].as_u64().unwrap();
     s["host"]["cpu_model"] = json!(model + 1);
@@ -175,24 +175,24 @@ fn another_host_cpu_is_refused() {
 #[test]
 fn truncated_memory_file_is_refused() {
     let t = copy_of("truncated");
-    let mem = t.path("snap").join("memory");
+    let mem = t.join("snap").join("memory");
     let f = std::fs::OpenOptions::new().write(true).open(&mem).unwrap();
     f.set_len(64 << 20).unwrap();
     drop(f);
     has(
-        &restore_fails(&t.path("snap"), &[]),
+        &restore_fails(&t.join("snap"), &[]),
         "memory file is 67108864 bytes, the guest has 134217728 bytes of RAM",
     );
     std::fs::remove_file(&mem).unwrap();
-    let e = restore_fails(&t.path("snap"), &[]);
+    let e = restore_fails(&t.join("snap"), &[]);
     has(&e, "memory: No such file");
 }
 
 #[test]
 fn missing_disk_is_named() {
     let t = copy_of("disk");
-    let snap = t.path("snap");
-    let gone = t.path("moved-away.img");
+    let snap = t.join("snap");
+    let gone = t.join("moved-away.img");
     let e = restore_fails(&snap, &["--disk", &format!("path={}", gone.display())]);
     has(&e, &gone.display().to_string());
     has(&e, "No such file");
@@ -212,13 +212,13 @@ fn missing_disk_is_named() {
 #[test]
 fn directories_that_are_not_snapshots() {
     let t = TempDir::new("notasnap");
-    let empty = t.path("empty");
+    let empty = t.join("empty");
     std::fs::create_dir(&empty).unwrap();
     has(
         &restore_fails(&empty, &[]),
         "is not a snapshot: it has no vmstate file",
     );
-    let junk = t.path("junk");
+    let junk = t.join("junk");
     std::fs::create_dir(&junk).unwrap();
     std::fs::write(junk.join("vmstate"), "hello, I am a text file\n").unwrap();
     has(
@@ -226,17 +226,17 @@ fn directories_that_are_not_snapshots() {
         "its vmstate file is not a microvirt snapshot state file",
     );
     has(
-        &restore_fails(&t.path("missing"), &[]),
+        &restore_fails(&t.join("missing"), &[]),
         "is not a snapshot: No such file",
     );
-    let file = t.path("file");
+    let file = t.join("file");
     std::fs::write(&file, "x").unwrap();
     has(
         &restore_fails(&file, &[]),
         "is not a snapshot: not a directory",
     );
     // A valid header around a payload that is not a VM.
-    let odd = t.path("odd");
+    let odd = t.join("odd");
     std::fs::create_dir(&odd).unwrap();
     std::fs::write(odd.join("vmstate"), format::encode(b"{\"hello\": 1}")).unwrap();
     has(&restore_fails(&odd, &[]), "the state file does not parse");
@@ -245,7 +245,7 @@ fn directories_that_are_not_snapshots() {
 /// `microvm` in a private mount namespace with a 64 KiB tmpfs at `full/` and a read-only
 /// tmpfs at `ro/` (both gone with the process).
 fn vm_with_small_mounts(t: &TempDir) -> Proc {
-    let (full, ro) = (t.path("full"), t.path("ro"));
+    let (full, ro) = (t.join("full"), t.join("ro"));
     std::fs::create_dir_all(&full).unwrap();
     std::fs::create_dir_all(&ro).unwrap();
     let kernel = guest().pvh.display().to_string();
@@ -255,7 +255,7 @@ fn vm_with_small_mounts(t: &TempDir) -> Proc {
          --control-socket '{}'",
         full.display(),
         ro.display(),
-        t.s("ctl.sock")
+        t.join("ctl.sock").display()
     );
     let mut c = Command::new("unshare");
     c.args(["-m", "--propagation", "private", "sh", "-c", &script]);
@@ -279,11 +279,11 @@ fn still_running(vm: &mut Proc, sock: &Path) {
 fn snapshot_into_a_full_or_read_only_or_used_directory_fails_and_the_vm_runs_on() {
     let t = TempDir::new("targets");
     let mut vm = vm_with_small_mounts(&t);
-    let sock = t.path("ctl.sock");
+    let sock = t.join("ctl.sock");
     vm.wait_line("counter", |l| l.starts_with("counter: seq=2 "));
 
     let req = |dir: &Path| json!({"cmd": "snapshot", "dir": dir.display().to_string()});
-    let full_target = t.path("full").join("snap");
+    let full_target = t.join("full").join("snap");
     let a = control(&sock, req(&full_target));
     assert_eq!(a["ok"], false, "{a}");
     has(a["error"].as_str().unwrap(), "No space left on device");
@@ -292,17 +292,17 @@ fn snapshot_into_a_full_or_read_only_or_used_directory_fails_and_the_vm_runs_on(
     let inside = PathBuf::from(format!(
         "/proc/{}/root{}",
         vm.pid(),
-        t.path("full").display()
+        t.join("full").display()
     ));
     let left: Vec<_> = std::fs::read_dir(&inside).unwrap().collect();
     assert!(left.is_empty(), "left in the full tmpfs: {left:?}");
 
-    let a = control(&sock, req(&t.path("ro").join("snap")));
+    let a = control(&sock, req(&t.join("ro").join("snap")));
     assert_eq!(a["ok"], false, "{a}");
     has(a["error"].as_str().unwrap(), "Read-only file system");
     still_running(&mut vm, &sock);
 
-    let used = t.path("used");
+    let used = t.join("used");
     std::fs::create_dir(&used).unwrap();
     std::fs::write(used.join("precious"), "keep me").unwrap();
     let a = control(&sock, req(&used));
@@ -318,7 +318,7 @@ fn snapshot_into_a_full_or_read_only_or_used_directory_fails_and_the_vm_runs_on(
     still_running(&mut vm, &sock);
 
     // After all that, a snapshot still works and restores.
-    let good = t.path("good");
+    let good = t.join("good");
     snapshot(&sock, &good);
     let seq = counters(vm.drain(), 1).last().unwrap().0;
     assert_eq!(control(&sock, json!({"cmd": "stop"}))["state"], "stopped");

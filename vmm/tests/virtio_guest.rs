@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use virtio_common::{responder, Netns};
+use virtio_common::{responder, ScratchNetns};
 
 fn lines_with<'a>(r: &'a Run, prefix: &str) -> Vec<&'a str> {
     r.stdout.lines().filter(|l| l.starts_with(prefix)).collect()
@@ -30,7 +30,7 @@ fn has(r: &Run, line: &str) {
 
 #[test]
 fn blk_rw_ro_overlay_and_hostile_from_the_guest() {
-    let d = tmp("virtio-blk");
+    let d = TempDir::new("virtio-blk");
     let rw = d.join("rw.img");
     let ro = d.join("ro.img");
     let base = d.join("base.img");
@@ -110,7 +110,7 @@ fn fnv1a(b: &[u8]) -> u32 {
 /// writes land in the overlay, the qcow2 file is untouched.
 #[test]
 fn blk_qcow2_base_under_an_overlay_and_read_only_from_the_guest() {
-    let d = tmp("virtio-blk-qcow2");
+    let d = TempDir::new("virtio-blk-qcow2");
     let raw = d.join("src.raw");
     let img = d.join("base.qcow2");
     let ovl = d.join("vm.ovl");
@@ -222,9 +222,8 @@ fn rng_entropy_for_the_guest_and_no_panic_on_a_driver_mistake() {
     has(&r, "rng: no device");
 }
 
-fn spawn_in_netns(ns: &str, args: &[&str]) -> std::process::Child {
-    Command::new("ip")
-        .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_microvm")])
+fn spawn_in_netns(ns: &ScratchNetns, args: &[&str]) -> std::process::Child {
+    ns.command(env!("CARGO_BIN_EXE_microvm"))
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -233,11 +232,11 @@ fn spawn_in_netns(ns: &str, args: &[&str]) -> std::process::Child {
         .expect("spawn microvm in the netns")
 }
 
-fn wait_for_link(ns: &Netns, tap: &str) {
+fn wait_for_link(ns: &ScratchNetns, tap: &str) {
     let t = Instant::now();
     loop {
         let ok = Command::new("ip")
-            .args(["-n", &ns.name, "link", "show", tap])
+            .args(["-n", ns.name(), "link", "show", tap])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -257,20 +256,20 @@ fn wait_for_link(ns: &Netns, tap: &str) {
 #[test]
 fn net_ping_pong_and_many_frames_in_order_from_the_guest() {
     let id = std::process::id() % 100_000;
-    let ns = Netns::new(&format!("mvgns{id}"));
+    let ns = ScratchNetns::new("virtio-guest");
     let tap = format!("mvgtap{id}");
     let kernel = guest().pvh.to_str().unwrap().to_string();
     let net = format!("tap={tap},mac=52:54:00:12:34:56");
     const K: u32 = 100;
     let cmdline = format!("testguest.scenario=net testguest.net_count={K}");
     let child = spawn_in_netns(
-        &ns.name,
+        &ns,
         &["--kernel", &kernel, "--net", &net, "--cmdline", &cmdline],
     );
     wait_for_link(&ns, &tap);
     ns.ip(&["link", "set", &tap, "up"]);
     let stop = Arc::new(AtomicBool::new(false));
-    let resp = responder(&ns.name, &tap, stop.clone());
+    let resp = responder(&ns, &tap, stop.clone());
     let r = finish(child, Duration::from_secs(60));
     stop.store(true, Ordering::SeqCst);
     let answered = resp.join().unwrap();

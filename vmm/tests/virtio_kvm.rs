@@ -23,7 +23,7 @@ use vmm::devices::virtio::{self, mmio as regs, status, BlockConfig, NetConfig, V
 use vmm::vstate::memory::GuestMemoryMmap;
 
 mod virtio_common;
-use virtio_common::{responder, Netns, ETH_P};
+use virtio_common::{responder, ScratchNetns, ETH_P};
 
 const MEM: usize = 64 << 20;
 
@@ -587,20 +587,20 @@ fn pong_number(p: &[u8]) -> u32 {
 #[test]
 fn net_ping_pong_through_a_tap_in_a_netns_and_in_order_with_a_small_ring() {
     let id = std::process::id() % 100_000;
-    let ns = Netns::new(&format!("mvns{id}"));
+    let ns = ScratchNetns::new("virtio");
     let tap = format!("mvtap{id}");
     let cfg: NetConfig = format!("tap={tap},mac=52:54:00:12:34:56").parse().unwrap();
     let mut vm = TestVm::new();
     let base = vm.attach_net(&cfg);
     // Move the TAP (our fd stays attached) into the namespace and bring it up.
     assert!(std::process::Command::new("ip")
-        .args(["link", "set", &tap, "netns", &ns.name])
+        .args(["link", "set", &tap, "netns", ns.name()])
         .status()
         .unwrap()
         .success());
     ns.ip(&["link", "set", &tap, "up"]);
     let stop = Arc::new(AtomicBool::new(false));
-    let resp = responder(&ns.name, &tap, stop.clone());
+    let resp = responder(&ns, &tap, stop.clone());
     vm.start();
 
     // Small RX ring: 4 buffers.

@@ -75,6 +75,17 @@
 //! restores the kernel settings the kubelet changed ([`node::teardown`]). If the owner dies
 //! first, watchdogs do the same for the control plane and the node
 //! ([`node::teardown::spawn_watchdog`]). See `docs/cluster.md` for the layout.
+//!
+//! # Small helpers for any test
+//!
+//! The kit depends on no crate of this workspace and on neither kube nor tokio, so every crate
+//! (`vmm`, the lowest, included) takes it as a dev-dependency. Instead of copies of their own,
+//! tests use:
+//! - [`TempDir`]: a fresh scratch directory, removed on drop;
+//! - [`ScratchNetns`]: a named network namespace, deleted on drop, and commands and threads
+//!   inside it;
+//! - [`Spawned`]: a child process with its output collected, bounded waits for a line or for
+//!   its exit whose failures say what was awaited, killed on drop.
 
 mod binaries;
 mod certs;
@@ -85,6 +96,9 @@ pub mod node;
 pub mod oci;
 mod process;
 mod real;
+mod scratch_netns;
+mod spawned;
+mod tempdir;
 
 pub use binaries::{
     cache_root, ensure_binaries, ensure_node_binaries, Binaries, BinariesError, NodeBinaries,
@@ -96,3 +110,6 @@ pub use http::{Connected, HttpError, Response};
 pub use node::{Node, NodeError, NodeOptions};
 pub use process::{continue_process, signal_taken, stop_process, SIGNAL_ACTED_ON_WITHIN};
 pub use real::{RealCluster, RealClusterError, RealClusterOptions};
+pub use scratch_netns::ScratchNetns;
+pub use spawned::Spawned;
+pub use tempdir::TempDir;

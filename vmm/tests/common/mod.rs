@@ -3,10 +3,13 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+// Not every test binary that includes this module makes scratch directories.
+#[allow(unused_imports)]
+pub use microvirt_testsupport::TempDir;
 
 pub fn guest() -> &'static testguest_build::Artifacts {
     static G: OnceLock<testguest_build::Artifacts> = OnceLock::new();
@@ -44,30 +47,6 @@ impl Run {
             .trim()
             .to_string()
     }
-}
-
-/// A directory of this test process under the system's temp dir, removed with everything in it
-/// when the guard goes (also when the test fails and unwinds).
-pub struct TmpDir(PathBuf);
-
-impl std::ops::Deref for TmpDir {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Keep the guard alive as long as the files in it are used: `let d = tmp("x");`.
-pub fn tmp(name: &str) -> TmpDir {
-    let d = std::env::temp_dir().join(format!("microvm-it-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    TmpDir(d)
 }
 
 pub fn spawn(args: &[&str]) -> Child {

@@ -14,6 +14,7 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use microvirt_testsupport::TempDir;
 use serde_json::{json, Value};
 
 pub const MICROVM: &str = env!("CARGO_BIN_EXE_microvm");
@@ -156,30 +157,6 @@ impl Drop for Proc {
     }
 }
 
-/// A directory removed when dropped.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        let d = std::env::temp_dir().join(format!("mv-snap-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        TempDir(d)
-    }
-    pub fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-    pub fn s(&self, name: &str) -> String {
-        self.path(name).display().to_string()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 pub fn control(sock: &Path, req: Value) -> Value {
     vmm::control::request(sock, &req).unwrap_or_else(|e| panic!("control {req}: {e}"))
 }
@@ -289,12 +266,12 @@ pub fn fingerprint(dir: &Path) -> BTreeMap<String, (u64, u64, std::time::SystemT
 /// An ext4 file system image at `dir/name` (32 MiB) holding zero-filled files `files` (name,
 /// length).
 pub fn ext4_image(t: &TempDir, name: &str, files: &[(&str, u64)]) -> PathBuf {
-    let src = t.path(&format!("{name}.d"));
+    let src = t.join(format!("{name}.d"));
     std::fs::create_dir_all(&src).unwrap();
     for (f, len) in files {
         File::create(src.join(f)).unwrap().set_len(*len).unwrap();
     }
-    let img = t.path(name);
+    let img = t.join(name);
     let out = Command::new("mkfs.ext4")
         .args(["-q", "-F", "-d"])
         .arg(&src)

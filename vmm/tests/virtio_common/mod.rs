@@ -1,65 +1,26 @@
-//! Shared by the virtio integration tests: a network namespace, and an
-//! AF_PACKET responder inside it that answers `microvirt ping N` frames
-//! (ethertype 0x88b5) with `microvirt pong N`.
+//! Shared by the virtio integration tests: an AF_PACKET responder inside a scratch network
+//! namespace that answers `microvirt ping N` frames (ethertype 0x88b5) with `microvirt pong N`.
 #![allow(dead_code)]
 
-use std::fs;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+pub use microvirt_testsupport::ScratchNetns;
+
 pub const ETH_P: u16 = 0x88b5;
-
-pub struct Netns {
-    pub name: String,
-}
-
-impl Netns {
-    pub fn new(name: &str) -> Self {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", name])
-            .stderr(std::process::Stdio::null())
-            .status();
-        assert!(std::process::Command::new("ip")
-            .args(["netns", "add", name])
-            .status()
-            .unwrap()
-            .success());
-        Netns { name: name.into() }
-    }
-    pub fn ip(&self, args: &[&str]) {
-        let st = std::process::Command::new("ip")
-            .arg("-n")
-            .arg(&self.name)
-            .args(args)
-            .status()
-            .unwrap();
-        assert!(st.success(), "ip -n {} {args:?}", self.name);
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
 
 /// In a thread inside the namespace: answer every `microvirt ping N` frame
 /// on `ifname` with `microvirt pong N` back to the sender.
-pub fn responder(ns: &str, ifname: &str, stop: Arc<AtomicBool>) -> thread::JoinHandle<u32> {
-    let (ns, ifname) = (ns.to_string(), ifname.to_string());
+pub fn responder(
+    ns: &ScratchNetns,
+    ifname: &str,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<u32> {
+    let ifname = ifname.to_string();
     let (tx, rx) = std::sync::mpsc::channel();
-    let h = thread::spawn(move || {
-        let nsf = fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
-        // SAFETY: setns on this thread only, with an fd we own.
-        assert_eq!(
-            unsafe { libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) },
-            0
-        );
+    let h = ns.spawn(move || {
         // SAFETY: plain socket syscall.
         let s = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, i32::from(ETH_P.to_be())) };
         assert!(s >= 0);

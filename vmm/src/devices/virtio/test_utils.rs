@@ -114,6 +114,8 @@ pub fn temp_image(len: usize, fill: u8) -> TempPath {
 }
 
 pub use super::testing::*;
+/// A directory under the temp dir, removed (with its contents) on drop.
+pub use microvirt_testsupport::TempDir;
 
 /// Runs `f(dir)` on a thread of its own that has a private mount namespace, in which a fresh
 /// `fstype` file system (mount options `data`) is mounted at `dir`. The mount exists only in
@@ -126,7 +128,7 @@ pub fn with_private_mount<T: Send>(
 ) -> T {
     use std::ffi::CString;
     let dir = TempDir::new(&format!("mnt-{fstype}"));
-    let path = dir.0.clone();
+    let path = dir.path().to_owned();
     let r = std::thread::scope(|s| {
         s.spawn(|| {
             // SAFETY: unshare affects only this thread's mount namespace (CLONE_NEWNS implies
@@ -168,25 +170,6 @@ pub fn with_private_mount<T: Send>(
     match r {
         Ok(v) => v,
         Err(p) => std::panic::resume_unwind(p),
-    }
-}
-
-/// A directory under the temp dir, removed (with its contents) on drop.
-pub struct TempDir(pub std::path::PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        let p = TempPath::new(tag);
-        let d = p.0.clone();
-        drop(p);
-        std::fs::create_dir_all(&d).unwrap();
-        TempDir(d)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

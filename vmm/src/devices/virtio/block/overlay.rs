@@ -705,8 +705,8 @@ mod tests {
             return;
         }
         let dir = crate::devices::virtio::test_utils::TempDir::new("ovl-strace");
-        std::fs::write(dir.0.join("base.img"), vec![1u8; 64 * 1024]).unwrap();
-        let log = dir.0.join("strace.log");
+        std::fs::write(dir.join("base.img"), vec![1u8; 64 * 1024]).unwrap();
+        let log = dir.join("strace.log");
         let out = std::process::Command::new("strace")
             .args(["-f", "-qq", "-e", "trace=pwrite64,fdatasync,fsync", "-o"])
             .arg(&log)
@@ -716,7 +716,7 @@ mod tests {
                 "devices::virtio::block::overlay::tests::drop_syncs_data_before_the_bitmap",
                 "--test-threads=1",
             ])
-            .env(CHILD, &dir.0)
+            .env(CHILD, dir.path())
             .output()
             .expect("run strace (Debian package strace)");
         assert!(

@@ -41,7 +41,7 @@ fn source_data() -> Vec<u8> {
 }
 
 fn path(d: &TempDir, name: &str) -> PathBuf {
-    d.0.join(name)
+    d.join(name)
 }
 
 fn s(p: &Path) -> &str {
