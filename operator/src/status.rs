@@ -9,7 +9,8 @@
 //! | compute container exited 0, the guest chose to stop   | Succeeded  |
 //! | compute container exited 0 after the launcher was asked to stop the VM (pod deleted, evicted, node shut down) and the VMI is not being deleted | Failed (`LauncherStopped`) |
 //! | pod Succeeded without container status                | Succeeded  |
-//! | pod Failed, or compute container exited non-zero      | Failed     |
+//! | compute container exited non-zero                     | Failed (`GuestCrashed`, `VmmFailed`, `NoBootableKernel` as the launcher says, else `LauncherExited<code>`) |
+//! | pod Failed                                            | Failed     |
 //! | pod phase Unknown                                     | Unknown    |
 //! | pod gone after the VMI got past Pending               | Failed     |
 //!
@@ -890,6 +891,22 @@ mod tests {
         );
         let st = desired_status(&v, Some(&p), &now);
         assert_eq!(st.reason.as_deref(), Some("LauncherExited3"));
+        // A guest crash and a VMM failure are named as the launcher names them.
+        for (reason, msg) in [
+            ("GuestCrashed", "guest crashed: triple fault"),
+            ("VmmFailed", "VMM failed: KVM_RUN: Bad address"),
+        ] {
+            let p = pod(
+                Some("n1"),
+                terminated(1, &format!("{msg}\nreason={reason}\nexitCode=1\n")),
+                "Failed",
+                false,
+            );
+            let st = desired_status(&v, Some(&p), &now);
+            assert_eq!(st.phase, Some(VmiPhase::Failed));
+            assert_eq!(st.reason.as_deref(), Some(reason));
+            assert_eq!(st.message.as_deref(), Some(msg));
+        }
         // Pod Failed without container status (e.g. evicted).
         let mut p = pod(Some("n1"), None, "Failed", false);
         p.status.as_mut().unwrap().reason = Some("Evicted".into());
