@@ -260,11 +260,12 @@ pub fn plan(
         requests = Some(old.state_change_requests[1..].to_vec());
     }
 
-    // KubeVirt's CrashLoopBackOff: no VMI runs, and the next one waits out a back-off.
+    // KubeVirt's CrashLoopBackOff: no VMI runs (none, or a failed one), and the next one
+    // waits out a back-off. (A VMI that Succeeded shows that instead.)
     let crash_loop = failure
         .as_ref()
         .is_some_and(|f| f.consecutive_fail_count > 0)
-        && vmi.is_none_or(is_final)
+        && vmi.is_none_or(|v| v.phase() == Some(VmiPhase::Failed))
         && action != VmAction::Create;
     let printable = match vmi {
         _ if crash_loop => PrintableStatus::CrashLoopBackOff,
@@ -775,6 +776,23 @@ mod tests {
             );
             assert_eq!(plan(&o, None).status.start_failure, None);
         }
+        // A VMI that Succeeded without running (RerunOnFailure keeps it) leaves the record
+        // and shows Succeeded.
+        let mut r = m.clone();
+        r.spec.run_strategy = Some(RunStrategy::RerunOnFailure);
+        let mut done = vmi_in(&r, Some(VmiPhase::Succeeded), false);
+        done.status
+            .as_mut()
+            .unwrap()
+            .phase_transition_timestamps
+            .clear();
+        let p = plan(&r, Some(&done));
+        assert_eq!(p.action, VmAction::None);
+        assert_eq!(
+            p.status.start_failure,
+            m.status.as_ref().unwrap().start_failure
+        );
+        assert_eq!(p.status.printable_status, Some(PrintableStatus::Succeeded));
         // A pending VMI (not failed) leaves the record as it is, and shows Starting.
         let pending = vmi_in(&m, Some(VmiPhase::Scheduled), false);
         let p = plan(&m, Some(&pending));
