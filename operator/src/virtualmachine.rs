@@ -3,8 +3,8 @@
 //!
 //! | runStrategy    | no VMI                      | VMI Succeeded | VMI Failed |
 //! |----------------|-----------------------------|---------------|------------|
-//! | Always         | create                      | delete (→ recreated) | delete (→ recreated) |
-//! | RerunOnFailure | create when just chosen, or on a start request | keep | delete, with a start request (→ recreated) |
+//! | Always         | create (not during a start back-off) | delete (→ recreated) | delete (→ recreated; after a back-off when it never ran) |
+//! | RerunOnFailure | create when just chosen, or on a start request (not during a start back-off) | keep | delete, with a start request (→ recreated; after a back-off when it never ran) |
 //! | Once           | create unless it already ran| keep          | keep       |
 //! | Manual         | create on a start request   | keep          | keep       |
 //! | Halted         | nothing (an existing VMI is deleted) |      |            |
