@@ -131,7 +131,7 @@ pub struct VirtualMachineStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub state_change_requests: Vec<StateChangeRequest>,
     /// KubeVirt's start-failure tracking: set when a VMI of an `Always` or `RerunOnFailure`
-    /// VM failed before it ever ran, cleared once a VMI reaches `Running` (or the run
+    /// VM failed before its VM ran, cleared once a VMI is `Running` and Ready (or the run
     /// strategy restarts nothing). The next VMI is created no earlier than
     /// `retryAfterTimestamp`; meanwhile `printableStatus` is `CrashLoopBackOff`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

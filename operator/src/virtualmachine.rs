@@ -18,14 +18,15 @@
 //! of the list, one per reconcile, as KubeVirt does.
 //!
 //! Start failures (KubeVirt's `status.startFailure`): a VMI of an Always or RerunOnFailure VM
-//! that ended `Failed` without ever reaching `Running` is counted once (by its uid) in
-//! `consecutiveFailCount`, and the next VMI is created no earlier than `retryAfterTimestamp`
-//! ([`start_backoff`]: KubeVirt's quadratic back-off with jitter); meanwhile `printableStatus`
-//! is `CrashLoopBackOff`. The failed VMI is deleted only once the VM's status (as the cache shows
-//! it) records its failure, so every later decision, however stale its VMI cache, sees the
-//! back-off. A VMI that reached `Running` clears the record (KubeVirt's reset), as does a run
-//! strategy that restarts nothing. A VMI that ran and then failed, or that `Succeeded`, is
-//! replaced at once.
+//! that ended `Failed` before its VM ran (it never reached `Running`, or its launcher could not
+//! set the VM up: KubeVirt's VMI is `Running` only once its domain runs) is counted once (by
+//! its uid) in `consecutiveFailCount`, and the next VMI is created no earlier than
+//! `retryAfterTimestamp` ([`start_backoff`]: KubeVirt's quadratic back-off with jitter);
+//! meanwhile `printableStatus` is `CrashLoopBackOff`. The failed VMI is deleted only once the
+//! VM's status (as the cache shows it) records its failure, so every later decision, however
+//! stale its VMI cache, sees the back-off. A VMI whose VM ran (`Running` and Ready) clears the record (KubeVirt's reset), as
+//! does a run strategy that restarts nothing. A VMI whose VM ran and then failed, or that
+//! `Succeeded`, is replaced at once.
 //!
 //! The VMI has the VM's name, the template's labels plus `microvirt.io/vm=<name>`, and a
 //! controller owner reference to the VM.
@@ -98,14 +99,32 @@ fn jitter_of(uid: &str) -> f64 {
     (h % 1001) as f64 / 1000.0
 }
 
-/// Whether `vmi` ever reached `Running` (KubeVirt reads the phase transitions too).
-fn ever_ran(vmi: &VirtualMachineInstance) -> bool {
-    vmi.status.as_ref().is_some_and(|s| {
-        s.phase == Some(VmiPhase::Running)
-            || s.phase_transition_timestamps
-                .iter()
-                .any(|t| t.phase == VmiPhase::Running)
-    })
+/// Whether `vmi`'s VM ran; `None` while that cannot be told yet. KubeVirt's VMI is `Running`
+/// only once its domain runs; microvirt's is as soon as the launcher's container runs, which
+/// then still sets the VM up. So: a VMI that is `Running` and Ready (its VM runs), or that
+/// ended after it was `Running` (KubeVirt reads the phase transitions too) other than by a
+/// launcher that could not set its VM up ([`crate::status::failed_before_the_vm_ran`]).
+fn vm_ran(vmi: &VirtualMachineInstance) -> Option<bool> {
+    let Some(s) = vmi.status.as_ref() else {
+        return Some(false);
+    };
+    let was_running = s
+        .phase_transition_timestamps
+        .iter()
+        .any(|t| t.phase == VmiPhase::Running);
+    match s.phase {
+        Some(VmiPhase::Running) if vmi.is_ready() => Some(true),
+        Some(VmiPhase::Running) => None,
+        Some(VmiPhase::Failed) => Some(
+            was_running
+                && !s
+                    .reason
+                    .as_deref()
+                    .is_some_and(crate::status::failed_before_the_vm_ran),
+        ),
+        Some(VmiPhase::Succeeded) => Some(was_running),
+        _ => Some(false),
+    }
 }
 
 /// `status.startFailure` after seeing `vmi` at `now` (KubeVirt's `syncStartFailureStatus`,
@@ -118,7 +137,7 @@ fn start_failure(
     base: Duration,
 ) -> Option<VirtualMachineStartFailure> {
     if !matches!(strategy, RunStrategy::Always | RunStrategy::RerunOnFailure)
-        || vmi.is_some_and(ever_ran)
+        || vmi.is_some_and(|v| vm_ran(v) == Some(true))
     {
         return None;
     }
@@ -732,8 +751,17 @@ mod tests {
             assert_eq!(f2.last_failed_vmi_uid.as_deref(), Some("u2"));
             let wait2 = f2.retry_after_timestamp.unwrap().0.duration_since(after);
             assert!((40..=61).contains(&wait2.as_secs()), "{wait2:?}");
-            // 6. The next VMI reaches Running: the record is cleared.
+            // 6. The next VMI reaches Running: the record stays until it is Ready (its VM
+            //    runs; the launcher may still fail to set it up), then it is cleared.
             let m = with_status(m, p.status);
+            let mut starting = vmi_in(&m, Some(VmiPhase::Running), false);
+            starting.metadata.uid = Some("u3".into());
+            let p = plan(&m, Some(&starting));
+            assert_eq!(
+                p.status.start_failure,
+                m.status.as_ref().unwrap().start_failure
+            );
+            assert_eq!(p.status.printable_status, Some(PrintableStatus::Running));
             let mut running = vmi_in(&m, Some(VmiPhase::Running), true);
             running.metadata.uid = Some("u3".into());
             let p = plan(&m, Some(&running));
@@ -752,6 +780,17 @@ mod tests {
         let ran = vmi_in(&m, Some(VmiPhase::Failed), false);
         let p = plan(&m, Some(&ran));
         assert_eq!((p.action, p.status.start_failure), (VmAction::Delete, None));
+        // A VMI whose launcher ran but could not set its VM up (no bootable kernel, setup
+        // failed: its container ran, so it was Running) counts as a start failure.
+        for reason in ["NoBootableKernel", "LauncherExited3"] {
+            let mut setup = vmi_in(&m, Some(VmiPhase::Failed), false);
+            setup.status.as_mut().unwrap().reason = Some(reason.into());
+            let p = plan(&m, Some(&setup));
+            assert_eq!(p.action, VmAction::None, "{reason}");
+            let f = p.status.start_failure.expect("startFailure");
+            assert_eq!(f.consecutive_fail_count, 2, "{reason}");
+            assert_eq!(f.last_failed_vmi_uid.as_deref(), Some("vmi-uid"));
+        }
         // A Succeeded VMI under Always: replaced at once, no record.
         let m0 = vm(RunStrategy::Always);
         let mut done = vmi_in(&m0, Some(VmiPhase::Succeeded), false);

@@ -861,11 +861,17 @@ spec:
         Some(1)
     );
 
-    // 2. The second crashes too: count 2 and a longer wait (1 s × 2² plus jitter, at least 4 s,
-    //    against 1 s plus jitter).
+    // 2. The second fails too, its launcher running (the VMI Running) but finding no kernel to
+    //    boot, which counts as failed before the VM ran: count 2 and a longer wait (1 s × 2²
+    //    plus jitter, at least 4 s, against 1 s plus jitter).
     wait_pod_of(&env, "crashy", &uid2).await?;
+    bind(&pods, "virt-launcher-crashy", "node-1").await?;
+    mark_running(&pods, "virt-launcher-crashy", "10.1.0.8", false).await?;
+    wait_phase(&env, "crashy", VmiPhase::Running).await?;
     let failed2 = Timestamp::now().as_second();
-    mark_terminated(&pods, "virt-launcher-crashy", 1, crash).await?;
+    let no_kernel =
+        "no bootable kernel: disk \"root\": no kernel\nreason=NoBootableKernel\nexitCode=3\n";
+    mark_terminated(&pods, "virt-launcher-crashy", 3, no_kernel).await?;
     let f2 = wait_start_failure(&env, "crashy", 2).await?;
     assert_eq!(f2.last_failed_vmi_uid.as_deref(), Some(uid2.as_str()));
     let retry2 = secs(
