@@ -50,7 +50,7 @@ pub use template::{TemplateMeta, VirtualMachineInstanceTemplateSpec};
 #[cfg(feature = "kube")]
 pub use vm::{
     PrintableStatus, RunStrategy, StateChangeAction, StateChangeRequest, VirtualMachine,
-    VirtualMachineSpec, VirtualMachineStatus,
+    VirtualMachineSpec, VirtualMachineStartFailure, VirtualMachineStatus,
 };
 #[cfg(feature = "kube")]
 pub use vmi::{

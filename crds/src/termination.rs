@@ -30,9 +30,14 @@ pub const KEY_SHUTDOWN_REQUESTED: &str = "shutdownRequested";
 
 /// The boot disk holds no kernel the launcher can boot, and no fallback kernel applies.
 pub const NO_BOOTABLE_KERNEL: &str = "NoBootableKernel";
+/// The guest crashed while running (triple fault, KVM internal error, …; the message names it).
+/// The launcher's own spelling (`launcher/src/runner.rs`) must stay equal.
+pub const GUEST_CRASHED: &str = "GuestCrashed";
+/// The VMM itself failed while the VM ran.
+pub const VMM_FAILED: &str = "VmmFailed";
 /// The launcher's reasons that the operator copies to the VMI's `status.reason` as they are
 /// (other failures become `LauncherExited<code>`).
-pub const VMI_REASONS: &[&str] = &[NO_BOOTABLE_KERNEL];
+pub const VMI_REASONS: &[&str] = &[NO_BOOTABLE_KERNEL, GUEST_CRASHED, VMM_FAILED];
 
 /// Who asked the launcher to stop the VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,6 @@
 //! `VirtualMachine` (short name `vm`): a VMI that is started and stopped by a run strategy.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -101,7 +102,8 @@ impl VirtualMachineSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineStatus {
-    /// Human-readable state: Stopped, Starting, Running, Stopping, Succeeded, Failed, Unknown.
+    /// Human-readable state: Stopped, Starting, Running, Stopping, Succeeded, Failed, Unknown,
+    /// CrashLoopBackOff.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub printable_status: Option<PrintableStatus>,
     /// Whether the VMI exists and is Ready.
@@ -128,6 +130,31 @@ pub struct VirtualMachineStatus {
     /// this list otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub state_change_requests: Vec<StateChangeRequest>,
+    /// KubeVirt's start-failure tracking: set when a VMI of an `Always` or `RerunOnFailure`
+    /// VM failed before its VM ran, cleared once a VMI is `Running` and Ready (or the run
+    /// strategy restarts nothing). The next VMI is created no earlier than
+    /// `retryAfterTimestamp`; meanwhile `printableStatus` is `CrashLoopBackOff`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_failure: Option<VirtualMachineStartFailure>,
+}
+
+/// Consecutive start failures of a VM (KubeVirt's `VirtualMachineStartFailure`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineStartFailure {
+    /// VMIs in a row that failed before they ran.
+    #[serde(default)]
+    pub consecutive_fail_count: i32,
+    /// uid of the last of them (each failed VMI is counted once).
+    #[serde(
+        default,
+        rename = "lastFailedVMIUID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub last_failed_vmi_uid: Option<String>,
+    /// No new VMI is created before this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_timestamp: Option<Time>,
 }
 
 /// A request to start or stop a VM's VMI.
@@ -190,4 +217,7 @@ pub enum PrintableStatus {
     Failed,
     /// VMI state unknown.
     Unknown,
+    /// The last VMIs failed before they ran; the next one waits out a back-off
+    /// (`status.startFailure.retryAfterTimestamp`).
+    CrashLoopBackOff,
 }

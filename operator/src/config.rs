@@ -53,6 +53,10 @@ pub struct Config {
     pub default_kernel_args: String,
     /// Binding of the pod interface added to VMIs without interfaces and networks.
     pub default_network_interface: DefaultBinding,
+    /// First wait before a VM's next VMI after one failed before it ran (KubeVirt's 10 s);
+    /// the n-th failure in a row waits n² times this plus up to half again, at most 30 times
+    /// this (KubeVirt's 300 s). See `crate::virtualmachine::start_backoff`.
+    pub vm_start_backoff: std::time::Duration,
 }
 
 impl Default for Config {
@@ -68,10 +72,13 @@ impl Default for Config {
             default_kernel_image: Some(DEFAULT_KERNEL_IMAGE.to_string()),
             default_kernel_args: DEFAULT_KERNEL_ARGS.to_string(),
             default_network_interface: DefaultBinding::Masquerade,
+            vm_start_backoff: DEFAULT_VM_START_BACKOFF,
         }
     }
 }
 
+/// KubeVirt's first back-off between the VMIs of a VM whose VMIs fail before they run.
+pub const DEFAULT_VM_START_BACKOFF: std::time::Duration = std::time::Duration::from_secs(10);
 /// Default launcher image.
 pub const DEFAULT_LAUNCHER_IMAGE: &str = "microvirt/virt-launcher:dev";
 /// Default guest kernel image: the Linux kernel of `guest-images/` (`cargo xtask oci-images`).

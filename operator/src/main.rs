@@ -70,6 +70,15 @@ struct Args {
         default_value = "masquerade"
     )]
     default_network_interface: DefaultBinding,
+    /// Seconds a VM waits before its next VMI after one failed before it ran (KubeVirt's
+    /// back-off: n² times this for the n-th failure in a row, plus up to half again, at most
+    /// 30 times this).
+    #[arg(
+        long,
+        env = "MICROVIRT_VM_START_BACKOFF_SECONDS",
+        default_value_t = 10.0
+    )]
+    vm_start_backoff_seconds: f64,
     /// Watch only this namespace (default: all).
     #[arg(long, env = "MICROVIRT_WATCH_NAMESPACE")]
     namespace: Option<String>,
@@ -159,6 +168,8 @@ async fn operate(args: Args) -> Result<()> {
         default_kernel_image: Some(args.default_kernel_image.clone()).filter(|s| !s.is_empty()),
         default_kernel_args: args.default_kernel_args.clone(),
         default_network_interface: args.default_network_interface,
+        vm_start_backoff: std::time::Duration::try_from_secs_f64(args.vm_start_backoff_seconds)
+            .context("--vm-start-backoff-seconds")?,
         ..Config::default()
     };
     let identity = args

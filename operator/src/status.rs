@@ -9,7 +9,8 @@
 //! | compute container exited 0, the guest chose to stop   | Succeeded  |
 //! | compute container exited 0 after the launcher was asked to stop the VM (pod deleted, evicted, node shut down) and the VMI is not being deleted | Failed (`LauncherStopped`) |
 //! | pod Succeeded without container status                | Succeeded  |
-//! | pod Failed, or compute container exited non-zero      | Failed     |
+//! | compute container exited non-zero                     | Failed (`GuestCrashed`, `VmmFailed`, `NoBootableKernel` as the launcher says, else `LauncherExited<code>`) |
+//! | pod Failed                                            | Failed     |
 //! | pod phase Unknown                                     | Unknown    |
 //! | pod gone after the VMI got past Pending               | Failed     |
 //!
@@ -75,6 +76,27 @@ fn compute_running(pod: &Pod) -> bool {
         .is_some_and(|s| s.running.is_some())
 }
 
+/// The launcher's exit codes of a VM that never ran (`launcher/src/runner.rs` `exit_code`):
+/// bad usage or an invalid VMI, and a setup that failed (disks, kernel, KVM).
+const LAUNCHER_EXIT_USAGE: i32 = 2;
+const LAUNCHER_EXIT_SETUP: i32 = 3;
+
+/// The VMI reason of a launcher that exited with `code` and no reason of [`VMI_REASONS`].
+fn launcher_exited(code: i32) -> String {
+    format!("LauncherExited{code}")
+}
+
+/// Whether a VMI that ended `Failed` with `reason` failed before its VM ran, although its
+/// launcher's container ran (the VMI was `Running`): the launcher could not set the VM up (no
+/// bootable kernel, a bad spec, a disk or KVM that could not be opened). KubeVirt's VMI is
+/// `Running` only once its domain runs, so there such a failure never reached `Running`; the
+/// VM controller counts it as a start failure all the same.
+pub fn failed_before_the_vm_ran(reason: &str) -> bool {
+    reason == microvirt_crds::termination::NO_BOOTABLE_KERNEL
+        || reason == launcher_exited(LAUNCHER_EXIT_USAGE)
+        || reason == launcher_exited(LAUNCHER_EXIT_SETUP)
+}
+
 /// First line of a termination message, trimmed and capped at 256 bytes.
 pub fn termination_reason(message: &str) -> Option<String> {
     Some(TerminationMessage::parse(message).message).filter(|m| !m.is_empty())
@@ -120,7 +142,7 @@ pub fn pod_phase(pod: &Pod, vmi_deleting: bool) -> (VmiPhase, Option<String>, Op
                     .reason
                     .clone()
                     .filter(|r| VMI_REASONS.contains(&r.as_str()))
-                    .unwrap_or_else(|| format!("LauncherExited{}", t.exit_code)),
+                    .unwrap_or_else(|| launcher_exited(t.exit_code)),
             ),
             term_reason.or_else(|| t.reason.clone()),
         ),
@@ -890,6 +912,35 @@ mod tests {
         );
         let st = desired_status(&v, Some(&p), &now);
         assert_eq!(st.reason.as_deref(), Some("LauncherExited3"));
+        // Only the launcher's setup failures count as failed before the VM ran.
+        for (reason, before) in [
+            ("NoBootableKernel", true),
+            ("LauncherExited2", true),
+            ("LauncherExited3", true),
+            ("LauncherExited1", false),
+            ("GuestCrashed", false),
+            ("VmmFailed", false),
+            ("LauncherStopped", false),
+            ("LauncherPodGone", false),
+        ] {
+            assert_eq!(failed_before_the_vm_ran(reason), before, "{reason}");
+        }
+        // A guest crash and a VMM failure are named as the launcher names them.
+        for (reason, msg) in [
+            ("GuestCrashed", "guest crashed: triple fault"),
+            ("VmmFailed", "VMM failed: KVM_RUN: Bad address"),
+        ] {
+            let p = pod(
+                Some("n1"),
+                terminated(1, &format!("{msg}\nreason={reason}\nexitCode=1\n")),
+                "Failed",
+                false,
+            );
+            let st = desired_status(&v, Some(&p), &now);
+            assert_eq!(st.phase, Some(VmiPhase::Failed));
+            assert_eq!(st.reason.as_deref(), Some(reason));
+            assert_eq!(st.message.as_deref(), Some(msg));
+        }
         // Pod Failed without container status (e.g. evicted).
         let mut p = pod(Some("n1"), None, "Failed", false);
         p.status.as_mut().unwrap().reason = Some("Evicted".into());

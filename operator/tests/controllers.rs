@@ -768,6 +768,151 @@ spec:
     Ok(())
 }
 
+/// The VM's `status.startFailure` once it has `count` consecutive failures (and the printable
+/// status is CrashLoopBackOff).
+async fn wait_start_failure(
+    env: &Env,
+    vm: &str,
+    count: i32,
+) -> Result<microvirt_crds::VirtualMachineStartFailure> {
+    let vms = env.api::<VirtualMachine>();
+    wait_for(
+        &format!("VM {vm} CrashLoopBackOff with consecutiveFailCount {count}"),
+        WAIT,
+        || async {
+            let st = vms.get(vm).await?.status.unwrap_or_default();
+            Ok(st
+                .start_failure
+                .filter(|f| f.consecutive_fail_count == count)
+                .filter(|_| st.printable_status == Some(PrintableStatus::CrashLoopBackOff)))
+        },
+    )
+    .await
+}
+
+/// The launcher pod of the VMI with `uid` (the pod of an earlier VMI has the same name).
+async fn wait_pod_of(env: &Env, vmi: &str, uid: &str) -> Result<Pod> {
+    let pods = env.api::<Pod>();
+    let name = format!("virt-launcher-{vmi}");
+    wait_for(&format!("pod {name} of VMI {uid}"), WAIT, || async {
+        Ok(pods
+            .get_opt(&name)
+            .await?
+            .filter(|p| p.annotations().get(ANNOTATION_VMI_UID).map(String::as_str) == Some(uid)))
+    })
+    .await
+}
+
+/// A VM whose VMIs crash before they run backs off as KubeVirt's: `status.startFailure` counts
+/// the failures, `printableStatus` is CrashLoopBackOff, the next VMI comes only after
+/// `retryAfterTimestamp` (longer after each failure), and a VMI that runs clears it all. (The
+/// test operator's back-off starts at 1 s: `common::test_config`.)
+#[tokio::test]
+async fn vm_start_failures_back_off_until_a_vmi_runs() -> Result<()> {
+    use k8s_openapi::jiff::Timestamp;
+    let cluster = shared_cluster();
+    let env = Env::start(cluster.kubeconfig_path(), "t-vm-crashloop").await?;
+    let vms = env.api::<VirtualMachine>();
+    let vmis = env.api::<VirtualMachineInstance>();
+    let pods = env.api::<Pod>();
+    let manifest = r#"apiVersion: microvirt.io/v1alpha1
+kind: VirtualMachine
+metadata: {name: crashy}
+spec:
+  runStrategy: Always
+  template:
+    spec: {domain: {memory: {guest: 64Mi}}}
+"#;
+    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(manifest))?;
+    assert!(ok, "{err}");
+    let crash = "guest crashed: triple fault\nreason=GuestCrashed\nexitCode=1\n";
+    // Seconds since the epoch, as the API server stores times.
+    let secs = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| t.0.as_second();
+
+    // 1. The first VMI crashes before it runs: count 1, CrashLoopBackOff, and no new VMI
+    //    before retryAfterTimestamp.
+    let uid1 = wait_vmi_uid(&env, "crashy", None).await?;
+    wait_pod_of(&env, "crashy", &uid1).await?;
+    let failed1 = Timestamp::now().as_second();
+    mark_terminated(&pods, "virt-launcher-crashy", 1, crash).await?;
+    let f1 = wait_start_failure(&env, "crashy", 1).await?;
+    assert_eq!(f1.last_failed_vmi_uid.as_deref(), Some(uid1.as_str()));
+    let retry1 = secs(
+        f1.retry_after_timestamp
+            .as_ref()
+            .context("retryAfterTimestamp")?,
+    );
+    let uid2 = wait_vmi_uid(&env, "crashy", Some(&uid1)).await?;
+    let vmi2 = vmis.get("crashy").await?;
+    let created2 = vmi2
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(secs)
+        .context("creationTimestamp")?;
+    assert!(
+        created2 >= retry1,
+        "VMI 2 created at {created2}, before retryAfterTimestamp {retry1}"
+    );
+    // Starting again; the record stays until a VMI runs.
+    let st = vms.get("crashy").await?.status.unwrap_or_default();
+    assert_eq!(
+        st.start_failure.as_ref().map(|f| f.consecutive_fail_count),
+        Some(1)
+    );
+
+    // 2. The second fails too, its launcher running (the VMI Running) but finding no kernel to
+    //    boot, which counts as failed before the VM ran: count 2 and a longer wait (1 s × 2²
+    //    plus jitter, at least 4 s, against 1 s plus jitter).
+    wait_pod_of(&env, "crashy", &uid2).await?;
+    bind(&pods, "virt-launcher-crashy", "node-1").await?;
+    mark_running(&pods, "virt-launcher-crashy", "10.1.0.8", false).await?;
+    wait_phase(&env, "crashy", VmiPhase::Running).await?;
+    let failed2 = Timestamp::now().as_second();
+    let no_kernel =
+        "no bootable kernel: disk \"root\": no kernel\nreason=NoBootableKernel\nexitCode=3\n";
+    mark_terminated(&pods, "virt-launcher-crashy", 3, no_kernel).await?;
+    let f2 = wait_start_failure(&env, "crashy", 2).await?;
+    assert_eq!(f2.last_failed_vmi_uid.as_deref(), Some(uid2.as_str()));
+    let retry2 = secs(
+        f2.retry_after_timestamp
+            .as_ref()
+            .context("retryAfterTimestamp")?,
+    );
+    let (wait1, wait2) = (retry1 - failed1, retry2 - failed2);
+    assert!(
+        wait2 >= 4 && wait2 > wait1,
+        "waits {wait1} s then {wait2} s"
+    );
+    let uid3 = wait_vmi_uid(&env, "crashy", Some(&uid2)).await?;
+    let created3 = vmis
+        .get("crashy")
+        .await?
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(secs)
+        .context("creationTimestamp")?;
+    assert!(
+        created3 >= retry2,
+        "VMI 3 created at {created3}, before retryAfterTimestamp {retry2}"
+    );
+
+    // 3. The third runs: startFailure is cleared and the VM is Running.
+    wait_pod_of(&env, "crashy", &uid3).await?;
+    bind(&pods, "virt-launcher-crashy", "node-1").await?;
+    mark_running(&pods, "virt-launcher-crashy", "10.1.0.9", true).await?;
+    wait_for("VM Running without startFailure", WAIT, || async {
+        let st = vms.get("crashy").await?.status.unwrap_or_default();
+        Ok(
+            (st.printable_status == Some(PrintableStatus::Running) && st.start_failure.is_none())
+                .then_some(()),
+        )
+    })
+    .await?;
+    Ok(())
+}
+
 /// Writes `requests` into the VM's `status.stateChangeRequests`, as `kubectl microvirt
 /// start/stop/restart` do (merge patch of the status subresource).
 async fn request(env: &Env, vm: &str, requests: serde_json::Value) -> Result<()> {

@@ -278,6 +278,63 @@ async fn reconcilers_on_a_stale_cache_never_delete_more_or_other_vmis() -> Resul
         now.metadata.deletion_timestamp.is_none(),
         "a stale decision deleted the VM's running VMI"
     );
+
+    // 2c. A VM whose VMI failed before it ran: the failure is recorded before the VMI is
+    //     deleted, a reconcile on the stale VM (the record not seen yet) records it again
+    //     rather than counting it twice or deleting, and once the VMI is gone no VMI is created
+    //     before retryAfterTimestamp.
+    let vm: VirtualMachine = serde_json::from_value(json!({
+        "apiVersion": "microvirt.io/v1alpha1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": "crashy", "finalizers": [vm::FINALIZER]},
+        "spec": {"runStrategy": "Always",
+                 "template": {"spec": {"domain": {"memory": {"guest": "32Mi"}}}}},
+    }))?;
+    let stale_vm = Arc::new(vms.create(&pp, &vm).await?);
+    let failed = vmis.create(&pp, &new_vmi(&stale_vm)).await?;
+    let status = json!({"status": {"phase": "Failed", "reason": "GuestCrashed"}});
+    vmis.patch_status("crashy", &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    let (ctx, mut cache) = context(&client);
+    relist(&mut cache, [vmis.get("crashy").await?]);
+    let recorded = |vm: VirtualMachine| vm.status.and_then(|s| s.start_failure);
+    for _ in 0..2 {
+        vm::reconcile(stale_vm.clone(), ctx.clone()).await?;
+        let f = recorded(vms.get("crashy").await?).context("startFailure recorded")?;
+        assert_eq!(f.consecutive_fail_count, 1, "{f:?}");
+        assert_eq!(f.last_failed_vmi_uid, failed.metadata.uid);
+        let v = vmis.get("crashy").await?;
+        assert!(
+            v.metadata.deletion_timestamp.is_none(),
+            "the failed VMI was deleted before the VM's status recorded its failure"
+        );
+    }
+    // The VM as it is now (the record seen): the failed VMI goes.
+    vm::reconcile(Arc::new(vms.get("crashy").await?), ctx.clone()).await?;
+    wait_for("failed VMI gone", WAIT, || async {
+        Ok(vmis
+            .get_opt("crashy")
+            .await?
+            .is_none_or(|v| v.metadata.deletion_timestamp.is_some())
+            .then_some(()))
+    })
+    .await?;
+    // Gone from the cache, within the back-off (10 s, the default): nothing is created, again
+    // and again, and the VM shows CrashLoopBackOff.
+    relist(&mut cache, []);
+    for _ in 0..2 {
+        vm::reconcile(Arc::new(vms.get("crashy").await?), ctx.clone()).await?;
+        assert!(
+            vmis.get_opt("crashy").await?.is_none(),
+            "a VMI was created during the start back-off"
+        );
+    }
+    let st = vms.get("crashy").await?.status.unwrap_or_default();
+    assert_eq!(
+        st.printable_status,
+        Some(microvirt_crds::PrintableStatus::CrashLoopBackOff)
+    );
+    assert_eq!(st.start_failure.map(|f| f.consecutive_fail_count), Some(1));
     Ok(())
 }
 

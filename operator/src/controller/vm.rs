@@ -1,5 +1,6 @@
-//! VM reconciler: run-strategy semantics and start/stop requests (create/delete the VMI), and
-//! printable status.
+//! VM reconciler: run-strategy semantics and start/stop requests (create/delete the VMI), the
+//! start back-off after VMIs that failed before they ran (a requeue at its end), and printable
+//! status.
 //!
 //! As in the VMIRS reconciler, creates and deletes wait for the VMI cache to show the previous
 //! ones ([`crate::expectations`]) and deletes are conditioned on the uid the decision saw.
@@ -53,7 +54,13 @@ async fn apply(
         action,
         status,
         requests,
-    } = plan(&vm, vmi.as_deref());
+        backoff_left,
+    } = plan(
+        &vm,
+        vmi.as_deref(),
+        k8s_openapi::jiff::Timestamp::now(),
+        ctx.config.vm_start_backoff,
+    );
     // Start/stop requests first, guarded by the resourceVersion the plan saw: a request added
     // meanwhile (kubectl microvirt) is never lost, and the action below is only taken on the
     // requests it was planned from. On a conflict the new version comes with the next event.
@@ -133,7 +140,14 @@ async fn apply(
     if vm.status.as_ref().map(without_requests).as_ref() != Some(&status) {
         apply_status(api, &name, &status).await?;
     }
-    if synced {
+    if let Some(wait) = backoff_left {
+        // The start back-off: the next VMI once it is over (a little after, so that the
+        // retry time, in whole seconds, has passed).
+        Ok(Action::requeue(
+            wait.saturating_add(Duration::from_millis(100))
+                .min(Duration::from_secs(300)),
+        ))
+    } else if synced {
         Ok(Action::requeue(Duration::from_secs(300)))
     } else {
         Ok(Action::requeue(Duration::from_secs(2)))

@@ -212,7 +212,7 @@ impl Env {
         self.stop = Some(tx);
         self.operator = Some(tokio::spawn(run(
             self.operator_client.clone(),
-            Config::default(),
+            test_config(),
             self.metrics.clone(),
             opts,
             ready.clone(),
@@ -287,6 +287,16 @@ impl Drop for Env {
         if let Some(h) = self.kubelet.take() {
             h.abort();
         }
+    }
+}
+
+/// The operator's settings in these tests: the defaults, but a VM's start back-off (after VMIs
+/// that failed before they ran) from 1 s instead of KubeVirt's 10 s, so that the VM tests wait
+/// seconds, not minutes (`virtualmachine::start_backoff` has KubeVirt's values).
+pub fn test_config() -> Config {
+    Config {
+        vm_start_backoff: Duration::from_secs(1),
+        ..Config::default()
     }
 }
 
