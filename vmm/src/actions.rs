@@ -60,12 +60,15 @@ pub(crate) enum Request {
     State,
     Status,
     Snapshot(SnapshotWriter),
+    /// The vCPUs' and the IOAPIC's state, for a person debugging a guest.
+    Describe,
 }
 
 pub(crate) enum Reply {
     State(VmState),
     Status(VmStatus),
     Snapshot(SnapshotSummary),
+    Describe(serde_json::Value),
 }
 
 /// The VM's lifecycle state and how often the guest rebooted in place.
@@ -146,6 +149,17 @@ impl VmmController {
     pub fn snapshot(&self, files: SnapshotWriter) -> Result<SnapshotSummary, String> {
         match self.call(Request::Snapshot(files))? {
             Reply::Snapshot(s) => Ok(s),
+            _ => Err("unexpected reply".into()),
+        }
+    }
+
+    /// Where each vCPU is and what it waits for (its registers, LAPIC timer and pending
+    /// vectors, see [`crate::vstate::persist::describe_vcpu`]) and the IOAPIC's pins: for a
+    /// guest that stopped making progress. A running VM is paused for the reading (well under a
+    /// millisecond of guest time) and runs again.
+    pub fn describe(&self) -> Result<serde_json::Value, String> {
+        match self.call(Request::Describe)? {
+            Reply::Describe(v) => Ok(v),
             _ => Err("unexpected reply".into()),
         }
     }

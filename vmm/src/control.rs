@@ -102,13 +102,18 @@ pub fn snapshot_command(controller: &VmmController, req: &Value) -> Value {
     }
 }
 
-/// The VM commands every server answers alike (`pause`, `resume`/`unpause`, `snapshot`);
+/// The VM commands every server answers alike (`pause`, `resume`/`unpause`, `snapshot`,
+/// `vcpu-state`);
 /// `None` for other commands.
 pub fn vm_command(controller: &VmmController, cmd: &str, req: &Value) -> Option<Value> {
     Some(match cmd {
         "pause" => state_answer(controller.request(Action::Pause)),
         "resume" | "unpause" => state_answer(controller.request(Action::Resume)),
         "snapshot" => snapshot_command(controller, req),
+        "vcpu-state" => match controller.describe() {
+            Ok(v) => json!({"ok": true, "describe": v}),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
         _ => return None,
     })
 }

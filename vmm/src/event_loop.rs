@@ -253,6 +253,34 @@ impl Control {
         Ok(self.lifecycle.state())
     }
 
+    /// The vCPUs' state and the IOAPIC's pins ([`crate::actions::VmmController::describe`]):
+    /// a running VM is paused for the reading and runs again.
+    fn describe(&mut self) -> Result<serde_json::Value, String> {
+        let state = self.lifecycle.state();
+        if state == VmState::Stopped {
+            return Err("the VM is stopped".into());
+        }
+        self.machine
+            .ensure_save_spec(crate::vstate::persist::VcpuCaps::probe(&self.machine.kvm))?;
+        let was_running = state == VmState::Running;
+        if was_running {
+            self.apply(Action::Pause)?;
+        }
+        let vcpus: Vec<serde_json::Value> = self
+            .vcpus
+            .iter_mut()
+            .map(|v| match v.save_state() {
+                Ok(s) => crate::vstate::persist::describe_vcpu(&s),
+                Err(e) => serde_json::json!({"id": v.id(), "error": e.to_string()}),
+            })
+            .collect();
+        let ioapic = self.machine.describe_ioapic();
+        if was_running {
+            self.apply(Action::Resume)?;
+        }
+        Ok(serde_json::json!({"state": state.to_string(), "vcpus": vcpus, "ioapic": ioapic}))
+    }
+
     /// Pauses the VM if it runs, writes the snapshot and leaves the VM paused; on failure a VM
     /// that was running runs again.
     fn snapshot(&mut self, files: SnapshotWriter) -> Result<SnapshotSummary, String> {
@@ -358,6 +386,7 @@ impl MutEventSubscriber for Control {
                             }
                             r.map(Reply::Snapshot)
                         }
+                        Request::Describe => self.describe().map(Reply::Describe),
                     };
                     if let Some(r) = reply {
                         let _ = r.send(result);

@@ -83,6 +83,38 @@ impl Machine {
         entry & IOAPIC_MASKED == 0
     }
 
+    /// The IOAPIC's unmasked pins (vector, trigger mode, remote IRR: a level-triggered pin whose
+    /// remote IRR stays set waits for an EOI that never came) and its pin levels, for
+    /// [`crate::actions::VmmController::describe`].
+    pub fn describe_ioapic(&self) -> serde_json::Value {
+        let mut chip = kvm_bindings::kvm_irqchip {
+            chip_id: kvm_bindings::KVM_IRQCHIP_IOAPIC,
+            ..Default::default()
+        };
+        if let Err(e) = self.vm.get_irqchip(&mut chip) {
+            return serde_json::json!({"error": format!("KVM_GET_IRQCHIP (IOAPIC): {e}")});
+        }
+        // SAFETY: KVM_GET_IRQCHIP with chip_id KVM_IRQCHIP_IOAPIC filled the `ioapic` member of
+        // the union; every bit pattern of its fields is a valid integer.
+        let ioapic = unsafe { chip.chip.ioapic };
+        let pins: Vec<serde_json::Value> = (0..ioapic.redirtbl.len())
+            .filter_map(|pin| {
+                // SAFETY: as above; `bits` covers the whole redirection entry.
+                let e = unsafe { ioapic.redirtbl[pin].bits };
+                (e & IOAPIC_MASKED == 0).then(|| {
+                    serde_json::json!({
+                        "pin": pin,
+                        "vector": e & 0xff,
+                        "level": e & (1 << 15) != 0,
+                        "remote_irr": e & (1 << 14) != 0,
+                        "dest": e >> 56,
+                    })
+                })
+            })
+            .collect();
+        serde_json::json!({"irr": format!("{:#x}", ioapic.irr), "unmasked": pins})
+    }
+
     /// Resets every device for an in-place reboot (the vCPUs are paused): the virtio devices
     /// (a disk's request in flight is waited for; disks, overlays and TAPs stay open), the
     /// UART, the i8042 and the ACPI registers.
@@ -112,6 +144,17 @@ impl Machine {
             .collect()
     }
 
+    /// Makes sure the vCPUs know which MSRs to read (from /dev/kvm, once; builds that reboot
+    /// in place have it from the start).
+    pub fn ensure_save_spec(&self, caps: VcpuCaps) -> Result<(), String> {
+        if self.save_spec.get().is_none() {
+            let msr_indices =
+                persist::msrs_to_save(&self.kvm).map_err(|e| format!("MSR list: {e}"))?;
+            let _ = self.save_spec.set(SaveSpec { msr_indices, caps });
+        }
+        Ok(())
+    }
+
     /// Writes a snapshot through `w`. The vCPUs must be paused; runs on the VMM thread (the
     /// only thread that runs device code), so nothing changes guest memory or device state
     /// meanwhile. Only writes to the descriptors in `w`; opens nothing.
@@ -123,11 +166,7 @@ impl Machine {
         let t0 = Instant::now();
         let caps = VcpuCaps::probe(&self.kvm);
         let host = HostFacts::probe(&self.kvm, caps).map_err(|e| format!("host facts: {e}"))?;
-        if self.save_spec.get().is_none() {
-            let msr_indices =
-                persist::msrs_to_save(&self.kvm).map_err(|e| format!("MSR list: {e}"))?;
-            let _ = self.save_spec.set(SaveSpec { msr_indices, caps });
-        }
+        self.ensure_save_spec(caps)?;
         // Complete what the guest already queued; flush disks.
         for d in &self.virtio {
             d.quiesce().map_err(|e| format!("quiescing devices: {e}"))?;

@@ -39,8 +39,30 @@ fn pause_resume_ctrl_alt_del_and_stop() {
     assert!(booted.wall_us > 0);
     wait_for(&out, "halting");
 
+    // `vcpus` (describe) on the running VM: both vCPUs halt with interrupts off (the scenario's
+    // `cli; hlt`), in long mode; the VM runs again afterwards.
+    let d = ctl.describe().expect("describe");
+    assert_eq!(d["state"], "running", "{d}");
+    let vcpus = d["vcpus"].as_array().expect("vcpus");
+    assert_eq!(vcpus.len(), 2, "{d}");
+    for (i, v) in vcpus.iter().enumerate() {
+        assert_eq!(v["id"], i, "{d}");
+        assert!(
+            v["rip"].as_str().is_some_and(|r| r.starts_with("0x")),
+            "{d}"
+        );
+        assert_eq!(v["mp_state"], "halted", "{d}");
+        assert_eq!(v["interrupts_enabled"], false, "{d}");
+        assert!(v["lapic"]["irr"].is_array(), "{d}");
+    }
+    assert!(d["ioapic"]["unmasked"].is_array(), "{d}");
+    assert_eq!(ctl.state(), Ok(VmState::Running));
+
     // Pause while the vCPUs sit halted inside KVM_RUN: they must be kicked out.
     assert_eq!(ctl.request(Action::Pause), Ok(VmState::Paused));
+    // Described while paused, it stays paused.
+    assert_eq!(ctl.describe().expect("describe")["state"], "paused");
+    assert_eq!(ctl.state(), Ok(VmState::Paused));
     assert!(ctl
         .request(Action::Pause)
         .unwrap_err()

@@ -55,6 +55,7 @@ pub const STOCK: &[Scenario] = &[
     scenario!("stock-power-button"),
     scenario!("stock-no-acpi"),
     scenario!("stock-reboot-loop"),
+    scenario!("stock-boot-soak"),
 ];
 
 /// Looks a scenario up by name (in [`ALL`] and [`STOCK`]).

@@ -250,6 +250,77 @@ fn lapic_reg(l: &kvm_bindings::kvm_lapic_state, off: usize) -> u32 {
     u32::from_le_bytes(b)
 }
 
+/// What a person debugging a guest that stopped making progress wants to see of one vCPU
+/// (the control socket's `vcpu-state` command): where it is, whether it halted with interrupts on,
+/// its LAPIC timer and the vectors waiting in its LAPIC, and the event KVM holds for it.
+pub fn describe_vcpu(state: &VcpuState) -> serde_json::Value {
+    let r = &state.regs.0;
+    let s = &state.sregs.0;
+    let l = &state.lapic.0;
+    let msr = |index: u32| {
+        state
+            .msrs
+            .iter()
+            .find(|m| m.index == index)
+            .map(|m| format!("{:#x}", m.data))
+    };
+    // IRR/ISR/TMR: 8 registers of 32 vectors each, 16 bytes apart.
+    let vectors = |base: usize| -> Vec<u32> {
+        (0..8u32)
+            .flat_map(|i| {
+                let bits = lapic_reg(l, base + 0x10 * i as usize);
+                (0..32u32)
+                    .filter(move |b| bits & (1 << b) != 0)
+                    .map(move |b| i * 32 + b)
+            })
+            .collect()
+    };
+    let mp_state = match state.mp_state.0.mp_state {
+        kvm_bindings::KVM_MP_STATE_RUNNABLE => "runnable".to_string(),
+        kvm_bindings::KVM_MP_STATE_UNINITIALIZED => "uninitialized".to_string(),
+        kvm_bindings::KVM_MP_STATE_INIT_RECEIVED => "init-received".to_string(),
+        kvm_bindings::KVM_MP_STATE_HALTED => "halted".to_string(),
+        kvm_bindings::KVM_MP_STATE_SIPI_RECEIVED => "sipi-received".to_string(),
+        other => other.to_string(),
+    };
+    let events = state.events.as_ref().map(|e| {
+        let e = &e.0;
+        serde_json::json!({
+            "exception": {"injected": e.exception.injected, "nr": e.exception.nr, "pending": e.exception.pending},
+            "interrupt": {"injected": e.interrupt.injected, "nr": e.interrupt.nr, "shadow": e.interrupt.shadow},
+            "nmi": {"injected": e.nmi.injected, "pending": e.nmi.pending, "masked": e.nmi.masked},
+        })
+    });
+    serde_json::json!({
+        "id": state.id,
+        "mp_state": mp_state,
+        "rip": format!("{:#x}", r.rip),
+        "rsp": format!("{:#x}", r.rsp),
+        "rflags": format!("{:#x}", r.rflags),
+        "interrupts_enabled": r.rflags & (1 << 9) != 0,
+        "cr0": format!("{:#x}", s.cr0),
+        "cr3": format!("{:#x}", s.cr3),
+        "cr4": format!("{:#x}", s.cr4),
+        "efer": format!("{:#x}", s.efer),
+        "lapic": {
+            "id": lapic_reg(l, 0x20) >> 24,
+            "tpr": lapic_reg(l, 0x80),
+            "svr": format!("{:#x}", lapic_reg(l, 0xf0)),
+            "lvt_timer": format!("{:#x}", lapic_reg(l, APIC_LVTT)),
+            "timer_initial": lapic_reg(l, 0x380),
+            "timer_current": lapic_reg(l, 0x390),
+            "timer_divide": lapic_reg(l, 0x3e0),
+            "esr": lapic_reg(l, 0x280),
+            "isr": vectors(0x100),
+            "tmr": vectors(0x180),
+            "irr": vectors(0x200),
+        },
+        "tsc": msr(msr::MSR_IA32_TSC),
+        "tsc_deadline": msr(msr::MSR_IA32_TSC_DEADLINE),
+        "events": events,
+    })
+}
+
 /// The MSRs to write back, in restore order, with the TSC advanced by `tsc_delta` ticks.
 /// A TSC-deadline timer that was armed reads back as 0 when it had already fired into the
 /// LAPIC; writing 0 would disarm it and the guest could wait forever for its tick, so it is set
@@ -512,6 +583,40 @@ mod tests {
         let j = serde_json::to_string(&s).unwrap();
         let back: VcpuState = serde_json::from_str(&j).unwrap();
         assert_eq!(back, s);
+    }
+
+    #[test]
+    fn describe_shows_where_a_vcpu_waits() {
+        let m = |index, data| MsrEntry { index, data };
+        let mut s = state_with(
+            LVTT_MODE_TSC_DEADLINE | 0xec,
+            vec![m(msr::MSR_IA32_TSC, 1000), m(msr::MSR_IA32_TSC_DEADLINE, 0)],
+        );
+        s.id = 1;
+        s.mp_state.0.mp_state = kvm_bindings::KVM_MP_STATE_HALTED;
+        s.regs.0.rip = 0xffff_ffff_8100_1234;
+        s.regs.0.rflags = 0x246;
+        // Vector 0xec (236 = 7 * 32 + 12) waiting in the IRR, vector 0x22 in service.
+        let set = |l: &mut kvm_lapic_state, off: usize, v: u32| {
+            for (i, b) in v.to_le_bytes().iter().enumerate() {
+                l.regs[off + i] = *b as std::os::raw::c_char;
+            }
+        };
+        set(&mut s.lapic.0, 0x200 + 0x10 * 7, 1 << 12);
+        set(&mut s.lapic.0, 0x100 + 0x10, 1 << 2);
+        set(&mut s.lapic.0, 0x380, 5000);
+        let d = describe_vcpu(&s);
+        assert_eq!(d["id"], 1);
+        assert_eq!(d["mp_state"], "halted");
+        assert_eq!(d["rip"], "0xffffffff81001234");
+        assert_eq!(d["interrupts_enabled"], true);
+        assert_eq!(d["lapic"]["irr"], serde_json::json!([0xec]));
+        assert_eq!(d["lapic"]["isr"], serde_json::json!([0x22]));
+        assert_eq!(d["lapic"]["timer_initial"], 5000);
+        assert_eq!(d["lapic"]["lvt_timer"], "0x400ec");
+        assert_eq!(d["tsc"], "0x3e8");
+        assert_eq!(d["tsc_deadline"], "0x0");
+        assert!(d["events"].is_null());
     }
 
     /// On this machine's KVM: a vCPU whose guest turned kvm-clock and steal time on (as Linux
