@@ -491,7 +491,7 @@ fn main() -> ExitCode {
             };
             return answer(
                 &socket,
-                control::request_value(
+                vmm::control::request(
                     &socket,
                     &serde_json::json!({"cmd": "snapshot", "dir": dir.display().to_string()}),
                 ),
