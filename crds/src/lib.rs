@@ -13,11 +13,13 @@
 //! part, which `virt-launcher` uses so that operator and launcher share one implementation:
 //! [`quantity`] (Kubernetes quantities → bytes) and [`termination`] (the launcher's termination
 //! message); [`launcher_state`] (the launcher's state, as its control socket reports it to the
-//! node agent); and [`control`], the launcher pod's control annotations that operator and node
-//! agent share.
+//! node agent); [`control`], the launcher pod's control annotations that operator and node
+//! agent share; and [`mac`], the MAC address type that the VMM, `netsetup` and the launcher
+//! share (feature `serde`, which `kube` turns on, adds its serde impls).
 
 pub mod control;
 pub mod launcher_state;
+pub mod mac;
 #[cfg(feature = "kube")]
 pub mod pool;
 #[cfg(feature = "kube")]

@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! guest reset after the shutdown request      ← one line for humans, at most 256 bytes
-//! reason=GuestShutdown                        ← machine-readable reason
-//! exitCode=0
+//! reason=GuestShutdown                        ← machine-readable reason: a [`Reason`]
+//! exitCode=0                                  ← the launcher's exit code: [`exit_code`]
 //! bootTimeMs=142                              ← once the guest has booted
 //! shutdownRequested=signal                    ← only when the launcher was asked to stop the VM
 //! ```
@@ -28,16 +28,106 @@ pub const KEY_BOOT_TIME_MS: &str = "bootTimeMs";
 /// Key present when the VM was stopped because the launcher was asked to stop it.
 pub const KEY_SHUTDOWN_REQUESTED: &str = "shutdownRequested";
 
-/// The boot disk holds no kernel the launcher can boot, and no fallback kernel applies.
-pub const NO_BOOTABLE_KERNEL: &str = "NoBootableKernel";
-/// The guest crashed while running (triple fault, KVM internal error, …; the message names it).
-/// The launcher's own spelling (`launcher/src/runner.rs`) must stay equal.
-pub const GUEST_CRASHED: &str = "GuestCrashed";
-/// The VMM itself failed while the VM ran.
-pub const VMM_FAILED: &str = "VmmFailed";
-/// The launcher's reasons that the operator copies to the VMI's `status.reason` as they are
-/// (other failures become `LauncherExited<code>`).
-pub const VMI_REASONS: &[&str] = &[NO_BOOTABLE_KERNEL, GUEST_CRASHED, VMM_FAILED];
+/// The launcher's exit codes (the compute container's `state.terminated.exitCode`), written by
+/// `virt-launcher` and read by the operator.
+pub mod exit_code {
+    /// The guest shut down (reset or power-off).
+    pub const CLEAN: u8 = 0;
+    /// The guest crashed or the VMM failed while running.
+    pub const CRASH: u8 = 1;
+    /// Bad usage or an invalid VMI.
+    pub const USAGE: u8 = 2;
+    /// Preparing the VM failed (disks, kernel, KVM).
+    pub const SETUP: u8 = 3;
+    /// The guest ignored the shutdown request; stopped after the grace period.
+    pub const GRACE_EXPIRED: u8 = 4;
+    /// Stopped on request (control `stop`, or a second SIGTERM/SIGINT).
+    pub const STOPPED: u8 = 5;
+}
+
+/// Why the launcher ended: the `reason=` of its termination message. This is the one list of
+/// the values the launcher writes; a reader keeps the field as a string (a newer launcher may
+/// write one this build does not know) and looks it up with [`Reason::parse`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The guest reset or powered off.
+    GuestShutdown,
+    /// The guest ignored the shutdown request; stopped after the grace period.
+    GracePeriodExpired,
+    /// Stopped on request (control `stop`, or a second signal).
+    Stopped,
+    /// The guest crashed while running (triple fault, KVM internal error, …; the message names
+    /// it).
+    GuestCrashed,
+    /// The VMM itself failed while the VM ran.
+    VmmFailed,
+    /// Preparing the VM failed (disks, kernel, KVM, the pod network, …).
+    SetupFailed,
+    /// The boot disk holds no kernel the launcher can boot, and no fallback kernel applies.
+    NoBootableKernel,
+    /// The VMI document (or the launcher's user) is not usable.
+    InvalidVmi,
+}
+
+impl Reason {
+    /// Every value.
+    pub const ALL: [Reason; 8] = [
+        Self::GuestShutdown,
+        Self::GracePeriodExpired,
+        Self::Stopped,
+        Self::GuestCrashed,
+        Self::VmmFailed,
+        Self::SetupFailed,
+        Self::NoBootableKernel,
+        Self::InvalidVmi,
+    ];
+
+    /// The value as written after `reason=`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GuestShutdown => "GuestShutdown",
+            Self::GracePeriodExpired => "GracePeriodExpired",
+            Self::Stopped => "Stopped",
+            Self::GuestCrashed => "GuestCrashed",
+            Self::VmmFailed => "VmmFailed",
+            Self::SetupFailed => "SetupFailed",
+            Self::NoBootableKernel => "NoBootableKernel",
+            Self::InvalidVmi => "InvalidVMI",
+        }
+    }
+
+    /// The reason written as `s` (exactly, case-sensitive); `None` for another value.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+
+    /// The launcher's exit code with this reason ([`exit_code`]).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Self::GuestShutdown => exit_code::CLEAN,
+            Self::GracePeriodExpired => exit_code::GRACE_EXPIRED,
+            Self::Stopped => exit_code::STOPPED,
+            Self::GuestCrashed | Self::VmmFailed => exit_code::CRASH,
+            Self::SetupFailed | Self::NoBootableKernel => exit_code::SETUP,
+            Self::InvalidVmi => exit_code::USAGE,
+        }
+    }
+
+    /// Whether the operator copies this reason to a failed VMI's `status.reason` as it is
+    /// (other failures become `LauncherExited<code>`).
+    pub fn is_vmi_reason(self) -> bool {
+        matches!(
+            self,
+            Self::NoBootableKernel | Self::GuestCrashed | Self::VmmFailed
+        )
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Who asked the launcher to stop the VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +159,8 @@ impl fmt::Display for ShutdownOrigin {
 pub struct TerminationMessage {
     /// The human-readable first line.
     pub message: String,
-    /// Machine-readable reason (GuestShutdown, GuestCrashed, …).
+    /// Machine-readable reason: a [`Reason`] as the launcher wrote it, kept as a string so
+    /// that a value this build does not know survives.
     pub reason: Option<String>,
     /// The launcher's exit code.
     pub exit_code: Option<i32>,
@@ -166,6 +257,31 @@ mod tests {
             "guest reset after the shutdown request\nreason=GuestShutdown\nexitCode=0\nbootTimeMs=9\nshutdownRequested=signal\n"
         );
         assert_eq!(TerminationMessage::parse(&text), m);
+    }
+
+    #[test]
+    fn reasons_parse_back_and_carry_their_exit_code() {
+        for r in Reason::ALL {
+            assert_eq!(Reason::parse(r.as_str()), Some(r));
+            assert_eq!(r.to_string(), r.as_str());
+        }
+        assert_eq!(Reason::parse("guestshutdown"), None);
+        assert_eq!(Reason::parse("LauncherExited3"), None);
+        assert_eq!(Reason::InvalidVmi.as_str(), "InvalidVMI");
+        assert_eq!(Reason::GuestShutdown.exit_code(), 0);
+        assert_eq!(Reason::GuestCrashed.exit_code(), 1);
+        assert_eq!(Reason::VmmFailed.exit_code(), 1);
+        assert_eq!(Reason::InvalidVmi.exit_code(), 2);
+        assert_eq!(Reason::SetupFailed.exit_code(), 3);
+        assert_eq!(Reason::NoBootableKernel.exit_code(), 3);
+        assert_eq!(Reason::GracePeriodExpired.exit_code(), 4);
+        assert_eq!(Reason::Stopped.exit_code(), 5);
+        let vmi: Vec<&str> = Reason::ALL
+            .into_iter()
+            .filter(|r| r.is_vmi_reason())
+            .map(Reason::as_str)
+            .collect();
+        assert_eq!(vmi, ["GuestCrashed", "VmmFailed", "NoBootableKernel"]);
     }
 
     #[test]

@@ -31,10 +31,9 @@
 //! stream only writes to the accepted socket and waits on a futex (no new syscalls after
 //! the VM is built).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::Shutdown;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
@@ -42,7 +41,9 @@ use std::time::Duration;
 
 use microvirt_crds::launcher_state::LauncherState;
 use serde_json::{json, Value};
-use vmm::{Action, VmmController};
+pub use vmm::control::ControlServer;
+use vmm::control::{self, Connection, Flow};
+use vmm::VmmController;
 
 use crate::console::ConsoleHub;
 use crate::status::{set_state, Event, SharedStatus, Status};
@@ -58,53 +59,16 @@ pub struct Context {
     pub snapshot_dir: Option<PathBuf>,
 }
 
-/// The listening socket; the file is removed when this is dropped.
-pub struct ControlServer {
-    path: PathBuf,
-}
-
-impl Drop for ControlServer {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Binds `path` (mode 0600) and serves it from a thread, one thread per connection.
+/// Binds `path` (mode 0660) and serves it from a thread, one thread per connection, through
+/// the VMM's server ([`vmm::control::listen`]) with the launcher's command set.
 pub fn serve(path: &Path, ctx: Context) -> std::io::Result<ControlServer> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = UnixListener::bind(path)?;
     // Owner and group: in the pod the launcher runs as 107:107 (docs/launcher-pod.md); the
     // node agent and `kubectl exec` clients are root without capabilities, so they reach the
     // socket through group 107 (the agent's supplementalGroups, the pod's fsGroup).
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    std::thread::Builder::new()
-        .name("control".into())
-        .spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(conn) = conn else { continue };
-                let ctx = ctx.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("control-conn".into())
-                    .spawn(move || {
-                        if let Err(e) = handle(conn, &ctx) {
-                            log::debug!("control connection: {e}");
-                        }
-                    });
-                if let Err(e) = spawned {
-                    log::warn!("control: cannot spawn a connection thread: {e}");
-                }
-            }
-        })?;
-    Ok(ControlServer {
-        path: path.to_path_buf(),
-    })
+    control::listen(path, 0o660, move |conn| handle(conn, &ctx))
 }
 
 /// A field of a `/proc/.../status` text.
@@ -190,7 +154,7 @@ fn watch(w: &mut UnixStream, ctx: &Context) -> std::io::Result<()> {
             Ok(s) => watched(&s),
             Err(_) => return Ok(()),
         };
-        reply(w, &status_json(ctx))?;
+        control::write_reply(w, &status_json(ctx))?;
         if now.0 == LauncherState::Stopped {
             return Ok(());
         }
@@ -199,114 +163,84 @@ fn watch(w: &mut UnixStream, ctx: &Context) -> std::io::Result<()> {
     }
 }
 
-fn reply(w: &mut UnixStream, v: &Value) -> std::io::Result<()> {
-    let mut line = v.to_string();
-    line.push('\n');
-    w.write_all(line.as_bytes())
-}
-
-fn action(ctx: &Context, a: Action, state: LauncherState) -> Value {
+/// `pause`, `resume`/`unpause` and `snapshot`: the VMM's own commands
+/// ([`vmm::control::vm_command`]), with the launcher's state kept in step; `None` for other
+/// commands.
+fn vm_command(ctx: &Context, cmd: &str, mut req: Value) -> Option<Value> {
+    let state = match cmd {
+        "pause" | "snapshot" => LauncherState::Paused,
+        "resume" | "unpause" => LauncherState::Running,
+        _ => return None,
+    };
+    if cmd == "snapshot" && req.get("dir").is_none() {
+        if let (Some(d), Some(o)) = (&ctx.snapshot_dir, req.as_object_mut()) {
+            o.insert("dir".into(), Value::String(d.display().to_string()));
+        }
+    }
     // A resume says "running" before the vCPUs go: the first resume of a restored VM records
     // its boot time while the VMM handles the request, and a `watch` client must not see
     // "booted" with the old "paused" in between (the node agent would report a pause that
     // never was). A refused request puts the old state back.
-    let before = if a == Action::Resume {
+    let before = if state == LauncherState::Running {
         let old = ctx.status.lock().ok().map(|s| s.state.clone());
         set_state(&ctx.status, state.clone());
         old
     } else {
         None
     };
-    match ctx.controller.request(a) {
-        Ok(_) => {
-            let answer = json!({"ok": true, "state": state.as_str()});
-            set_state(&ctx.status, state);
-            answer
-        }
-        Err(e) => {
-            if let Some(old) = before {
-                set_state(&ctx.status, old);
-            }
-            json!({"ok": false, "error": e})
-        }
+    let answer = control::vm_command(&ctx.controller, cmd, &req)?;
+    if answer.get("ok") == Some(&Value::Bool(true)) {
+        set_state(&ctx.status, state);
+    } else if let Some(old) = before {
+        set_state(&ctx.status, old);
     }
+    Some(answer)
 }
 
 fn handle(conn: UnixStream, ctx: &Context) -> std::io::Result<()> {
-    let mut writer = conn.try_clone()?;
-    let mut reader = BufReader::new(conn);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        // Bounded line length: a client cannot make the launcher buffer without limit.
-        let n = (&mut reader).take(4096).read_line(&mut line)?;
-        if n == 0 {
-            return Ok(());
+    control::serve_connection(conn, |c, cmd, req| {
+        if let Some(answer) = vm_command(ctx, cmd, req) {
+            return Ok(Flow::Reply(answer));
         }
-        let req: Value = match serde_json::from_str(line.trim()) {
-            Ok(v) => v,
-            Err(e) => {
-                reply(
-                    &mut writer,
-                    &json!({"ok": false, "error": format!("bad request: {e}")}),
-                )?;
-                continue;
-            }
-        };
-        let cmd = req.get("cmd").and_then(Value::as_str).unwrap_or("");
-        let answer = match cmd {
-            "status" => status_json(ctx),
-            "pause" => action(ctx, Action::Pause, LauncherState::Paused),
-            "unpause" | "resume" => action(ctx, Action::Resume, LauncherState::Running),
-            "snapshot" => {
-                let mut req = req.clone();
-                if req.get("dir").is_none() {
-                    if let (Some(d), Some(o)) = (&ctx.snapshot_dir, req.as_object_mut()) {
-                        o.insert("dir".into(), Value::String(d.display().to_string()));
-                    }
-                }
-                let answer = vmm::control::snapshot_command(&ctx.controller, &req);
-                if answer.get("ok") == Some(&Value::Bool(true)) {
-                    set_state(&ctx.status, LauncherState::Paused);
-                }
-                answer
-            }
+        Ok(match cmd {
+            "status" => Flow::Reply(status_json(ctx)),
             "shutdown" => {
                 answer_then_send(
-                    &mut writer,
+                    &mut c.writer,
                     ctx,
                     Event::ShutdownRequested,
                     LauncherState::ShuttingDown,
                 )?;
-                continue;
+                Flow::Answered
             }
             "stop" => {
                 answer_then_send(
-                    &mut writer,
+                    &mut c.writer,
                     ctx,
                     Event::StopRequested,
                     LauncherState::Stopping,
                 )?;
-                continue;
+                Flow::Answered
             }
-            "console" => {
-                let Some(hub) = &ctx.console else {
-                    reply(
-                        &mut writer,
-                        &json!({"ok": false, "error": "the console is on the launcher's terminal"}),
-                    )?;
-                    continue;
-                };
-                reply(&mut writer, &json!({"ok": true}))?;
-                // Bytes the client sent after the request line are console input.
-                let pending = reader.buffer().to_vec();
-                return hub.attach(reader.into_inner(), &pending);
+            "console" => match &ctx.console {
+                None => Flow::Reply(
+                    json!({"ok": false, "error": "the console is on the launcher's terminal"}),
+                ),
+                Some(hub) => {
+                    control::write_reply(&mut c.writer, &json!({"ok": true}))?;
+                    Flow::Handover(Box::new(move |c: Connection| {
+                        // Bytes the client sent after the request line are console input.
+                        let pending = c.reader.buffer().to_vec();
+                        hub.attach(c.reader.into_inner(), &pending)
+                    }))
+                }
+            },
+            "watch" => Flow::Handover(Box::new(move |mut c: Connection| watch(&mut c.writer, ctx))),
+            other => {
+                Flow::Reply(json!({"ok": false, "error": format!("unknown command {other:?}")}))
             }
-            "watch" => return watch(&mut writer, ctx),
-            other => json!({"ok": false, "error": format!("unknown command {other:?}")}),
-        };
-        reply(&mut writer, &answer)?;
-    }
+        })
+    })
 }
 
 /// Answers a `stop` or `shutdown` request, then hands it to the runner. The answer goes first: once the runner has the event the launcher may exit at
@@ -319,29 +253,15 @@ fn answer_then_send(
     event: Event,
     state: LauncherState,
 ) -> std::io::Result<()> {
-    let answered = reply(w, &json!({"ok": true, "state": state.as_str()}));
+    let answered = control::write_reply(w, &json!({"ok": true, "state": state.as_str()}));
     let _ = w.flush();
     let _ = ctx.events.send(event);
     answered
 }
 
-/// Client side: sends one request and returns the answer.
+/// Client side: sends `{"cmd": cmd}` and returns the answer ([`vmm::control::request`]).
 pub fn request(socket: &Path, cmd: &str) -> std::io::Result<Value> {
-    request_value(socket, &json!({ "cmd": cmd }))
-}
-
-/// Client side: sends the request `req` and returns the answer.
-pub fn request_value(socket: &Path, req: &Value) -> std::io::Result<Value> {
-    let mut s = UnixStream::connect(socket)?;
-    reply(&mut s, req)?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line)?;
-    serde_json::from_str(line.trim()).map_err(|e| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("bad answer {line:?}: {e}"),
-        )
-    })
+    control::request(socket, &json!({ "cmd": cmd }))
 }
 
 /// Puts a terminal in raw mode until dropped.
@@ -403,7 +323,7 @@ const DETACH: u8 = 0x1d;
 /// console (the VM ended) or, on a terminal, Ctrl-] is typed.
 pub fn attach_console(socket: &Path) -> std::io::Result<()> {
     let mut s = UnixStream::connect(socket)?;
-    reply(&mut s, &json!({"cmd": "console"}))?;
+    control::write_reply(&mut s, &json!({"cmd": "console"}))?;
     // Read the answer byte by byte so no console output is swallowed by a buffer.
     let mut line = Vec::new();
     let mut b = [0u8; 1];
@@ -468,6 +388,7 @@ pub fn attach_console(socket: &Path) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::status::StatusCell;
+    use std::io::{BufRead, BufReader};
     use std::sync::mpsc::channel;
 
     fn context(events: Sender<Event>) -> Context {

@@ -175,7 +175,7 @@ fn setup_network(
     };
     let mac = match &iface.mac_address {
         Some(m) => Some(
-            m.parse::<netsetup::MacAddr>()
+            m.parse::<MacAddr>()
                 .map_err(|e| LaunchError::Network(e.to_string()))?,
         ),
         None => None,
@@ -220,7 +220,7 @@ fn setup_network(
     );
     let nic = NetConfig {
         tap: setup.tap_name().to_string(),
-        mac: Some(MacAddr(setup.guest_mac().0)),
+        mac: Some(setup.guest_mac()),
     };
     Ok((Some(setup), vec![nic], summary))
 }

@@ -13,6 +13,7 @@ use launcher::launch::{self, Console, Options};
 use launcher::runner::{self, exit_code, Outcome};
 use launcher::vmi::VmiDocument;
 use launcher::{caps, console, control, paths, seccomp, teardown};
+use microvirt_crds::termination::Reason;
 use vmm::timing::Clock;
 
 /// Runs one VirtualMachineInstance in this process with the embedded microvirt VMM.
@@ -352,12 +353,12 @@ fn cmd_run(a: RunArgs, start: Clock) -> ExitCode {
 fn finish(outcome: Outcome, termination_log: Option<&Path>) -> ExitCode {
     let _ = std::io::stdout().flush();
     write_termination_log(termination_log, &outcome);
-    if outcome.exit_code == exit_code::CLEAN {
+    if outcome.exit_code() == exit_code::CLEAN {
         log::info!("{}", outcome.message);
     } else {
         console::emit_line(&format!("virt-launcher: {}", outcome.message));
     }
-    ExitCode::from(outcome.exit_code)
+    ExitCode::from(outcome.exit_code())
 }
 
 /// `MICROVIRT_LAUNCHER_USER=UID:GID` (pod mode): the user to become after the privileged
@@ -397,9 +398,8 @@ fn cmd_pod(start: Clock) -> ExitCode {
         Ok(d) => d,
         Err(e) => {
             let o = Outcome {
-                exit_code: exit_code::USAGE,
                 message: format!("invalid VMI document: {e}"),
-                reason: "InvalidVMI",
+                reason: Reason::InvalidVmi,
                 boot_time_ms: None,
                 shutdown_requested: None,
             };
@@ -417,9 +417,8 @@ fn cmd_pod(start: Clock) -> ExitCode {
         Ok(u) => u,
         Err(e) => {
             let o = Outcome {
-                exit_code: exit_code::USAGE,
                 message: e,
-                reason: "InvalidVMI",
+                reason: Reason::InvalidVmi,
                 boot_time_ms: None,
                 shutdown_requested: None,
             };
@@ -491,7 +490,7 @@ fn main() -> ExitCode {
             };
             return answer(
                 &socket,
-                control::request_value(
+                vmm::control::request(
                     &socket,
                     &serde_json::json!({"cmd": "snapshot", "dir": dir.display().to_string()}),
                 ),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use microvirt_crds::launcher_state::LauncherState;
-use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
+use microvirt_crds::termination::{Reason, ShutdownOrigin, TerminationMessage};
 use vmm::devices::legacy::boot_timer::BootTime;
 use vmm::devices::legacy::serial::OutputQueue;
 use vmm::devices::virtio::NetConfig;
@@ -22,35 +22,17 @@ use crate::launch::LaunchConfig;
 use crate::seccomp;
 use crate::status::{set_state, Event, SharedStatus, StatusCell};
 
-/// Process exit codes (documented in README and `virt-launcher --help`).
-pub mod exit_code {
-    /// The guest shut down (reset or power-off).
-    pub const CLEAN: u8 = 0;
-    /// The guest crashed or the VMM failed while running.
-    pub const CRASH: u8 = 1;
-    /// Bad usage or an invalid VMI.
-    pub const USAGE: u8 = 2;
-    /// Preparing the VM failed (disks, kernel, KVM).
-    pub const SETUP: u8 = 3;
-    /// The guest ignored the shutdown request; stopped after the grace period.
-    pub const GRACE_EXPIRED: u8 = 4;
-    /// Stopped on request (control `stop`, or a second SIGTERM/SIGINT).
-    pub const STOPPED: u8 = 5;
-}
-
-/// The termination reason of a VMI whose boot disk has no kernel to boot (see
-/// [`Outcome::no_bootable_kernel`]); `microvirt_crds::termination::NO_BOOTABLE_KERNEL`.
-pub const REASON_NO_BOOTABLE_KERNEL: &str = microvirt_crds::termination::NO_BOOTABLE_KERNEL;
+/// Process exit codes (documented in README and `virt-launcher --help`), kept with the operator
+/// in `microvirt_crds::termination`; each [`Reason`] has one.
+pub use microvirt_crds::termination::exit_code;
 
 /// Why the launcher ended and what it reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
-    pub exit_code: u8,
     /// One line for humans (the termination message's first line).
     pub message: String,
-    /// Machine-readable reason: GuestShutdown, GuestCrashed, GracePeriodExpired, Stopped,
-    /// SetupFailed, VmmFailed.
-    pub reason: &'static str,
+    /// Machine-readable reason; it gives the exit code ([`Outcome::exit_code`]).
+    pub reason: Reason,
     pub boot_time_ms: Option<u64>,
     /// Set when the launcher was asked to stop the VM (signal or control socket), whatever the
     /// guest did then: the operator tells such a stop from one the guest chose.
@@ -60,9 +42,8 @@ pub struct Outcome {
 impl Outcome {
     pub fn setup_failed(msg: impl Into<String>) -> Self {
         Self {
-            exit_code: exit_code::SETUP,
             message: format!("setup failed: {}", msg.into()),
-            reason: "SetupFailed",
+            reason: Reason::SetupFailed,
             boot_time_ms: None,
             shutdown_requested: None,
         }
@@ -72,12 +53,16 @@ impl Outcome {
     /// reason `NoBootableKernel`, which the operator copies to the VMI's reason.
     pub fn no_bootable_kernel(msg: impl Into<String>) -> Self {
         Self {
-            exit_code: exit_code::SETUP,
             message: msg.into(),
-            reason: REASON_NO_BOOTABLE_KERNEL,
+            reason: Reason::NoBootableKernel,
             boot_time_ms: None,
             shutdown_requested: None,
         }
+    }
+
+    /// The process exit code: the reason's ([`Reason::exit_code`]).
+    pub fn exit_code(&self) -> u8 {
+        self.reason.exit_code()
     }
 
     /// The termination message (format: `microvirt_crds::termination`): the first line (at most
@@ -86,7 +71,7 @@ impl Outcome {
         TerminationMessage {
             message: self.message.clone(),
             reason: Some(self.reason.to_string()),
-            exit_code: Some(i32::from(self.exit_code)),
+            exit_code: Some(i32::from(self.exit_code())),
             boot_time_ms: self.boot_time_ms,
             shutdown_requested: self.shutdown_requested,
         }
@@ -457,10 +442,9 @@ pub fn run(
     if let Some(p) = &cfg.control_socket {
         let _ = std::fs::remove_file(p);
     }
-    let (exit_code, reason, message) = match result {
+    let (reason, message) = match result {
         Ok((ExitReason::GuestReset, _)) => (
-            exit_code::CLEAN,
-            "GuestShutdown",
+            Reason::GuestShutdown,
             if shutdown_requested {
                 "guest reset after the shutdown request".to_string()
             } else {
@@ -468,8 +452,7 @@ pub fn run(
             },
         ),
         Ok((ExitReason::GuestPowerOff, _)) => (
-            exit_code::CLEAN,
-            "GuestShutdown",
+            Reason::GuestShutdown,
             if shutdown_requested {
                 "guest powered off after the shutdown request".to_string()
             } else {
@@ -478,28 +461,18 @@ pub fn run(
         ),
         Ok((ExitReason::Stopped, _)) => match stop_cause {
             Some(StopCause::GraceExpired) => (
-                exit_code::GRACE_EXPIRED,
-                "GracePeriodExpired",
+                Reason::GracePeriodExpired,
                 format!(
                     "guest did not shut down within the {} s grace period; VM stopped",
                     cfg.grace.as_secs()
                 ),
             ),
-            _ => (
-                exit_code::STOPPED,
-                "Stopped",
-                "VM stopped on request".to_string(),
-            ),
+            _ => (Reason::Stopped, "VM stopped on request".to_string()),
         },
-        Ok((ExitReason::Fault(msg), _)) => (
-            exit_code::CRASH,
-            "GuestCrashed",
-            format!("guest crashed: {msg}"),
-        ),
-        Err(e) => (exit_code::CRASH, "VmmFailed", format!("VMM failed: {e}")),
+        Ok((ExitReason::Fault(msg), _)) => (Reason::GuestCrashed, format!("guest crashed: {msg}")),
+        Err(e) => (Reason::VmmFailed, format!("VMM failed: {e}")),
     };
     Outcome {
-        exit_code,
         message,
         reason,
         boot_time_ms: boot_ms,
@@ -514,9 +487,8 @@ mod tests {
     #[test]
     fn termination_message_format() {
         let o = Outcome {
-            exit_code: 1,
             message: format!("guest crashed: {}\nsecond line", "x".repeat(300)),
-            reason: "GuestCrashed",
+            reason: Reason::GuestCrashed,
             boot_time_ms: Some(12),
             shutdown_requested: Some(ShutdownOrigin::Signal),
         };
@@ -534,7 +506,7 @@ mod tests {
             ]
         );
         let s = Outcome::setup_failed("no kernel");
-        assert_eq!(s.exit_code, exit_code::SETUP);
+        assert_eq!(s.exit_code(), exit_code::SETUP);
         assert_eq!(
             s.termination_message(),
             "setup failed: no kernel\nreason=SetupFailed\nexitCode=3\n"

@@ -37,7 +37,6 @@ use std::fmt;
 use std::fs::File;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::str::FromStr;
 
 pub use dhcp::Lease;
 
@@ -121,62 +120,24 @@ pub struct PortForward {
     pub port: u16,
 }
 
-/// A MAC address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct MacAddr(pub [u8; 6]);
+/// The guest NIC's MAC address: the workspace's one MAC type (`microvirt_crds::mac`).
+pub use microvirt_crds::mac::{MacAddr, MacParseError};
 
-impl MacAddr {
-    /// A random locally administered unicast address (`x2:..`).
-    pub fn random_local() -> Self {
-        let mut b = [0u8; 6];
-        // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
-        let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-        if n != b.len() as isize {
-            // Practically unreachable; fall back to time and pid, still locally administered.
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0) as u64
-                ^ u64::from(std::process::id());
-            b.copy_from_slice(&t.to_le_bytes()[..6]);
-        }
-        b[0] = (b[0] & 0xfc) | 0x02;
-        MacAddr(b)
+/// A random locally administered unicast MAC address (`x2:..`).
+pub fn random_local_mac() -> MacAddr {
+    let mut b = [0u8; 6];
+    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        // Practically unreachable; fall back to time and pid, still locally administered.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0) as u64
+            ^ u64::from(std::process::id());
+        b.copy_from_slice(&t.to_le_bytes()[..6]);
     }
-}
-
-/// Error parsing a [`MacAddr`].
-#[derive(Debug, thiserror::Error)]
-#[error("invalid MAC address {0:?} (want six hex pairs separated by ':' or '-')")]
-pub struct MacParseError(String);
-
-impl FromStr for MacAddr {
-    type Err = MacParseError;
-    fn from_str(s: &str) -> std::result::Result<Self, MacParseError> {
-        let parts: Vec<&str> = s.split([':', '-']).collect();
-        if parts.len() != 6 {
-            return Err(MacParseError(s.to_string()));
-        }
-        let mut b = [0u8; 6];
-        for (o, p) in b.iter_mut().zip(&parts) {
-            if p.len() != 2 {
-                return Err(MacParseError(s.to_string()));
-            }
-            *o = u8::from_str_radix(p, 16).map_err(|_| MacParseError(s.to_string()))?;
-        }
-        Ok(MacAddr(b))
-    }
-}
-
-impl fmt::Display for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let b = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            b[0], b[1], b[2], b[3], b[4], b[5]
-        )
-    }
+    MacAddr::locally_administered(b)
 }
 
 /// What to set up, from the VMI's interface (and the pod).
@@ -579,7 +540,7 @@ pub fn prepare_pod_network(binding: Binding, iface: &InterfaceSpec) -> Result<Ne
         });
     let mut setup = NetSetup {
         tap: iface.tap_name.clone(),
-        mac: iface.mac.unwrap_or_else(MacAddr::random_local),
+        mac: iface.mac.unwrap_or_else(random_local_mac),
         lease: Lease {
             ip: MASQ_GUEST,
             prefix_len: MASQ_PREFIX,
@@ -743,7 +704,7 @@ fn setup_bridge(
     s.rtnl.set_link(
         pod.index,
         &LinkChange {
-            mac: Some(MacAddr::random_local().0),
+            mac: Some(random_local_mac().0),
             ..Default::default()
         },
     )?;
@@ -773,22 +734,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mac_parse_and_print() {
-        let m: MacAddr = "02:00:00:AB:cd:01".parse().unwrap();
-        assert_eq!(m.0, [2, 0, 0, 0xab, 0xcd, 1]);
-        assert_eq!(m.to_string(), "02:00:00:ab:cd:01");
-        assert_eq!("02-00-00-ab-cd-01".parse::<MacAddr>().unwrap(), m);
-        for bad in [
-            "",
-            "02:00:00:ab:cd",
-            "02:00:00:ab:cd:1",
-            "02:00:00:ab:cd:zz",
-            "020:0:00:ab:cd:01",
-        ] {
-            assert!(bad.parse::<MacAddr>().is_err(), "{bad}");
-        }
-        let r = MacAddr::random_local();
-        assert_eq!(r.0[0] & 0x03, 0x02, "locally administered unicast");
+    fn random_local_macs_are_locally_administered_unicast_and_differ() {
+        let (a, b) = (random_local_mac(), random_local_mac());
+        assert_eq!(a.0[0] & 0x03, 0x02, "locally administered unicast");
+        assert_eq!(b.0[0] & 0x03, 0x02, "locally administered unicast");
+        assert_ne!(a, b, "two random addresses");
     }
 
     #[test]

@@ -33,7 +33,7 @@
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use microvirt_crds::termination::{TerminationMessage, VMI_REASONS};
+use microvirt_crds::termination::{exit_code, Reason, TerminationMessage};
 use microvirt_crds::vmi::{
     InterfaceStatus, PhaseTransitionTimestamp, VirtualMachineInstance,
     VirtualMachineInstanceStatus, VmiCondition, VmiPhase, NODE_AGENT_CONDITIONS,
@@ -76,13 +76,9 @@ fn compute_running(pod: &Pod) -> bool {
         .is_some_and(|s| s.running.is_some())
 }
 
-/// The launcher's exit codes of a VM that never ran (`launcher/src/runner.rs` `exit_code`):
-/// bad usage or an invalid VMI, and a setup that failed (disks, kernel, KVM).
-const LAUNCHER_EXIT_USAGE: i32 = 2;
-const LAUNCHER_EXIT_SETUP: i32 = 3;
-
-/// The VMI reason of a launcher that exited with `code` and no reason of [`VMI_REASONS`].
-fn launcher_exited(code: i32) -> String {
+/// The VMI reason of a launcher that exited with `code` and no reason that
+/// [`Reason::is_vmi_reason`].
+fn launcher_exited(code: impl std::fmt::Display) -> String {
     format!("LauncherExited{code}")
 }
 
@@ -92,9 +88,11 @@ fn launcher_exited(code: i32) -> String {
 /// `Running` only once its domain runs, so there such a failure never reached `Running`; the
 /// VM controller counts it as a start failure all the same.
 pub fn failed_before_the_vm_ran(reason: &str) -> bool {
-    reason == microvirt_crds::termination::NO_BOOTABLE_KERNEL
-        || reason == launcher_exited(LAUNCHER_EXIT_USAGE)
-        || reason == launcher_exited(LAUNCHER_EXIT_SETUP)
+    // The launcher's exit codes of a VM that never ran: bad usage or an invalid VMI, and a
+    // setup that failed (disks, kernel, KVM).
+    reason == Reason::NoBootableKernel.as_str()
+        || reason == launcher_exited(exit_code::USAGE)
+        || reason == launcher_exited(exit_code::SETUP)
 }
 
 /// First line of a termination message, trimmed and capped at 256 bytes.
@@ -141,7 +139,7 @@ pub fn pod_phase(pod: &Pod, vmi_deleting: bool) -> (VmiPhase, Option<String>, Op
                 term_msg
                     .reason
                     .clone()
-                    .filter(|r| VMI_REASONS.contains(&r.as_str()))
+                    .filter(|r| Reason::parse(r).is_some_and(Reason::is_vmi_reason))
                     .unwrap_or_else(|| launcher_exited(t.exit_code)),
             ),
             term_reason.or_else(|| t.reason.clone()),

@@ -1,8 +1,10 @@
 //! The control protocol: a unix stream socket speaking JSON lines, one request `{"cmd": ...}`
 //! per line, one answer per line with `"ok": true` (and results) or `"ok": false` and
 //! `"error"`. `virt-launcher` serves it (with its own commands on top, e.g. `status`, `console`,
-//! `shutdown`) and so does `microvm --control-socket PATH` ([`serve`]); both use the framing and
-//! the VM commands here, so a client speaks to either the same way.
+//! `shutdown`) and so does `microvm --control-socket PATH` ([`serve`]); both use the socket
+//! ([`listen`]), the per-connection loop ([`serve_connection`], with their own command handler),
+//! the framing and the VM commands ([`vm_command`]) here, so a client speaks to either the same
+//! way.
 //!
 //! | cmd | effect | answer fields |
 //! |---|---|---|
@@ -129,26 +131,30 @@ impl Drop for ControlServer {
     }
 }
 
-/// Binds `path` (mode 0600) and serves the `microvm` command set from a thread, one thread
-/// per connection.
-pub fn serve(path: &Path, controller: VmmController) -> io::Result<ControlServer> {
+/// Binds `path` (replacing a stale socket file) with permission bits `mode` and serves it from
+/// a thread: each connection gets a thread of its own running `handle` (usually a
+/// [`serve_connection`] with the server's command handler).
+pub fn listen<H>(path: &Path, mode: u32, handle: H) -> io::Result<ControlServer>
+where
+    H: Fn(UnixStream) -> io::Result<()> + Clone + Send + 'static,
+{
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
     let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
             for conn in listener.incoming() {
                 let Ok(conn) = conn else { continue };
-                let c = controller.clone();
+                let handle = handle.clone();
                 let spawned = std::thread::Builder::new()
                     .name("control-conn".into())
                     .spawn(move || {
-                        if let Err(e) = handle(conn, &c) {
+                        if let Err(e) = handle(conn) {
                             log::debug!("control connection: {e}");
                         }
                     });
@@ -162,38 +168,86 @@ pub fn serve(path: &Path, controller: VmmController) -> io::Result<ControlServer
     })
 }
 
-fn handle(conn: UnixStream, controller: &VmmController) -> io::Result<()> {
-    let mut writer = conn.try_clone()?;
-    let mut reader = BufReader::new(conn);
-    while let Some(req) = read_request(&mut reader)? {
-        let answer = match req {
-            Err(answer) => answer,
+/// One accepted connection: its buffered request side and its answer side.
+pub struct Connection {
+    pub reader: BufReader<UnixStream>,
+    pub writer: UnixStream,
+}
+
+/// What a command handler did with one request (see [`serve_connection`]).
+pub enum Flow<'a> {
+    /// Write this answer line, then read the next request.
+    Reply(Value),
+    /// The handler wrote its answer itself; read the next request.
+    Answered,
+    /// The connection is no longer a request stream (a status stream, a console): it is handed
+    /// to this function and no further request is read from it.
+    Handover(Box<dyn FnOnce(Connection) -> io::Result<()> + 'a>),
+}
+
+/// Serves the requests of one connection until the client ends it: a line that is not a JSON
+/// object is answered here ([`read_request`]); an object goes to `handler` with its `cmd` (`""`
+/// when it has none), and the [`Flow`] it returns says what happens next. An error of the
+/// handler ends the connection.
+pub fn serve_connection<'a>(
+    conn: UnixStream,
+    mut handler: impl FnMut(&mut Connection, &str, Value) -> io::Result<Flow<'a>>,
+) -> io::Result<()> {
+    let writer = conn.try_clone()?;
+    let mut c = Connection {
+        reader: BufReader::new(conn),
+        writer,
+    };
+    while let Some(req) = read_request(&mut c.reader)? {
+        let flow = match req {
+            Err(answer) => Flow::Reply(answer),
             Ok(req) => {
-                let cmd = req.get("cmd").and_then(Value::as_str).unwrap_or("");
-                match vm_command(controller, cmd, &req) {
-                    Some(a) => a,
-                    None => match cmd {
-                        "state" | "status" => match controller.status() {
-                            Ok(s) => json!({
-                                "ok": true,
-                                "state": s.state.to_string(),
-                                "reboots": s.reboots,
-                            }),
-                            Err(e) => json!({"ok": false, "error": e}),
-                        },
-                        "shutdown" => state_answer(controller.request(Action::Shutdown)),
-                        "power-button" => state_answer(controller.request(Action::PowerButton)),
-                        "stop" => state_answer(controller.request(Action::Stop)),
-                        other => {
-                            json!({"ok": false, "error": format!("unknown command {other:?}")})
-                        }
-                    },
-                }
+                let cmd = req
+                    .get("cmd")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                handler(&mut c, &cmd, req)?
             }
         };
-        write_reply(&mut writer, &answer)?;
+        match flow {
+            Flow::Reply(answer) => write_reply(&mut c.writer, &answer)?,
+            Flow::Answered => {}
+            Flow::Handover(f) => return f(c),
+        }
     }
     Ok(())
+}
+
+/// Binds `path` (mode 0600) and serves the `microvm` command set from a thread, one thread
+/// per connection.
+pub fn serve(path: &Path, controller: VmmController) -> io::Result<ControlServer> {
+    listen(path, 0o600, move |conn| {
+        serve_connection(conn, |_, cmd, req| {
+            Ok(Flow::Reply(answer(&controller, cmd, &req)))
+        })
+    })
+}
+
+/// The answer of the `microvm` server to one request.
+fn answer(controller: &VmmController, cmd: &str, req: &Value) -> Value {
+    if let Some(a) = vm_command(controller, cmd, req) {
+        return a;
+    }
+    match cmd {
+        "state" | "status" => match controller.status() {
+            Ok(s) => json!({
+                "ok": true,
+                "state": s.state.to_string(),
+                "reboots": s.reboots,
+            }),
+            Err(e) => json!({"ok": false, "error": e}),
+        },
+        "shutdown" => state_answer(controller.request(Action::Shutdown)),
+        "power-button" => state_answer(controller.request(Action::PowerButton)),
+        "stop" => state_answer(controller.request(Action::Stop)),
+        other => json!({"ok": false, "error": format!("unknown command {other:?}")}),
+    }
 }
 
 #[cfg(test)]

@@ -19,57 +19,9 @@ use serde::{Deserialize, Serialize};
 pub use device::NetDevice;
 pub use tap::{Tap, TapError};
 
-/// An Ethernet MAC address, written `52:54:00:12:34:56`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct MacAddr(pub [u8; 6]);
-
-impl FromStr for MacAddr {
-    type Err = NetConfigError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || NetConfigError::BadMac(s.to_string());
-        let mut m = [0u8; 6];
-        let mut parts = s.split(':');
-        for b in m.iter_mut() {
-            let p = parts.next().ok_or_else(bad)?;
-            if p.len() != 2 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(bad());
-            }
-            *b = u8::from_str_radix(p, 16).map_err(|_| bad())?;
-        }
-        if parts.next().is_some() {
-            return Err(bad());
-        }
-        if m[0] & 1 != 0 {
-            return Err(NetConfigError::MulticastMac(s.to_string()));
-        }
-        Ok(MacAddr(m))
-    }
-}
-
-impl TryFrom<String> for MacAddr {
-    type Error = NetConfigError;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        s.parse()
-    }
-}
-
-impl From<MacAddr> for String {
-    fn from(m: MacAddr) -> String {
-        m.to_string()
-    }
-}
-
-impl fmt::Display for MacAddr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let m = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            m[0], m[1], m[2], m[3], m[4], m[5]
-        )
-    }
-}
+/// The guest NIC's MAC address: the workspace's one MAC type (`microvirt_crds::mac`), which
+/// refuses multicast addresses.
+pub use microvirt_crds::mac::{MacAddr, MacParseError};
 
 /// One `--net` / JSON `nets[]` entry.
 ///
@@ -125,10 +77,8 @@ pub enum NetConfigError {
     EmptyValue(String),
     #[error("net: invalid TAP name {0:?} (1..=15 bytes, no '/', whitespace or NUL)")]
     BadTapName(String),
-    #[error("net: invalid MAC {0:?} (expected six hex pairs like 52:54:00:12:34:56)")]
-    BadMac(String),
-    #[error("net: MAC {0:?} is a multicast address (lowest bit of the first byte set)")]
-    MulticastMac(String),
+    #[error("net: {0}")]
+    Mac(#[from] MacParseError),
 }
 
 impl NetConfig {
@@ -227,18 +177,24 @@ mod tests {
         for bad in [
             "52:54:00:12:34",
             "52:54:00:12:34:56:78",
-            "52-54-00-12-34-56",
             "zz:54:00:12:34:56",
             "5:54:00:12:34:56",
             "+5:54:00:12:34:56",
         ] {
-            assert_eq!(e(&format!("tap=a,mac={bad}")), BadMac(bad.into()), "{bad}");
+            assert_eq!(
+                e(&format!("tap=a,mac={bad}")),
+                Mac(MacParseError::Invalid(bad.into())),
+                "{bad}"
+            );
         }
         assert_eq!(
             e("tap=a,mac=01:00:5e:00:00:01"),
-            MulticastMac("01:00:5e:00:00:01".into())
+            Mac(MacParseError::Multicast("01:00:5e:00:00:01".into()))
         );
         assert!(e("tap=a,mac=1").to_string().contains("52:54:00:12:34:56"));
+        // The VMI schema's spelling with '-' is the same address.
+        let c: NetConfig = "tap=a,mac=52-54-00-12-34-56".parse().unwrap();
+        assert_eq!(c.to_string(), "tap=a,mac=52:54:00:12:34:56");
     }
 
     #[test]
