@@ -144,6 +144,12 @@ impl MemberRole {
     validation = Rule::new("!has(self.template) || !has(self.virtualMachineTemplate)")
         .message(refusals::POOL_BOTH_TEMPLATES)
         .field_path(".virtualMachineTemplate"),
+    validation = Rule::new("!has(self.virtualMachineTemplate) || !has(self.virtualMachineTemplate.spec.instancetype)")
+        .message(refusals::POOL_INSTANCETYPE)
+        .field_path(".virtualMachineTemplate.spec.instancetype"),
+    validation = Rule::new("!has(self.virtualMachineTemplate) || !has(self.virtualMachineTemplate.spec.preference)")
+        .message(refusals::POOL_PREFERENCE)
+        .field_path(".virtualMachineTemplate.spec.preference"),
     validation = Rule::new("!has(self.virtualMachineTemplate) || !has(self.warm)")
         .message(refusals::POOL_VM_TEMPLATE_WARM)
         .field_path(".warm"),
