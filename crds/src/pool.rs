@@ -202,7 +202,8 @@ pub struct PoolVirtualMachineTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<TemplateMeta>,
     /// The VirtualMachine spec: `runStrategy: Always` (or `running: true`) and the VMI
-    /// `template` (instancetypes, preferences and dataVolumeTemplates are refused as in a VM).
+    /// `template` (instancetypes and preferences are refused: the members are VMIs; dataVolumeTemplates
+    /// as in a VM).
     pub spec: VirtualMachineSpec,
 }
 
