@@ -191,6 +191,15 @@ pub fn revision(
     rev
 }
 
+/// Whether `rev` captured the object `kind`/`name` (a reference whose kind or name was changed
+/// after its revision was recorded no longer matches it).
+pub fn captures(rev: &ControllerRevision, kind: &str, name: &str) -> bool {
+    rev.data.as_ref().is_some_and(|d| {
+        d.0.get("kind").and_then(|k| k.as_str()) == Some(kind)
+            && d.0.pointer("/metadata/name").and_then(|n| n.as_str()) == Some(name)
+    })
+}
+
 /// The spec a revision captured; `Err` says what is wrong with it.
 pub fn spec_of<T: DeserializeOwned>(rev: &ControllerRevision) -> Result<T, String> {
     let data = rev
@@ -353,6 +362,9 @@ mod tests {
         assert_ne!(r.metadata.name, r2.metadata.name);
         assert_eq!(r.metadata.owner_references.as_ref().unwrap()[0].uid, "uid");
         assert_eq!(spec_of::<InstancetypeSpec>(&r).unwrap(), it(1, "128Mi"));
+        assert!(captures(&r, "VirtualMachineInstancetype", "small"));
+        assert!(!captures(&r, "VirtualMachineInstancetype", "large"));
+        assert!(!captures(&r, "VirtualMachineClusterInstancetype", "small"));
         let long = "x".repeat(300);
         let r3 = revision(
             &vm,

@@ -221,6 +221,40 @@ spec:
         .unwrap_or_default()
         .conditions
         .is_empty());
+
+    // The VM is pointed at another instancetype (its old revisionName left in place): the next
+    // start captures the new one and records its revision.
+    let big = r#"apiVersion: microvirt.io/v1alpha1
+kind: VirtualMachineInstancetype
+metadata: {name: big}
+spec:
+  cpu: {guest: 3}
+  memory: {guest: 384Mi}
+"#;
+    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(big))?;
+    assert!(ok, "{err}");
+    vms.patch(
+        "sized",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"instancetype": {"name": "big"}}})),
+    )
+    .await?;
+    let uid2 = vmi2.metadata.uid.clone().unwrap();
+    env.api::<VirtualMachineInstance>()
+        .delete("sized", &DeleteParams::default())
+        .await?;
+    let vmi4 = wait_vmi(&env, "sized", Some(&uid2)).await?;
+    assert_eq!(
+        size(&vmi4.spec),
+        (Some(1), Some(3), Some(1), "384Mi".into())
+    );
+    let renamed = vms.get("sized").await?;
+    let new_rev = renamed.spec.instancetype.unwrap().revision_name.unwrap();
+    assert_ne!(new_rev, it_rev);
+    assert_eq!(
+        revisions.get(&new_rev).await?.data.unwrap().0["metadata"]["name"],
+        "big"
+    );
     Ok(())
 }
 

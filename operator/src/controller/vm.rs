@@ -27,7 +27,7 @@ use super::{
     apply_status, delete_vmi, is_conflict, name_ns, reconcile_with_finalizer, Context, Error,
 };
 use crate::config::FIELD_MANAGER;
-use crate::instancetype::{expand, revision, spec_of, Which};
+use crate::instancetype::{captures, expand, revision, spec_of, Which};
 use crate::replicaset::VmiRef;
 use crate::virtualmachine::{
     new_vmi_with, owned_by, plan, with_failure, without_condition, VmAction, VmPlan,
@@ -57,7 +57,8 @@ enum Expanded {
 type Captured = Result<(serde_json::Value, Option<String>), (&'static str, String)>;
 
 /// The spec that `vm`'s reference (`which`: kind, name, revisionName) stands for: from the
-/// revision it names, else from the object itself, captured in a new ControllerRevision.
+/// revision it names (when that holds the object the reference names), else from the object
+/// itself, captured in a new ControllerRevision.
 async fn capture(
     vm: &VirtualMachine,
     ctx: &Context,
@@ -69,17 +70,6 @@ async fn capture(
     let ns = vm.namespace().unwrap_or_default();
     let revisions: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
     let field = which.field();
-    if let Some(rev) = revision_name {
-        return Ok(match revisions.get_opt(rev).await? {
-            Some(r) => spec_of::<serde_json::Value>(&r)
-                .map(|s| (s, None))
-                .map_err(|m| ("RevisionInvalid", m)),
-            None => Err((
-                "RevisionNotFound",
-                format!("ControllerRevision {rev} named by spec.{field}.revisionName not found"),
-            )),
-        });
-    }
     let namespaced_kind = match which {
         Which::Instancetype => "VirtualMachineInstancetype",
         Which::Preference => "VirtualMachinePreference",
@@ -95,6 +85,26 @@ async fn capture(
     } else {
         namespaced_kind.to_string()
     };
+    if let Some(rev) = revision_name {
+        match revisions.get_opt(rev).await? {
+            // A revision of another object (the reference was changed to another kind or
+            // name, the old revisionName left): captured anew below, as at a first start.
+            Some(r) if !captures(&r, &kind, name) => {}
+            Some(r) => {
+                return Ok(spec_of::<serde_json::Value>(&r)
+                    .map(|s| (s, None))
+                    .map_err(|m| ("RevisionInvalid", m)))
+            }
+            None => {
+                return Ok(Err((
+                    "RevisionNotFound",
+                    format!(
+                        "ControllerRevision {rev} named by spec.{field}.revisionName not found"
+                    ),
+                )))
+            }
+        }
+    }
     let gvk = GroupVersionKind::gvk(microvirt_crds::GROUP, microvirt_crds::VERSION, &kind);
     let ar = ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_ascii_lowercase()));
     let objects: Api<DynamicObject> = if cluster {
