@@ -2,6 +2,11 @@
 //! start back-off after VMIs that failed before they ran (a requeue at its end), and printable
 //! status.
 //!
+//! A VM that names an instancetype or preference gets them expanded into the VMI it creates
+//! ([`crate::instancetype`]), from ControllerRevisions captured at its first start; when that
+//! cannot be done (a missing object, a template that conflicts, a VMI the API server refuses)
+//! the VM gets the `Failure` condition and a Warning event, and is reconciled again shortly.
+//!
 //! As in the VMIRS reconciler, creates and deletes wait for the VMI cache to show the previous
 //! ones ([`crate::expectations`]) and deletes are conditioned on the uid the decision saw.
 
