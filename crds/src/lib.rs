@@ -4,6 +4,9 @@
 //! - [`VirtualMachine`] (`vm`): a VMI started and stopped according to a run strategy.
 //! - [`VirtualMachineInstanceReplicaSet`] (`vmirs`): N identical VMIs (with a scale subresource).
 //! - [`VirtualMachineInstancePreset`] (`vmipreset`): domain defaults for matching VMIs.
+//! - [`VirtualMachineInstancetype`], [`VirtualMachineClusterInstancetype`],
+//!   [`VirtualMachinePreference`], [`VirtualMachineClusterPreference`]: KubeVirt's
+//!   instancetypes and preferences, which a VM names ([`instancetype`]).
 //! - [`VirtualMachinePool`] (`vmpool`): N identical VMIs, scaled out from paused,
 //!   snapshot-restored warm members (with a scale subresource).
 //!
@@ -18,6 +21,8 @@
 //! share (feature `serde`, which `kube` turns on, adds its serde impls).
 
 pub mod control;
+#[cfg(feature = "kube")]
+pub mod instancetype;
 pub mod launcher_state;
 pub mod mac;
 #[cfg(feature = "kube")]
@@ -44,6 +49,11 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 #[cfg(feature = "kube")]
+pub use instancetype::{
+    InstancetypeSpec, PreferenceSpec, VirtualMachineClusterInstancetype,
+    VirtualMachineClusterPreference, VirtualMachineInstancetype, VirtualMachinePreference,
+};
+#[cfg(feature = "kube")]
 pub use pool::{VirtualMachinePool, VirtualMachinePoolSpec, VirtualMachinePoolStatus, WarmSpec};
 #[cfg(feature = "kube")]
 pub use preset::{VirtualMachineInstancePreset, VirtualMachineInstancePresetSpec};
@@ -51,8 +61,9 @@ pub use preset::{VirtualMachineInstancePreset, VirtualMachineInstancePresetSpec}
 pub use template::{TemplateMeta, VirtualMachineInstanceTemplateSpec};
 #[cfg(feature = "kube")]
 pub use vm::{
-    PrintableStatus, RunStrategy, StateChangeAction, StateChangeRequest, VirtualMachine,
-    VirtualMachineSpec, VirtualMachineStartFailure, VirtualMachineStatus,
+    InstancetypeMatcher, PreferenceMatcher, PrintableStatus, RunStrategy, StateChangeAction,
+    StateChangeRequest, VirtualMachine, VirtualMachineCondition, VirtualMachineSpec,
+    VirtualMachineStartFailure, VirtualMachineStatus,
 };
 #[cfg(feature = "kube")]
 pub use vmi::{
@@ -94,6 +105,10 @@ pub fn all_crds() -> Vec<(String, CustomResourceDefinition)> {
         VirtualMachineInstanceReplicaSet::crd(),
         VirtualMachineInstancePreset::crd(),
         VirtualMachinePool::crd(),
+        VirtualMachineInstancetype::crd(),
+        VirtualMachineClusterInstancetype::crd(),
+        VirtualMachinePreference::crd(),
+        VirtualMachineClusterPreference::crd(),
     ]
     .into_iter()
     .map(|crd| {

@@ -144,6 +144,12 @@ impl MemberRole {
     validation = Rule::new("!has(self.template) || !has(self.virtualMachineTemplate)")
         .message(refusals::POOL_BOTH_TEMPLATES)
         .field_path(".virtualMachineTemplate"),
+    validation = Rule::new("!has(self.virtualMachineTemplate) || !has(self.virtualMachineTemplate.spec.instancetype)")
+        .message(refusals::POOL_INSTANCETYPE)
+        .field_path(".virtualMachineTemplate.spec.instancetype"),
+    validation = Rule::new("!has(self.virtualMachineTemplate) || !has(self.virtualMachineTemplate.spec.preference)")
+        .message(refusals::POOL_PREFERENCE)
+        .field_path(".virtualMachineTemplate.spec.preference"),
     validation = Rule::new("!has(self.virtualMachineTemplate) || !has(self.warm)")
         .message(refusals::POOL_VM_TEMPLATE_WARM)
         .field_path(".warm"),
@@ -196,7 +202,8 @@ pub struct PoolVirtualMachineTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<TemplateMeta>,
     /// The VirtualMachine spec: `runStrategy: Always` (or `running: true`) and the VMI
-    /// `template` (instancetypes, preferences and dataVolumeTemplates are refused as in a VM).
+    /// `template` (instancetypes and preferences are refused: the members are VMIs; dataVolumeTemplates
+    /// as in a VM).
     pub spec: VirtualMachineSpec,
 }
 

@@ -52,11 +52,33 @@ pub const LIVENESS_PROBE: &str =
     "livenessProbe is not supported by microvirt yet: nothing would restart a hung guest";
 /// `spec.accessCredentials`.
 pub const ACCESS_CREDENTIALS: &str = "accessCredentials are not supported by microvirt yet: put the SSH key into the cloudInitNoCloud user data (ssh_authorized_keys)";
-/// VirtualMachine `spec.instancetype`.
-pub const INSTANCETYPE: &str = "instancetype is not supported by microvirt yet: give the size in spec.template.spec.domain (cpu, memory.guest)";
-/// VirtualMachine `spec.preference`.
-pub const PREFERENCE: &str =
-    "preference is not supported by microvirt yet: give the devices in spec.template.spec.domain";
+/// VirtualMachine `spec.instancetype.kind` that names no instancetype kind.
+pub const INSTANCETYPE_KIND: &str = "instancetype.kind must be VirtualMachineInstancetype or VirtualMachineClusterInstancetype (the default)";
+/// VirtualMachine `spec.preference.kind` that names no preference kind.
+pub const PREFERENCE_KIND: &str = "preference.kind must be VirtualMachinePreference or VirtualMachineClusterPreference (the default)";
+/// `spec.instancetype.inferFromVolume` / `spec.preference.inferFromVolume`.
+pub const INFER_FROM_VOLUME: &str = "inferFromVolume is not supported by microvirt: it reads the instancetype or preference from a volume's labels (a DataVolume or DataSource of CDI); name it";
+/// VirtualMachinePool `virtualMachineTemplate.spec.instancetype`.
+pub const POOL_INSTANCETYPE: &str = "instancetype in a pool's virtualMachineTemplate is not supported by microvirt: a pool's members are VMIs, not VirtualMachines; give the size in the template's domain (cpu, memory.guest)";
+/// VirtualMachinePool `virtualMachineTemplate.spec.preference`.
+pub const POOL_PREFERENCE: &str = "preference in a pool's virtualMachineTemplate is not supported by microvirt: a pool's members are VMIs, not VirtualMachines; give the devices in the template's domain";
+/// Preference `cpu.preferredCPUTopology` other than sockets, cores, threads, any.
+pub const PREFERRED_CPU_TOPOLOGY: &str = "cpu.preferredCPUTopology must be sockets, cores, threads or any (or KubeVirt's older preferSockets, preferCores, preferThreads, preferAny): spread is not supported by microvirt";
+/// Preference `devices.preferredDiskBus` other than virtio.
+pub const PREFERRED_DISK_BUS: &str =
+    "devices.preferredDiskBus: microvirt has only virtio-blk; leave it unset or set it to virtio";
+/// Preference `devices.preferredInterfaceModel` other than virtio.
+pub const PREFERRED_INTERFACE_MODEL: &str = "devices.preferredInterfaceModel: microvirt emulates only virtio-net; leave it unset or set it to virtio";
+/// Preference `devices.preferredTPM`.
+pub const PREFERRED_TPM: &str =
+    "devices.preferredTPM is not supported by microvirt: a microVM has no TPM device";
+/// Preference `clock`.
+pub const PREFERRED_CLOCK: &str =
+    "clock preferences are not supported by microvirt: the guest clock is kvm-clock, in UTC";
+/// Preference `features`.
+pub const PREFERRED_FEATURES: &str = "features preferences are not supported by microvirt: a microVM has no ACPI, SMM or Hyper-V features to prefer";
+/// Preference `firmware`.
+pub const PREFERRED_FIRMWARE: &str = "firmware preferences are not supported by microvirt: it boots the guest kernel directly, without BIOS or UEFI firmware";
 /// VirtualMachine `spec.dataVolumeTemplates`.
 pub const DATA_VOLUME_TEMPLATES: &str = "dataVolumeTemplates are not supported by microvirt: DataVolumes need CDI; create a PersistentVolumeClaim holding a raw disk.img and use a persistentVolumeClaim volume";
 /// VirtualMachinePool with both `spec.template` and `spec.virtualMachineTemplate`.

@@ -40,8 +40,6 @@ use crate::template::VirtualMachineInstanceTemplateSpec;
 #[x_kube(
     validation = Rule::new("!(has(self.running) && has(self.runStrategy))")
         .message("set either spec.running or spec.runStrategy, not both"),
-    validation = Rule::new("!has(self.instancetype)").message(refusals::INSTANCETYPE).field_path(".instancetype"),
-    validation = Rule::new("!has(self.preference)").message(refusals::PREFERENCE).field_path(".preference"),
     validation = Rule::new("!has(self.dataVolumeTemplates)")
         .message(refusals::DATA_VOLUME_TEMPLATES)
         .field_path(".dataVolumeTemplates")
@@ -56,20 +54,96 @@ pub struct VirtualMachineSpec {
     pub run_strategy: Option<RunStrategy>,
     /// The VMI to run.
     pub template: VirtualMachineInstanceTemplateSpec,
-    /// KubeVirt's instancetype reference: refused, not implemented yet
-    /// (a validation rule says why).
+    /// The instancetype that sizes the VM (vCPUs, memory): expanded into each VMI; the
+    /// template must not set what it sets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::schema::any_object")]
-    pub instancetype: Option<serde_json::Value>,
-    /// KubeVirt's preference reference: refused, not implemented yet
-    /// (a validation rule says why).
+    pub instancetype: Option<InstancetypeMatcher>,
+    /// The preference whose defaults the VM's VMIs get.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::schema::any_object")]
-    pub preference: Option<serde_json::Value>,
+    pub preference: Option<PreferenceMatcher>,
     /// CDI DataVolume templates: refused (a validation rule says why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_object_list")]
     pub data_volume_templates: Option<Vec<serde_json::Value>>,
+}
+
+/// A VM's reference to an instancetype (KubeVirt's `InstancetypeMatcher`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.kind) || self.kind.lowerAscii() in ['virtualmachineinstancetype', 'virtualmachineinstancetypes', 'virtualmachineclusterinstancetype', 'virtualmachineclusterinstancetypes']")
+        .message(refusals::INSTANCETYPE_KIND)
+        .field_path(".kind"),
+    validation = Rule::new("has(self.inferFromVolume) || size(self.name) > 0")
+        .message("instancetype.name is required")
+        .field_path(".name"),
+    validation = Rule::new("!has(self.inferFromVolume) && !has(self.inferFromVolumeFailurePolicy)")
+        .message(refusals::INFER_FROM_VOLUME)
+        .field_path(".inferFromVolume")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct InstancetypeMatcher {
+    /// `VirtualMachineClusterInstancetype` (the default) or `VirtualMachineInstancetype` (in
+    /// the VM's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub kind: Option<String>,
+    /// Name of the instancetype (required: a validation rule says so).
+    #[serde(default)]
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// The ControllerRevision (in the VM's namespace) that holds the instancetype as the VM
+    /// first started with it; the operator sets it at the first start, and later VMIs are
+    /// expanded from it, so edits of the instancetype do not change the VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub revision_name: Option<String>,
+    /// KubeVirt's inference from a volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub infer_from_volume: Option<String>,
+    /// KubeVirt's inference failure policy: refused with `inferFromVolume`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub infer_from_volume_failure_policy: Option<String>,
+}
+
+/// A VM's reference to a preference (KubeVirt's `PreferenceMatcher`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.kind) || self.kind.lowerAscii() in ['virtualmachinepreference', 'virtualmachinepreferences', 'virtualmachineclusterpreference', 'virtualmachineclusterpreferences']")
+        .message(refusals::PREFERENCE_KIND)
+        .field_path(".kind"),
+    validation = Rule::new("has(self.inferFromVolume) || size(self.name) > 0")
+        .message("preference.name is required")
+        .field_path(".name"),
+    validation = Rule::new("!has(self.inferFromVolume) && !has(self.inferFromVolumeFailurePolicy)")
+        .message(refusals::INFER_FROM_VOLUME)
+        .field_path(".inferFromVolume")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PreferenceMatcher {
+    /// `VirtualMachineClusterPreference` (the default) or `VirtualMachinePreference` (in the
+    /// VM's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub kind: Option<String>,
+    /// Name of the preference (required: a validation rule says so).
+    #[serde(default)]
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// The ControllerRevision that holds the preference as the VM first started with it (as
+    /// for the instancetype).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub revision_name: Option<String>,
+    /// KubeVirt's inference from a volume: refused (a validation rule says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub infer_from_volume: Option<String>,
+    /// KubeVirt's inference failure policy: refused with `inferFromVolume`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub infer_from_volume_failure_policy: Option<String>,
 }
 
 /// Run strategies (KubeVirt's semantics).
@@ -136,6 +210,31 @@ pub struct VirtualMachineStatus {
     /// `retryAfterTimestamp`; meanwhile `printableStatus` is `CrashLoopBackOff`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_failure: Option<VirtualMachineStartFailure>,
+    /// KubeVirt's VM conditions; microvirt writes `Failure` (status "True") while it cannot
+    /// create the VM's VMI: its instancetype or preference is missing or conflicts with the
+    /// template, or the API server refused the VMI. Its message names the cause.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<VirtualMachineCondition>,
+}
+
+/// A condition of a VirtualMachine.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualMachineCondition {
+    /// `Failure`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// "True", "False" or "Unknown".
+    pub status: String,
+    /// Machine-readable reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When status last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<Time>,
 }
 
 /// Consecutive start failures of a VM (KubeVirt's `VirtualMachineStartFailure`).

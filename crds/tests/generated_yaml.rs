@@ -55,6 +55,22 @@ fn every_crd_has_its_short_name_and_columns() {
                 "Age",
             ],
         ),
+        (
+            "virtualmachineinstancetypes.microvirt.io",
+            "vminstancetype",
+            &["Age"],
+        ),
+        (
+            "virtualmachineclusterinstancetypes.microvirt.io",
+            "vmclusterinstancetype",
+            &["Age"],
+        ),
+        ("virtualmachinepreferences.microvirt.io", "vmpref", &["Age"]),
+        (
+            "virtualmachineclusterpreferences.microvirt.io",
+            "vmcpref",
+            &["Age"],
+        ),
     ];
     let crds = microvirt_crds::all_crds();
     assert_eq!(crds.len(), want.len());

@@ -6,6 +6,9 @@
 //! cargo run -p microvirt-operator --example count_kubevirt_examples -- <kubevirt>/examples
 //! ```
 //!
+//! KubeVirt's instancetype and preference documents (`instancetype.kubevirt.io`) are counted
+//! apart, with their own tally, so that the count of the five kinds stays comparable.
+//!
 //! A bare VMI with KubeVirt's sidecar-hook annotation is counted as refused: the API server
 //! admits it (a CRD's rules cannot see annotations) and the operator fails it (`InvalidSpec`).
 
@@ -29,6 +32,12 @@ fn main() -> Result<()> {
         "VirtualMachineInstancePreset",
         "VirtualMachinePool",
     ];
+    let instancetype_kinds = [
+        "VirtualMachineInstancetype",
+        "VirtualMachineClusterInstancetype",
+        "VirtualMachinePreference",
+        "VirtualMachineClusterPreference",
+    ];
     let kc = shared_cluster().kubeconfig_path();
     let ns = "t-kubevirt-examples";
     let _ = kubectl(kc, &["create", "namespace", ns], None)?;
@@ -39,6 +48,8 @@ fn main() -> Result<()> {
     files.sort();
     let (mut total, mut accepted) = (0, 0);
     let mut refused = Vec::new();
+    let (mut it_total, mut it_accepted) = (0, 0);
+    let mut it_refused = Vec::new();
     for path in &files {
         let text = std::fs::read_to_string(path)?;
         for doc in text.split("\n---") {
@@ -53,10 +64,10 @@ fn main() -> Result<()> {
             let (Some(kind), Some(api)) = (kind, api) else {
                 continue;
             };
-            if !kinds.contains(&kind) || !api.contains("kubevirt.io/") {
+            let is_it = instancetype_kinds.contains(&kind);
+            if !(kinds.contains(&kind) || is_it) || !api.contains("kubevirt.io/") {
                 continue;
             }
-            total += 1;
             let doc = doc.replace(
                 &format!("apiVersion: {api}"),
                 "apiVersion: microvirt.io/v1alpha1",
@@ -67,6 +78,17 @@ fn main() -> Result<()> {
                 Some(&doc),
             )?;
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if is_it {
+                it_total += 1;
+                if ok {
+                    it_accepted += 1;
+                    println!("accepted  {name} ({kind})");
+                } else {
+                    it_refused.push(format!("{name} ({kind}): {}", err.trim()));
+                }
+                continue;
+            }
+            total += 1;
             let hooks = doc.contains(refusals::ANNOTATION_HOOK_SIDECARS)
                 && kind == "VirtualMachineInstance";
             if ok && !hooks {
@@ -87,6 +109,13 @@ fn main() -> Result<()> {
         refused.len()
     );
     for r in &refused {
+        println!("refused   {r}");
+    }
+    println!(
+        "\ninstancetypes and preferences: {it_accepted} of {it_total} accepted; {} refused:",
+        it_refused.len()
+    );
+    for r in &it_refused {
         println!("refused   {r}");
     }
     Ok(())

@@ -5,6 +5,7 @@ pub mod controller;
 pub mod expectations;
 pub mod health;
 pub mod http;
+pub mod instancetype;
 pub mod leader;
 pub mod metrics;
 pub mod pod;

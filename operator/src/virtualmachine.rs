@@ -38,11 +38,51 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::{Resource, ResourceExt};
 use microvirt_crds::{
     PrintableStatus, RunStrategy, StateChangeAction, StateChangeRequest, VirtualMachine,
-    VirtualMachineInstance, VirtualMachineStartFailure, VirtualMachineStatus, VmiPhase,
+    VirtualMachineCondition, VirtualMachineInstance, VirtualMachineInstanceSpec,
+    VirtualMachineStartFailure, VirtualMachineStatus, VmiPhase,
 };
 
 /// Label on VMIs created for a VM.
 pub const LABEL_VM_NAME: &str = "microvirt.io/vm";
+
+/// The VM condition that says why its VMI could not be created.
+pub const CONDITION_FAILURE: &str = "Failure";
+
+/// `conditions` without those of type `type_`.
+pub fn without_condition(
+    conditions: &[VirtualMachineCondition],
+    type_: &str,
+) -> Vec<VirtualMachineCondition> {
+    conditions
+        .iter()
+        .filter(|c| c.type_ != type_)
+        .cloned()
+        .collect()
+}
+
+/// `conditions` with the `Failure` condition set to `reason` and `message` (its transition
+/// time kept while it stays true).
+pub fn with_failure(
+    conditions: &[VirtualMachineCondition],
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> Vec<VirtualMachineCondition> {
+    let since = conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_FAILURE && c.status == "True")
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or(Time(now));
+    let mut out = without_condition(conditions, CONDITION_FAILURE);
+    out.push(VirtualMachineCondition {
+        type_: CONDITION_FAILURE.into(),
+        status: "True".into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_transition_time: Some(since),
+    });
+    out
+}
 
 /// What the VM reconciler should do to the VMI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,6 +349,13 @@ pub fn plan(
     };
     // Recorded from the first VMI on (KubeVirt's rule), so a new RerunOnFailure VM starts.
     let run_strategy = (vmi.is_some() || old.run_strategy.is_some()).then_some(strategy);
+    // The `Failure` condition (the VMI could not be created) holds until a VMI exists or the
+    // VM is to have none; the reconciler sets it and clears it when it creates one.
+    let conditions = if vmi.is_some() || strategy == RunStrategy::Halted {
+        without_condition(&old.conditions, CONDITION_FAILURE)
+    } else {
+        old.conditions.clone()
+    };
     let status = VirtualMachineStatus {
         printable_status: Some(printable),
         ready: vmi.is_some_and(|v| v.is_ready()) && !deleting,
@@ -320,6 +367,7 @@ pub fn plan(
             .clone()
             .unwrap_or_else(|| old.state_change_requests.clone()),
         start_failure: failure,
+        conditions,
     };
     VmPlan {
         action,
@@ -344,8 +392,16 @@ pub fn stable_firmware_uuid(vm_name: &str) -> String {
 /// [`stable_firmware_uuid`], the guest's cloud-init `instance-id`, so that a restart of the VM
 /// (a new VMI, a new uid) is not a new instance to cloud-init.
 pub fn new_vmi(vm: &VirtualMachine) -> VirtualMachineInstance {
+    new_vmi_with(vm, vm.spec.template.spec.clone())
+}
+
+/// [`new_vmi`] with `spec` (the template's, with the VM's instancetype and preference
+/// expanded: [`crate::instancetype::expand`]).
+pub fn new_vmi_with(
+    vm: &VirtualMachine,
+    mut spec: VirtualMachineInstanceSpec,
+) -> VirtualMachineInstance {
     let name = vm.name_any();
-    let mut spec = vm.spec.template.spec.clone();
     let firmware = spec.domain.firmware.get_or_insert_with(Default::default);
     if firmware.uuid.as_deref().is_none_or(str::is_empty) {
         firmware.uuid = Some(stable_firmware_uuid(&name));

@@ -97,6 +97,60 @@ spec:
         "reconcile errors under the ServiceAccount:\n{}",
         env.metrics.encode()
     );
+    // A VM with a cluster-wide instancetype and a namespaced preference under the
+    // ServiceAccount: both read and captured in ControllerRevisions, the VMI sized by them.
+    let sized = r#"apiVersion: microvirt.io/v1alpha1
+kind: VirtualMachineClusterInstancetype
+metadata: {name: rbac-small}
+spec: {cpu: {guest: 2}, memory: {guest: 48Mi}}
+---
+apiVersion: microvirt.io/v1alpha1
+kind: VirtualMachinePreference
+metadata: {name: cores}
+spec: {cpu: {preferredCPUTopology: cores}}
+---
+apiVersion: microvirt.io/v1alpha1
+kind: VirtualMachine
+metadata: {name: sized}
+spec:
+  runStrategy: Always
+  instancetype: {name: rbac-small}
+  preference: {kind: VirtualMachinePreference, name: cores}
+  template: {spec: {domain: {}}}
+"#;
+    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(sized))?;
+    assert!(ok, "{err}");
+    let vms = env.api::<microvirt_crds::VirtualMachine>();
+    let vmi = wait_for("VMI of the sized VM, revisions recorded", WAIT, || async {
+        let vm = vms.get("sized").await?;
+        let recorded = vm
+            .spec
+            .instancetype
+            .as_ref()
+            .is_some_and(|m| m.revision_name.is_some())
+            && vm
+                .spec
+                .preference
+                .as_ref()
+                .is_some_and(|m| m.revision_name.is_some());
+        Ok(vmis.get_opt("sized").await?.filter(|_| recorded))
+    })
+    .await?;
+    let cpu = vmi.spec.domain.cpu.clone().unwrap_or_default();
+    assert_eq!(
+        (cpu.sockets, cpu.cores, cpu.threads),
+        (Some(1), Some(2), Some(1))
+    );
+    vms.delete("sized", &Default::default()).await?;
+    wait_for("sized VM, its VMI and pod gone", WAIT, || async {
+        let v = vmis.list(&ListParams::default()).await?;
+        let p = pods.list(&ListParams::default()).await?;
+        Ok(
+            (vms.get_opt("sized").await?.is_none() && v.items.is_empty() && p.items.is_empty())
+                .then_some(()),
+        )
+    })
+    .await?;
     // A VM pool under the ServiceAccount: its builder pod (a snapshot is wanted for the warm
     // members), its status, a cold replica while no warm member is ready, and its deletion.
     let pool = r#"apiVersion: microvirt.io/v1alpha1

@@ -38,6 +38,9 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
         | "vmipreset-small.yaml"
         | "vmi-start-paused.yaml"
         | "vmpool-kubevirt.yaml"
+        | "vm-instancetype.yaml"
+        | "vminstancetype-large.yaml"
+        | "vmpreference-virtio.yaml"
         | "vmi-user-guide-tuning.yaml" => vec![],
         "vmi-sriov.yaml" => vec![
             ("spec.domain.devices.interfaces[1].sriov", refusals::SRIOV),
@@ -108,9 +111,40 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
             ("spec.domain.chassis", refusals::CHASSIS),
             ("spec.domain.devices.watchdog", refusals::WATCHDOG),
         ],
-        "vm-instancetype.yaml" => vec![
-            ("spec.instancetype", refusals::INSTANCETYPE),
-            ("spec.preference", refusals::PREFERENCE),
+        "vm-instancetype-inferred.yaml" => vec![
+            (
+                "spec.instancetype.inferFromVolume",
+                refusals::INFER_FROM_VOLUME,
+            ),
+            ("spec.preference.kind", refusals::PREFERENCE_KIND),
+        ],
+        "vmpreference-refused.yaml" => vec![
+            ("spec.clock", refusals::PREFERRED_CLOCK),
+            ("spec.features", refusals::PREFERRED_FEATURES),
+            ("spec.firmware", refusals::PREFERRED_FIRMWARE),
+            (
+                "spec.cpu.preferredCPUTopology",
+                refusals::PREFERRED_CPU_TOPOLOGY,
+            ),
+            (
+                "spec.devices.preferredDiskBus",
+                refusals::PREFERRED_DISK_BUS,
+            ),
+            (
+                "spec.devices.preferredInterfaceModel",
+                refusals::PREFERRED_INTERFACE_MODEL,
+            ),
+            ("spec.devices.preferredTPM", refusals::PREFERRED_TPM),
+        ],
+        "vmpool-kubevirt-instancetype.yaml" => vec![
+            (
+                "spec.virtualMachineTemplate.spec.instancetype",
+                refusals::POOL_INSTANCETYPE,
+            ),
+            (
+                "spec.virtualMachineTemplate.spec.preference",
+                refusals::POOL_PREFERENCE,
+            ),
         ],
         "vm-datavolume.yaml" => vec![
             ("spec.dataVolumeTemplates", refusals::DATA_VOLUME_TEMPLATES),

@@ -89,6 +89,10 @@ pub fn install_crds(kubeconfig: &Path) -> Result<()> {
             "crd/virtualmachineinstancereplicasets.microvirt.io",
             "crd/virtualmachineinstancepresets.microvirt.io",
             "crd/virtualmachinepools.microvirt.io",
+            "crd/virtualmachineinstancetypes.microvirt.io",
+            "crd/virtualmachineclusterinstancetypes.microvirt.io",
+            "crd/virtualmachinepreferences.microvirt.io",
+            "crd/virtualmachineclusterpreferences.microvirt.io",
         ],
         None,
     )?;
