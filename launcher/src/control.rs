@@ -8,6 +8,7 @@
 //! | `status` | none | `name`, `state` (starting, running, paused, shutting-down, stopped: `microvirt_crds::launcher_state`), `booted`, `bootTimeMs`, `vcpus`, `memMiB`, `disks`, `network`, `vmmSeccomp` (seccomp mode of the VMM thread: 2 = filter), `capEff` (the VMM thread's effective capabilities, hex), `threads` (every thread: `tid`, `name`, `seccomp`, `noNewPrivs`, `capEff`), `consoleDroppedBytes` (guest console output dropped because its reader fell behind) |
 //! | `pause` | pause the vCPUs | `state` |
 //! | `unpause` (or `resume`) | resume the vCPUs | `state` |
+//! | `vcpu-state` | each vCPU's registers, LAPIC timer and pending vectors, the IOAPIC's pins (a guest that stopped making progress; the VM stays as it was) | `describe` |
 //! | `shutdown` | graceful: Ctrl-Alt-Del, hard stop after the grace period | `state` |
 //! | `stop` | hard stop now | `state` |
 //! | `console` | after the `{"ok":true}` line the connection carries raw console bytes both ways | — |
@@ -15,7 +16,7 @@
 //! | `snapshot` + `"dir": "/abs/path"` | pause, write a snapshot into the (absent or empty) directory, stay paused (`resume` continues); without `dir`, pod mode writes into `$MICROVIRT_ROOT/snapshot` (a VM pool's snapshot mount) | `state`, `dir`, sizes, `pausedUs`, `writeUs` |
 //!
 //! `console` needs the VMM's serial on a unix socket (pod mode; `run --console socket`).
-//! `pause`, `unpause`/`resume` and `snapshot` are the VMM's own protocol commands
+//! `pause`, `unpause`/`resume`, `snapshot` and `vcpu-state` are the VMM's own protocol commands
 //! (`vmm::control`, also served by `microvm --control-socket`): one protocol, one implementation.
 //! Snapshot files are created and renamed on this (the connection's) thread; the VMM thread only
 //! writes through the descriptors it is handed.
@@ -163,13 +164,15 @@ fn watch(w: &mut UnixStream, ctx: &Context) -> std::io::Result<()> {
     }
 }
 
-/// `pause`, `resume`/`unpause` and `snapshot`: the VMM's own commands
+/// `pause`, `resume`/`unpause`, `snapshot` and `vcpu-state`: the VMM's own commands
 /// ([`vmm::control::vm_command`]), with the launcher's state kept in step; `None` for other
 /// commands.
 fn vm_command(ctx: &Context, cmd: &str, mut req: Value) -> Option<Value> {
     let state = match cmd {
         "pause" | "snapshot" => LauncherState::Paused,
         "resume" | "unpause" => LauncherState::Running,
+        // Reads the vCPUs and leaves the VM as it was.
+        "vcpu-state" => return control::vm_command(&ctx.controller, cmd, &req),
         _ => return None,
     };
     if cmd == "snapshot" && req.get("dir").is_none() {

@@ -82,6 +82,9 @@ enum Cmd {
     Stop(SocketArg),
     /// Attach to the guest console (Ctrl-] detaches).
     Console(SocketArg),
+    /// Print where each vCPU is and what it waits for (registers, LAPIC timer, pending
+    /// vectors) and the IOAPIC's pins: for a guest that stopped making progress.
+    VcpuState(SocketArg),
     /// Pause the VM and write a snapshot into DIR (absent or empty); the VM stays paused
     /// (`resume` continues it). Format: docs/snapshot.md.
     Snapshot {
@@ -511,6 +514,7 @@ fn main() -> ExitCode {
         Cmd::Unpause(a) => ("unpause", socket(a)),
         Cmd::Shutdown(a) => ("shutdown", socket(a)),
         Cmd::Stop(a) => ("stop", socket(a)),
+        Cmd::VcpuState(a) => ("vcpu-state", socket(a)),
     };
     answer(&socket, control::request(&socket, cmd))
 }

@@ -585,6 +585,13 @@ fn pod_mode_readiness_control_socket_console_and_termination_message() {
         "the VMM thread runs under a seccomp filter"
     );
     assert_eq!(st["capEff"], "0000000000000000", "capabilities dropped");
+    // `vcpu-state` under the launcher's seccomp filters: both vCPUs read, the VM runs on.
+    let d = pod.control("vcpu-state");
+    assert_eq!(d["ok"], true, "{d}");
+    let vcpus = d["describe"]["vcpus"].as_array().expect("vcpus");
+    assert_eq!(vcpus.len(), 2, "{d}");
+    assert!(vcpus.iter().all(|v| v["rip"].is_string()), "{d}");
+    assert_eq!(pod.control("status")["state"], "running");
     assert_eq!(pod.control("pause")["state"], "paused");
     assert_eq!(pod.control("status")["state"], "paused");
     let again = pod.cmd(&["pause"]).output().unwrap();
