@@ -674,14 +674,27 @@ async fn snapshots_follow_the_template_and_the_node() -> Result<()> {
     let api = pools.clone();
     wait_for("the fake facts recorded", WAIT, || async {
         let p = api.get("db").await?;
+        let rv = p.resource_version();
         let mut snap = p.status.unwrap().snapshot.unwrap();
         if snap.id != second {
             return Ok(Some(()));
         }
         snap.host_facts = Some(fake.into());
-        let patch = json!({"status": {"snapshot": snap}});
-        api.patch_status("db", &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+        // Only onto the status just read: a patch of a stale read would write the old
+        // snapshot record back over the operator's next attempt (seen under load: a third
+        // attempt instead of the second).
+        let patch = json!({
+            "metadata": {"resourceVersion": rv},
+            "status": {"snapshot": snap},
+        });
+        match api
+            .patch_status("db", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
         Ok(None)
     })
     .await?;
