@@ -33,6 +33,7 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
         | "vmi-efi-q35.yaml"
         | "vmi-isolated.yaml"
         | "vmi-masquerade-ports.yaml"
+        | "vmi-probes.yaml"
         | "vm-priorityclass.yaml"
         | "vmirs-cirros.yaml"
         | "vmipreset-small.yaml"
@@ -161,6 +162,24 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
             "spec.virtualMachineTemplate.spec.runStrategy",
             refusals::POOL_VM_RUN_STRATEGY,
         )],
+        "vmi-probes-guest-agent.yaml" => vec![
+            ("spec.readinessProbe.exec", refusals::PROBE_EXEC),
+            (
+                "spec.livenessProbe.guestAgentPing",
+                refusals::PROBE_GUEST_AGENT_PING,
+            ),
+        ],
+        "vmi-probes-invalid.yaml" => vec![
+            ("spec.readinessProbe", refusals::PROBE_NO_HANDLER),
+            (
+                "spec.livenessProbe.successThreshold",
+                refusals::LIVENESS_SUCCESS_THRESHOLD,
+            ),
+            ("spec", refusals::PROBE_WITHOUT_NIC),
+        ],
+        "vmpool-warm-probes.yaml" => {
+            vec![("spec.template.spec", refusals::POOL_WARM_PROBES)]
+        }
         "vmpool-warm-start-paused.yaml" => vec![(
             "spec.template.spec.startStrategy",
             refusals::POOL_WARM_START_STRATEGY,
