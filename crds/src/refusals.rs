@@ -54,6 +54,8 @@ pub const PROBE_NO_HANDLER: &str = "a probe needs a handler: tcpSocket or httpGe
 pub const PROBE_TWO_HANDLERS: &str = "a probe takes one handler: tcpSocket or httpGet, not both";
 /// `readinessProbe`/`livenessProbe` on a VMI without a NIC on the pod network.
 pub const PROBE_WITHOUT_NIC: &str = "readinessProbe and livenessProbe need a NIC on the pod network (the kubelet probes the pod IP): this VMI has no interfaces (autoattachPodInterface: false, or networks without interfaces)";
+/// A probe whose port a masquerade interface with `ports` does not forward to the guest.
+pub const PROBE_PORT_NOT_FORWARDED: &str = "the probe's port is not among the masquerade interface's ports, the only ones forwarded to the guest: the kubelet's probe of the pod IP would never reach it; add the port (protocol TCP) to ports";
 /// `livenessProbe.successThreshold` other than 1.
 pub const LIVENESS_SUCCESS_THRESHOLD: &str =
     "livenessProbe.successThreshold must be 1 (the kubelet's rule for liveness probes)";

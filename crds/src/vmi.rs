@@ -97,6 +97,12 @@ pub const REASON_GUEST_BOOTED: &str = "GuestBooted";
     .message("every entry of spec.domain.devices.interfaces must name a network listed in spec.networks"),
     validation = Rule::new("!has(self.resourceClaims)").message(refusals::RESOURCE_CLAIMS).field_path(".resourceClaims"),
     validation = Rule::new(PROBES_NEED_A_NIC_RULE).message(refusals::PROBE_WITHOUT_NIC),
+    validation = Rule::new(READINESS_PROBE_PORT_FORWARDED_RULE)
+        .message(refusals::PROBE_PORT_NOT_FORWARDED)
+        .field_path(".readinessProbe"),
+    validation = Rule::new(LIVENESS_PROBE_PORT_FORWARDED_RULE)
+        .message(refusals::PROBE_PORT_NOT_FORWARDED)
+        .field_path(".livenessProbe"),
     validation = Rule::new("!has(self.livenessProbe) || !has(self.livenessProbe.successThreshold) || self.livenessProbe.successThreshold == 1")
         .message(refusals::LIVENESS_SUCCESS_THRESHOLD)
         .field_path(".livenessProbe.successThreshold"),
@@ -201,6 +207,12 @@ pub struct VirtualMachineInstanceSpec {
 /// CEL: a VMI with a probe has a NIC on the pod network (declared interfaces, or the pod
 /// interface attached by default), else the kubelet's probes of the pod IP never reach the guest.
 const PROBES_NEED_A_NIC_RULE: &str = "(!has(self.readinessProbe) && !has(self.livenessProbe)) || (has(self.domain.devices) && has(self.domain.devices.interfaces) && size(self.domain.devices.interfaces) > 0) || ((!has(self.networks) || size(self.networks) == 0) && (!has(self.domain.devices) || !has(self.domain.devices.autoattachPodInterface) || self.domain.devices.autoattachPodInterface))";
+
+/// CEL: the readiness probe's port reaches the guest: a masquerade interface that lists
+/// `ports` forwards only those (TCP) to the guest. (A probe with its own `host` goes elsewhere.)
+const READINESS_PROBE_PORT_FORWARDED_RULE: &str = "!has(self.readinessProbe) || (has(self.readinessProbe.tcpSocket) && has(self.readinessProbe.tcpSocket.host)) || (has(self.readinessProbe.httpGet) && has(self.readinessProbe.httpGet.host)) || !has(self.domain.devices) || !has(self.domain.devices.interfaces) || self.domain.devices.interfaces.all(i, has(i.bridge) || !has(i.ports) || size(i.ports) == 0 || i.ports.exists(p, (!has(p.protocol) || p.protocol == 'TCP') && p.port == (has(self.readinessProbe.tcpSocket) ? self.readinessProbe.tcpSocket.port : has(self.readinessProbe.httpGet) ? self.readinessProbe.httpGet.port : 0)))";
+/// CEL: the same for the liveness probe.
+const LIVENESS_PROBE_PORT_FORWARDED_RULE: &str = "!has(self.livenessProbe) || (has(self.livenessProbe.tcpSocket) && has(self.livenessProbe.tcpSocket.host)) || (has(self.livenessProbe.httpGet) && has(self.livenessProbe.httpGet.host)) || !has(self.domain.devices) || !has(self.domain.devices.interfaces) || self.domain.devices.interfaces.all(i, has(i.bridge) || !has(i.ports) || size(i.ports) == 0 || i.ports.exists(p, (!has(p.protocol) || p.protocol == 'TCP') && p.port == (has(self.livenessProbe.tcpSocket) ? self.livenessProbe.tcpSocket.port : has(self.livenessProbe.httpGet) ? self.livenessProbe.httpGet.port : 0)))";
 
 /// KubeVirt's `Probe`: a check of the guest that the kubelet runs against the pod IP. microvirt
 /// supports the `tcpSocket` and `httpGet` handlers; `exec` and `guestAgentPing` run inside the
@@ -1580,6 +1592,7 @@ livenessProbe:
             refusals::PROBE_NO_HANDLER,
             refusals::PROBE_TWO_HANDLERS,
             refusals::PROBE_WITHOUT_NIC,
+            refusals::PROBE_PORT_NOT_FORWARDED,
             refusals::LIVENESS_SUCCESS_THRESHOLD,
         ] {
             assert!(

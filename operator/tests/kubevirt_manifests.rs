@@ -34,6 +34,7 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
         | "vmi-isolated.yaml"
         | "vmi-masquerade-ports.yaml"
         | "vmi-probes.yaml"
+        | "vmi-probes-forwarded.yaml"
         | "vm-priorityclass.yaml"
         | "vmirs-cirros.yaml"
         | "vmipreset-small.yaml"
@@ -177,6 +178,9 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
             ),
             ("spec", refusals::PROBE_WITHOUT_NIC),
         ],
+        "vmi-probes-masquerade-ports.yaml" => {
+            vec![("spec.livenessProbe", refusals::PROBE_PORT_NOT_FORWARDED)]
+        }
         "vmpool-warm-probes.yaml" => {
             vec![("spec.template.spec", refusals::POOL_WARM_PROBES)]
         }
