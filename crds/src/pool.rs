@@ -136,6 +136,9 @@ impl MemberRole {
     validation = Rule::new("!has(self.warm) || !has(self.template) || !has(self.template.spec.startStrategy)")
         .message(refusals::POOL_WARM_START_STRATEGY)
         .field_path(".template.spec.startStrategy"),
+    validation = Rule::new("!has(self.warm) || !has(self.template) || (!has(self.template.spec.readinessProbe) && !has(self.template.spec.livenessProbe))")
+        .message(refusals::POOL_WARM_PROBES)
+        .field_path(".template.spec"),
     // `template` is required by this rule rather than by the schema, so that a KubeVirt pool
     // (virtualMachineTemplate, no template) is accepted.
     validation = Rule::new("has(self.template) || has(self.virtualMachineTemplate)")

@@ -44,12 +44,23 @@ pub const HOST_DISK: &str = "hostDisk volumes are not supported by microvirt: us
 pub const RESOURCE_CLAIMS: &str = "resourceClaims are not supported by microvirt: a microVM cannot attach devices allocated by dynamic resource allocation";
 /// `spec.startStrategy` in the template of a VM pool with warm members.
 pub const POOL_WARM_START_STRATEGY: &str = "startStrategy: Paused is not supported with spec.warm: warm members are restored from a snapshot of a booted guest and start running when claimed";
-/// `spec.readinessProbe`.
-pub const READINESS_PROBE: &str =
-    "readinessProbe is not supported by microvirt yet: the VMI is Ready when its guest has booted";
-/// `spec.livenessProbe`.
-pub const LIVENESS_PROBE: &str =
-    "livenessProbe is not supported by microvirt yet: nothing would restart a hung guest";
+/// `readinessProbe.exec` / `livenessProbe.exec`.
+pub const PROBE_EXEC: &str = "exec probes need a guest agent, which microvirt does not have: use a tcpSocket or httpGet probe against a service in the guest";
+/// `readinessProbe.guestAgentPing` / `livenessProbe.guestAgentPing`.
+pub const PROBE_GUEST_AGENT_PING: &str = "guestAgentPing probes need a guest agent, which microvirt does not have: use a tcpSocket or httpGet probe against a service in the guest";
+/// A probe with no handler.
+pub const PROBE_NO_HANDLER: &str = "a probe needs a handler: tcpSocket or httpGet";
+/// A probe with both tcpSocket and httpGet.
+pub const PROBE_TWO_HANDLERS: &str = "a probe takes one handler: tcpSocket or httpGet, not both";
+/// `readinessProbe`/`livenessProbe` on a VMI without a NIC on the pod network.
+pub const PROBE_WITHOUT_NIC: &str = "readinessProbe and livenessProbe need a NIC on the pod network (the kubelet probes the pod IP): this VMI has no interfaces (autoattachPodInterface: false, or networks without interfaces)";
+/// A probe whose port a masquerade interface with `ports` does not forward to the guest.
+pub const PROBE_PORT_NOT_FORWARDED: &str = "the probe's port is not among the masquerade interface's ports, the only ones forwarded to the guest: the kubelet's probe of the pod IP would never reach it; add the port (protocol TCP) to ports";
+/// `livenessProbe.successThreshold` other than 1.
+pub const LIVENESS_SUCCESS_THRESHOLD: &str =
+    "livenessProbe.successThreshold must be 1 (the kubelet's rule for liveness probes)";
+/// A VM pool template with a probe and warm members.
+pub const POOL_WARM_PROBES: &str = "readinessProbe and livenessProbe are not supported with spec.warm: a warm member waits paused, so its probes would fail (not Ready, or stopped by the kubelet) before it is claimed";
 /// `spec.accessCredentials`.
 pub const ACCESS_CREDENTIALS: &str = "accessCredentials are not supported by microvirt yet: put the SSH key into the cloudInitNoCloud user data (ssh_authorized_keys)";
 /// VirtualMachine `spec.instancetype.kind` that names no instancetype kind.

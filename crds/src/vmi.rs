@@ -96,8 +96,16 @@ pub const REASON_GUEST_BOOTED: &str = "GuestBooted";
     )
     .message("every entry of spec.domain.devices.interfaces must name a network listed in spec.networks"),
     validation = Rule::new("!has(self.resourceClaims)").message(refusals::RESOURCE_CLAIMS).field_path(".resourceClaims"),
-    validation = Rule::new("!has(self.readinessProbe)").message(refusals::READINESS_PROBE).field_path(".readinessProbe"),
-    validation = Rule::new("!has(self.livenessProbe)").message(refusals::LIVENESS_PROBE).field_path(".livenessProbe"),
+    validation = Rule::new(PROBES_NEED_A_NIC_RULE).message(refusals::PROBE_WITHOUT_NIC),
+    validation = Rule::new(READINESS_PROBE_PORT_FORWARDED_RULE)
+        .message(refusals::PROBE_PORT_NOT_FORWARDED)
+        .field_path(".readinessProbe"),
+    validation = Rule::new(LIVENESS_PROBE_PORT_FORWARDED_RULE)
+        .message(refusals::PROBE_PORT_NOT_FORWARDED)
+        .field_path(".livenessProbe"),
+    validation = Rule::new("!has(self.livenessProbe) || !has(self.livenessProbe.successThreshold) || self.livenessProbe.successThreshold == 1")
+        .message(refusals::LIVENESS_SUCCESS_THRESHOLD)
+        .field_path(".livenessProbe.successThreshold"),
     validation = Rule::new("!has(self.accessCredentials)").message(refusals::ACCESS_CREDENTIALS).field_path(".accessCredentials"),
     validation = Rule::new("!has(self.dnsPolicy) || self.dnsPolicy != 'None' || (has(self.dnsConfig) && has(self.dnsConfig.nameservers) && size(self.dnsConfig.nameservers) > 0)")
         .message("dnsPolicy: None needs dnsConfig.nameservers (the pod, and so the guest, would have no DNS server)")
@@ -179,18 +187,151 @@ pub struct VirtualMachineInstanceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_object_list")]
     pub resource_claims: Option<Vec<serde_json::Value>>,
-    /// KubeVirt's readiness probe: refused, not implemented yet.
+    /// KubeVirt's readiness probe (`tcpSocket` or `httpGet`): the launcher container's
+    /// readiness probe, so the kubelet probes the pod IP, which reaches the guest (masquerade:
+    /// DNAT to the guest; bridge: the guest owns the pod IP). The VMI is Ready only while it
+    /// passes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::schema::any_object")]
-    pub readiness_probe: Option<serde_json::Value>,
-    /// KubeVirt's liveness probe: refused, not implemented yet.
+    pub readiness_probe: Option<Probe>,
+    /// KubeVirt's liveness probe (`tcpSocket` or `httpGet`): the launcher container's liveness
+    /// probe; when it fails the kubelet stops the launcher (the pod never restarts) and the VMI
+    /// ends `Failed`, reason `LivenessProbeFailed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::schema::any_object")]
-    pub liveness_probe: Option<serde_json::Value>,
+    pub liveness_probe: Option<Probe>,
     /// KubeVirt's access credentials (SSH keys, passwords): refused, not implemented yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::any_object_list")]
     pub access_credentials: Option<Vec<serde_json::Value>>,
+}
+
+/// CEL: a VMI with a probe has a NIC on the pod network (declared interfaces, or the pod
+/// interface attached by default), else the kubelet's probes of the pod IP never reach the guest.
+const PROBES_NEED_A_NIC_RULE: &str = "(!has(self.readinessProbe) && !has(self.livenessProbe)) || (has(self.domain.devices) && has(self.domain.devices.interfaces) && size(self.domain.devices.interfaces) > 0) || ((!has(self.networks) || size(self.networks) == 0) && (!has(self.domain.devices) || !has(self.domain.devices.autoattachPodInterface) || self.domain.devices.autoattachPodInterface))";
+
+/// CEL: the readiness probe's port reaches the guest: a masquerade interface that lists
+/// `ports` forwards only those (TCP) to the guest. (A probe with its own `host` goes elsewhere.)
+const READINESS_PROBE_PORT_FORWARDED_RULE: &str = "!has(self.readinessProbe) || (has(self.readinessProbe.tcpSocket) && has(self.readinessProbe.tcpSocket.host)) || (has(self.readinessProbe.httpGet) && has(self.readinessProbe.httpGet.host)) || !has(self.domain.devices) || !has(self.domain.devices.interfaces) || self.domain.devices.interfaces.all(i, has(i.bridge) || !has(i.ports) || size(i.ports) == 0 || i.ports.exists(p, (!has(p.protocol) || p.protocol == 'TCP') && p.port == (has(self.readinessProbe.tcpSocket) ? self.readinessProbe.tcpSocket.port : has(self.readinessProbe.httpGet) ? self.readinessProbe.httpGet.port : 0)))";
+/// CEL: the same for the liveness probe.
+const LIVENESS_PROBE_PORT_FORWARDED_RULE: &str = "!has(self.livenessProbe) || (has(self.livenessProbe.tcpSocket) && has(self.livenessProbe.tcpSocket.host)) || (has(self.livenessProbe.httpGet) && has(self.livenessProbe.httpGet.host)) || !has(self.domain.devices) || !has(self.domain.devices.interfaces) || self.domain.devices.interfaces.all(i, has(i.bridge) || !has(i.ports) || size(i.ports) == 0 || i.ports.exists(p, (!has(p.protocol) || p.protocol == 'TCP') && p.port == (has(self.livenessProbe.tcpSocket) ? self.livenessProbe.tcpSocket.port : has(self.livenessProbe.httpGet) ? self.livenessProbe.httpGet.port : 0)))";
+
+/// KubeVirt's `Probe`: a check of the guest that the kubelet runs against the pod IP. microvirt
+/// supports the `tcpSocket` and `httpGet` handlers; `exec` and `guestAgentPing` run inside the
+/// guest through a guest agent, which microvirt does not have (a validation rule says so).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(
+    validation = Rule::new("!has(self.exec)").message(refusals::PROBE_EXEC).field_path(".exec"),
+    validation = Rule::new("!has(self.guestAgentPing)")
+        .message(refusals::PROBE_GUEST_AGENT_PING)
+        .field_path(".guestAgentPing"),
+    validation = Rule::new("has(self.tcpSocket) || has(self.httpGet) || has(self.exec) || has(self.guestAgentPing)")
+        .message(refusals::PROBE_NO_HANDLER),
+    validation = Rule::new("!has(self.tcpSocket) || !has(self.httpGet)")
+        .message(refusals::PROBE_TWO_HANDLERS)
+)]
+#[serde(rename_all = "camelCase")]
+pub struct Probe {
+    /// Open a TCP connection to the guest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_socket: Option<TcpSocketProbe>,
+    /// An HTTP GET to the guest; success is a status from 200 to 399.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_get: Option<HttpGetProbe>,
+    /// A command in the guest: refused (needs a guest agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub exec: Option<serde_json::Value>,
+    /// A ping of the guest agent: refused (needs a guest agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::any_object")]
+    pub guest_agent_ping: Option<serde_json::Value>,
+    /// Seconds after the launcher container started before the first probe (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub initial_delay_seconds: Option<i32>,
+    /// Seconds after which a probe attempt counts as failed (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub timeout_seconds: Option<i32>,
+    /// Seconds between probes (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub period_seconds: Option<i32>,
+    /// Consecutive successes after a failure before the probe counts as passing (default 1;
+    /// must be 1 for a liveness probe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub success_threshold: Option<i32>,
+    /// Consecutive failures before the probe counts as failed (default 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub failure_threshold: Option<i32>,
+}
+
+/// A probe that opens a TCP connection.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TcpSocketProbe {
+    /// The guest's port (a number: the launcher container names no ports).
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// Host to connect to (default: the pod IP, which reaches the guest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub host: Option<String>,
+}
+
+/// A probe that sends an HTTP GET.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpGetProbe {
+    /// The guest's port (a number: the launcher container names no ports).
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// Path of the request (default `/`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
+    pub path: Option<String>,
+    /// Host to connect to (default: the pod IP, which reaches the guest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub host: Option<String>,
+    /// `HTTP` (default) or `HTTPS` (the certificate is not verified).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<ProbeScheme>,
+    /// Headers of the request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub http_headers: Vec<ProbeHttpHeader>,
+}
+
+/// Scheme of an HTTP probe.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ProbeScheme {
+    #[serde(rename = "HTTP")]
+    Http,
+    #[serde(rename = "HTTPS")]
+    Https,
+}
+
+impl ProbeScheme {
+    /// The name in a pod spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeScheme::Http => "HTTP",
+            ProbeScheme::Https => "HTTPS",
+        }
+    }
+}
+
+/// A header of an HTTP probe's request.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ProbeHttpHeader {
+    /// Header name.
+    #[schemars(length(min = 1, max = 256))]
+    pub name: String,
+    /// Header value.
+    #[schemars(length(max = 4096))]
+    pub value: String,
 }
 
 /// KubeVirt's eviction strategies.
@@ -1399,6 +1540,67 @@ dnsConfig: {nameservers: [192.0.2.53]}
             serde_json::from_value(serde_json::json!({"name": "d", "cache": "writethrough"}))
                 .unwrap();
         assert_eq!(w.cache, Some(DiskCache::Writethrough));
+    }
+
+    #[test]
+    fn kubevirt_probes_are_typed_and_survive_a_round_trip() {
+        let yaml = r#"
+domain: {}
+readinessProbe:
+  httpGet: {port: 1500, path: /healthz, scheme: HTTPS, httpHeaders: [{name: X-A, value: b}]}
+  initialDelaySeconds: 120
+  periodSeconds: 20
+  timeoutSeconds: 10
+  failureThreshold: 3
+  successThreshold: 3
+livenessProbe:
+  tcpSocket: {port: 22}
+  failureThreshold: 6
+"#;
+        let v: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+        let s = spec(yaml);
+        let r = s.readiness_probe.as_ref().unwrap();
+        let h = r.http_get.as_ref().unwrap();
+        assert_eq!((h.port, h.path.as_deref()), (1500, Some("/healthz")));
+        assert_eq!(h.scheme, Some(ProbeScheme::Https));
+        assert_eq!(h.http_headers[0].name, "X-A");
+        assert_eq!(
+            (r.initial_delay_seconds, r.period_seconds, r.timeout_seconds),
+            (Some(120), Some(20), Some(10))
+        );
+        assert_eq!(
+            (r.failure_threshold, r.success_threshold),
+            (Some(3), Some(3))
+        );
+        let l = s.liveness_probe.as_ref().unwrap();
+        assert_eq!(l.tcp_socket.as_ref().map(|t| t.port), Some(22));
+        assert!(l.http_get.is_none() && l.exec.is_none() && l.guest_agent_ping.is_none());
+        assert_eq!(serde_json::to_value(&s).unwrap(), v);
+        // The handlers that need a guest agent are kept (for the CRD's rules to refuse).
+        let s = spec("{domain: {}, livenessProbe: {guestAgentPing: {}}, readinessProbe: {exec: {command: [x]}}}");
+        assert!(s.liveness_probe.unwrap().guest_agent_ping.is_some());
+        assert!(s.readiness_probe.unwrap().exec.is_some());
+    }
+
+    #[test]
+    fn the_probe_rules_are_in_the_schema() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_string(&VirtualMachineInstance::crd()).unwrap();
+        for message in [
+            refusals::PROBE_EXEC,
+            refusals::PROBE_GUEST_AGENT_PING,
+            refusals::PROBE_NO_HANDLER,
+            refusals::PROBE_TWO_HANDLERS,
+            refusals::PROBE_WITHOUT_NIC,
+            refusals::PROBE_PORT_NOT_FORWARDED,
+            refusals::LIVENESS_SUCCESS_THRESHOLD,
+        ] {
+            assert!(
+                crd.contains(&serde_json::to_string(message).unwrap()),
+                "{message}"
+            );
+        }
+        assert!(!crd.contains("not supported by microvirt yet: the VMI is Ready"));
     }
 
     #[test]

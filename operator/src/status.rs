@@ -10,6 +10,7 @@
 //! | compute container exited 0 after the launcher was asked to stop the VM (pod deleted, evicted, node shut down) and the VMI is not being deleted | Failed (`LauncherStopped`) |
 //! | pod Succeeded without container status                | Succeeded  |
 //! | compute container exited non-zero                     | Failed (`GuestCrashed`, `VmmFailed`, `NoBootableKernel` as the launcher says, else `LauncherExited<code>`) |
+//! | compute container stopped by the kubelet because its liveness probe (the VMI's `livenessProbe`) failed | Failed (`LivenessProbeFailed`) |
 //! | pod Failed                                            | Failed     |
 //! | pod phase Unknown                                     | Unknown    |
 //! | pod gone after the VMI got past Pending               | Failed     |
@@ -33,7 +34,7 @@
 use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use microvirt_crds::termination::{exit_code, Reason, TerminationMessage};
+use microvirt_crds::termination::{exit_code, Reason, ShutdownOrigin, TerminationMessage};
 use microvirt_crds::vmi::{
     InterfaceStatus, PhaseTransitionTimestamp, VirtualMachineInstance,
     VirtualMachineInstanceStatus, VmiCondition, VmiPhase, NODE_AGENT_CONDITIONS,
@@ -47,6 +48,10 @@ pub const REASON_POD_GONE: &str = "LauncherPodGone";
 /// Reason set when the launcher stopped the VM because it was asked to (SIGTERM from the kubelet:
 /// pod deleted or evicted, node shutting down) while the VMI itself was not being deleted.
 pub const REASON_LAUNCHER_STOPPED: &str = "LauncherStopped";
+/// Reason set when the kubelet stopped the launcher because the VMI's `livenessProbe` (the
+/// compute container's liveness probe) failed; the pod never restarts (`restartPolicy: Never`),
+/// so the VMI fails, as in KubeVirt.
+pub const REASON_LIVENESS_PROBE_FAILED: &str = "LivenessProbeFailed";
 /// Reason set when the node agent could not resume a claimed warm member.
 pub const REASON_RESUME_FAILED: &str = "ResumeFailed";
 /// Reason of `Ready=False` when the launcher pod is not Ready for another reason than the node
@@ -65,6 +70,14 @@ fn compute_terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
         .as_ref()?
         .terminated
         .as_ref()
+}
+
+/// Whether the compute container has a liveness probe (the VMI's `livenessProbe`).
+fn compute_has_liveness_probe(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == COMPUTE_CONTAINER))
+        .is_some_and(|c| c.liveness_probe.is_some())
 }
 
 fn compute_running(pod: &Pod) -> bool {
@@ -117,7 +130,28 @@ pub fn pod_phase(pod: &Pod, vmi_deleting: bool) -> (VmiPhase, Option<String>, Op
     let pod_deleting = pod.metadata.deletion_timestamp.is_some();
     let stopped_from_outside = !vmi_deleting
         && (term_msg.shutdown_requested.is_some() || pod_deleting || pod_phase == Some("Failed"));
+    // The kubelet signalled the launcher although nobody deleted the pod and the kubelet did not
+    // fail it (eviction, node shutdown: a pod reason): with a liveness probe on the container,
+    // that is the probe failing. The launcher then asked the guest to power off, and exited
+    // 0 (it did) or GracePeriodExpired (a hung guest did not).
+    let liveness_failed = !vmi_deleting
+        && !pod_deleting
+        && term_msg.shutdown_requested == Some(ShutdownOrigin::Signal)
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.reason.as_ref())
+            .is_none()
+        && compute_has_liveness_probe(pod);
     match (pod_phase, term) {
+        (_, Some(_)) if liveness_failed => (
+            VmiPhase::Failed,
+            Some(REASON_LIVENESS_PROBE_FAILED.into()),
+            termination_reason(&format!(
+                "livenessProbe failed, the kubelet stopped the launcher: {}",
+                term_reason.unwrap_or_else(|| "VM stopped".into())
+            )),
+        ),
         (_, Some(t)) if t.exit_code == 0 && stopped_from_outside => {
             let why = pod
                 .status
@@ -947,8 +981,71 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_liveness_probe_fails_the_vmi() {
+        use k8s_openapi::api::core::v1::{Container, Probe};
+        let now = t(100);
+        let signalled = |message: &str, reason: &str, code: i32| {
+            TerminationMessage {
+                message: message.into(),
+                reason: Some(reason.into()),
+                exit_code: Some(code),
+                boot_time_ms: Some(5),
+                shutdown_requested: Some(ShutdownOrigin::Signal),
+            }
+            .render()
+        };
+        let with_liveness = |mut p: Pod| {
+            p.spec.as_mut().unwrap().containers = vec![Container {
+                name: COMPUTE_CONTAINER.into(),
+                liveness_probe: Some(Probe::default()),
+                ..Default::default()
+            }];
+            p
+        };
+        // The guest powered off on the kubelet's SIGTERM (exit 0; restartPolicy Never: the
+        // pod Succeeded).
+        let msg = signalled("guest powered off", "GuestShutdown", 0);
+        let p = with_liveness(pod(Some("n1"), terminated(0, &msg), "Succeeded", false));
+        let st = desired_status(&vmi(), Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.reason.as_deref(), Some(REASON_LIVENESS_PROBE_FAILED));
+        assert_eq!(
+            st.message.as_deref(),
+            Some("livenessProbe failed, the kubelet stopped the launcher: guest powered off")
+        );
+        // A hung guest ignored it: the launcher stopped the VM after the grace period.
+        let msg = signalled(
+            "guest ignored the shutdown request",
+            "GracePeriodExpired",
+            4,
+        );
+        let p = with_liveness(pod(Some("n1"), terminated(4, &msg), "Failed", false));
+        let st = desired_status(&vmi(), Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Failed));
+        assert_eq!(st.reason.as_deref(), Some(REASON_LIVENESS_PROBE_FAILED));
+        // Without a liveness probe the same stop is what it was before.
+        let p = pod(Some("n1"), terminated(4, &msg), "Failed", false);
+        let st = desired_status(&vmi(), Some(&p), &now);
+        assert_eq!(st.reason.as_deref(), Some("LauncherExited4"));
+        // With a liveness probe, a deleted pod, an eviction and a deleted VMI keep their reasons.
+        let msg = signalled("guest powered off", "GuestShutdown", 0);
+        let mut p = with_liveness(pod(Some("n1"), terminated(0, &msg), "Succeeded", false));
+        p.metadata.deletion_timestamp = Some(t(90));
+        let st = desired_status(&vmi(), Some(&p), &now);
+        assert_eq!(st.reason.as_deref(), Some(REASON_LAUNCHER_STOPPED));
+        let mut p = with_liveness(pod(Some("n1"), terminated(0, &msg), "Failed", false));
+        p.status.as_mut().unwrap().reason = Some("Evicted".into());
+        let st = desired_status(&vmi(), Some(&p), &now);
+        assert_eq!(st.reason.as_deref(), Some(REASON_LAUNCHER_STOPPED));
+        let p = with_liveness(pod(Some("n1"), terminated(0, &msg), "Succeeded", false));
+        let mut v = vmi();
+        v.metadata.deletion_timestamp = Some(t(80));
+        let st = desired_status(&v, Some(&p), &now);
+        assert_eq!(st.phase, Some(VmiPhase::Succeeded));
+    }
+
+    #[test]
     fn a_stop_the_launcher_was_asked_for_is_not_a_success() {
-        use microvirt_crds::termination::ShutdownOrigin;
         let now = t(100);
         let asked = TerminationMessage {
             message: "guest reset after the shutdown request".into(),

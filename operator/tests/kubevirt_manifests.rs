@@ -33,6 +33,8 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
         | "vmi-efi-q35.yaml"
         | "vmi-isolated.yaml"
         | "vmi-masquerade-ports.yaml"
+        | "vmi-probes.yaml"
+        | "vmi-probes-forwarded.yaml"
         | "vm-priorityclass.yaml"
         | "vmirs-cirros.yaml"
         | "vmipreset-small.yaml"
@@ -161,6 +163,27 @@ fn expected(file: &str) -> Option<Vec<(&'static str, &'static str)>> {
             "spec.virtualMachineTemplate.spec.runStrategy",
             refusals::POOL_VM_RUN_STRATEGY,
         )],
+        "vmi-probes-guest-agent.yaml" => vec![
+            ("spec.readinessProbe.exec", refusals::PROBE_EXEC),
+            (
+                "spec.livenessProbe.guestAgentPing",
+                refusals::PROBE_GUEST_AGENT_PING,
+            ),
+        ],
+        "vmi-probes-invalid.yaml" => vec![
+            ("spec.readinessProbe", refusals::PROBE_NO_HANDLER),
+            (
+                "spec.livenessProbe.successThreshold",
+                refusals::LIVENESS_SUCCESS_THRESHOLD,
+            ),
+            ("spec", refusals::PROBE_WITHOUT_NIC),
+        ],
+        "vmi-probes-masquerade-ports.yaml" => {
+            vec![("spec.livenessProbe", refusals::PROBE_PORT_NOT_FORWARDED)]
+        }
+        "vmpool-warm-probes.yaml" => {
+            vec![("spec.template.spec", refusals::POOL_WARM_PROBES)]
+        }
         "vmpool-warm-start-paused.yaml" => vec![(
             "spec.template.spec.startStrategy",
             refusals::POOL_WARM_START_STRATEGY,
@@ -355,5 +378,122 @@ async fn a_kubevirt_pool_makes_vmis_from_its_vm_templates_vmi_template() -> Resu
             "{name}"
         );
     }
+    Ok(())
+}
+
+/// Whether the VMI's `Ready` condition is `True`.
+fn vmi_ready(v: &VirtualMachineInstance) -> bool {
+    v.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True")
+}
+
+#[tokio::test]
+async fn kubevirt_probes_become_the_launcher_probes_and_decide_ready_and_liveness() -> Result<()> {
+    use kube::api::{Patch, PatchParams};
+    use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
+
+    let env = Env::start(shared_cluster().kubeconfig_path(), "t-kubevirt-probes").await?;
+    let yaml = std::fs::read_to_string(manifest_dir().join("vmi-probes.yaml"))?;
+    let (ok, _, err) = env.kubectl(&["create", "-f", "-"], Some(&yaml))?;
+    assert!(ok, "{err}");
+    let pods = env.api::<Pod>();
+    let name = "virt-launcher-vmi-probes";
+    let pod = wait_for("the launcher pod", WAIT, || async {
+        Ok(pods.get_opt(name).await?)
+    })
+    .await?;
+    // The kubelet runs the VMI's probes as the compute container's, against the pod IP (with the
+    // API server's defaults: scheme HTTP, successThreshold 1).
+    let spec = serde_json::to_value(pod.spec.as_ref().unwrap())?;
+    let c = &spec["containers"][0];
+    assert_eq!(c["name"], "compute");
+    assert_eq!(
+        c["readinessProbe"],
+        json!({
+            "httpGet": {
+                "port": 1500, "path": "/healthz", "scheme": "HTTP",
+                "httpHeaders": [{"name": "X-Probe", "value": "readiness"}]
+            },
+            "initialDelaySeconds": 120, "periodSeconds": 20, "timeoutSeconds": 10,
+            "failureThreshold": 3, "successThreshold": 3
+        })
+    );
+    assert_eq!(
+        c["livenessProbe"],
+        json!({
+            "tcpSocket": {"port": 1500},
+            "initialDelaySeconds": 120, "periodSeconds": 20, "timeoutSeconds": 10,
+            "failureThreshold": 3, "successThreshold": 1
+        })
+    );
+
+    // The VM runs (the node agent's gate is True) but the readiness probe has not passed
+    // (ContainersReady False): the VMI is not Ready; once it passes, it is.
+    bind(&pods, name, "node-1").await?;
+    mark_running(&pods, name, "10.9.0.8", true).await?;
+    let vmis = env.api::<VirtualMachineInstance>();
+    let conditions = |containers_ready: &str| {
+        let now = now_rfc3339();
+        json!({"status": {"conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Ready", "status": containers_ready, "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": containers_ready, "lastTransitionTime": now},
+            {"type": "microvirt.io/vm-running", "status": "True", "reason": "VMRunning", "lastTransitionTime": now},
+        ]}})
+    };
+    pods.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&conditions("False")),
+    )
+    .await?;
+    wait_for("vmi-probes Running, not Ready", WAIT, || async {
+        let v = vmis.get("vmi-probes").await?;
+        Ok((v.phase() == Some(VmiPhase::Running)
+            && !vmi_ready(&v)
+            && v.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "False")
+            }))
+        .then_some(()))
+    })
+    .await?;
+    pods.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&conditions("True")),
+    )
+    .await?;
+    wait_for("vmi-probes Ready", WAIT, || async {
+        let v = vmis.get("vmi-probes").await?;
+        Ok(vmi_ready(&v).then_some(()))
+    })
+    .await?;
+
+    // The liveness probe failed: the kubelet stopped the launcher (SIGTERM; the guest powered
+    // off) and, with restartPolicy Never, the pod ended. The VMI fails, as in KubeVirt.
+    let message = TerminationMessage {
+        message: "guest powered off after the shutdown request".into(),
+        reason: Some("GuestShutdown".into()),
+        exit_code: Some(0),
+        boot_time_ms: None,
+        shutdown_requested: Some(ShutdownOrigin::Signal),
+    }
+    .render();
+    mark_terminated(&pods, name, 0, &message).await?;
+    let v = wait_for("vmi-probes Failed", WAIT, || async {
+        let v = vmis.get("vmi-probes").await?;
+        Ok((v.phase() == Some(VmiPhase::Failed)).then_some(v))
+    })
+    .await?;
+    let st = v.status.unwrap();
+    assert_eq!(st.reason.as_deref(), Some("LivenessProbeFailed"));
+    assert_eq!(
+        st.message.as_deref(),
+        Some("livenessProbe failed, the kubelet stopped the launcher: guest powered off after the shutdown request")
+    );
     Ok(())
 }

@@ -354,6 +354,27 @@ fn cases() -> Vec<(&'static str, VirtualMachineInstance, Config, BlockVolumes)> 
             none(),
         ),
         (
+            "readiness and liveness probes",
+            vmi(
+                "probed",
+                json!({"app": "web"}),
+                json!({
+                    "domain": {},
+                    "readinessProbe": {
+                        "httpGet": {"port": 80, "path": "/healthz"},
+                        "initialDelaySeconds": 10, "periodSeconds": 5,
+                        "timeoutSeconds": 2, "successThreshold": 2, "failureThreshold": 3
+                    },
+                    "livenessProbe": {
+                        "tcpSocket": {"port": 22},
+                        "initialDelaySeconds": 60, "periodSeconds": 20, "failureThreshold": 6
+                    }
+                }),
+            ),
+            d(),
+            none(),
+        ),
+        (
             "bad emptyDisk capacity",
             vmi(
                 "badcap",

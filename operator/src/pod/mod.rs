@@ -168,6 +168,7 @@ pub fn desired_pod(
     );
     let container = container::compute_container(
         &cfg.launcher_image,
+        &vmi.spec,
         resources,
         volumes.mounts,
         volumes.devices,

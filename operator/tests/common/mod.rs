@@ -338,7 +338,8 @@ pub async fn bind(pods: &Api<Pod>, name: &str, node: &str) -> Result<()> {
     Ok(())
 }
 
-fn now_rfc3339() -> String {
+/// Now, as the API server writes times (RFC 3339, seconds).
+pub fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
