@@ -18,6 +18,7 @@
 //! [`attach_rng`].
 
 pub mod block;
+pub mod common;
 pub mod mmio;
 pub mod net;
 pub mod notify;
@@ -194,13 +195,23 @@ impl VirtioInterrupt {
 pub trait VirtioDevice: Send {
     /// virtio device id ([`TYPE_BLOCK`], [`TYPE_NET`]).
     fn device_type(&self) -> u32;
+    /// The state every device shares; the default methods below answer from it.
+    fn common(&self) -> &common::VirtioCommon;
+    /// Mutable access to [`VirtioDevice::common`].
+    fn common_mut(&mut self) -> &mut common::VirtioCommon;
     /// Maximum size of each queue (powers of two).
-    fn queue_max_sizes(&self) -> &[u16];
+    fn queue_max_sizes(&self) -> &[u16] {
+        self.common().queue_max_sizes()
+    }
     /// Features the device offers (including [`VIRTIO_F_VERSION_1`]).
-    fn avail_features(&self) -> u64;
+    fn avail_features(&self) -> u64 {
+        self.common().avail_features()
+    }
     /// Features the driver accepted (a subset of `avail_features`), once
     /// FEATURES_OK was accepted by the transport.
-    fn set_acked_features(&mut self, features: u64);
+    fn set_acked_features(&mut self, features: u64) {
+        self.common_mut().set_acked_features(features);
+    }
     /// Read `data.len()` bytes of the device configuration space at `offset`.
     /// Bytes beyond the config space read as zero.
     fn read_config(&self, offset: u64, data: &mut [u8]);
@@ -221,9 +232,13 @@ pub trait VirtioDevice: Send {
     fn is_activated(&self) -> bool;
     /// One eventfd per queue; the attach function registers them as KVM
     /// ioeventfds, the device's event handler listens to them.
-    fn queue_events(&self) -> &[EventFd];
+    fn queue_events(&self) -> &[EventFd] {
+        self.common().queue_events()
+    }
     /// The interrupt state shared with the transport.
-    fn interrupt(&self) -> &Arc<VirtioInterrupt>;
+    fn interrupt(&self) -> &Arc<VirtioInterrupt> {
+        self.common().interrupt()
+    }
     /// While active: the device's own queues, whose ring positions are the live ones.
     fn live_queues(&self) -> Option<Vec<mmio::QueueSnapshot>> {
         None

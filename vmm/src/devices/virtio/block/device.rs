@@ -15,11 +15,11 @@ use super::overlay::Overlay;
 use super::request::{self, BlockContext, Popped, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG};
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;
+use crate::devices::virtio::common::VirtioCommon;
 use crate::devices::virtio::mmio::QueueSnapshot;
 use crate::devices::virtio::notify::{self, VIRTIO_RING_F_EVENT_IDX};
 use crate::devices::virtio::{
-    read_config_bytes, ActivateError, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_BLOCK,
-    VIRTIO_F_VERSION_1,
+    read_config_bytes, ActivateError, VirtioDevice, VirtioError, TYPE_BLOCK, VIRTIO_F_VERSION_1,
 };
 use crate::vstate::memory::GuestMemoryMmap;
 
@@ -75,14 +75,9 @@ pub struct BlockDevice {
     io: IoThread,
     /// Requests handed to the I/O thread and not completed yet.
     in_flight: usize,
-    avail_features: u64,
-    acked_features: u64,
+    common: VirtioCommon,
     config: [u8; CONFIG_LEN],
-    queue_sizes: [u16; 1],
-    queue_evts: Vec<EventFd>,
-    interrupt: Arc<VirtioInterrupt>,
     active: Option<Active>,
-    broken: bool,
 }
 
 impl BlockDevice {
@@ -149,26 +144,21 @@ impl BlockDevice {
             id,
             io: thread,
             in_flight: 0,
-            avail_features: f,
-            acked_features: 0,
+            common: VirtioCommon::new(f, &[QUEUE_SIZE], irq)?,
             config: c,
-            queue_sizes: [QUEUE_SIZE],
-            queue_evts: vec![EventFd::new(libc::EFD_NONBLOCK).map_err(VirtioError::EventFd)?],
-            interrupt: Arc::new(VirtioInterrupt::new(irq)),
             active: None,
-            broken: false,
         })
     }
 
     /// Plain-data state.
     pub fn state(&self) -> BlockDeviceState {
         BlockDeviceState {
-            avail_features: self.avail_features,
-            acked_features: self.acked_features,
+            avail_features: self.common.avail_features(),
+            acked_features: self.common.acked_features(),
             capacity: self.capacity,
             read_only: self.read_only,
             id: self.id,
-            needs_reset: self.broken,
+            needs_reset: self.common.is_broken(),
         }
     }
 
@@ -176,7 +166,7 @@ impl BlockDevice {
     /// thread, malformed ones are answered at once. Marks the device NEEDS_RESET on fatal
     /// guest errors.
     pub fn process_queue(&mut self) {
-        if self.broken {
+        if self.common.is_broken() {
             return;
         }
         let Some(a) = self.active.as_mut() else {
@@ -273,8 +263,7 @@ impl BlockDevice {
                 Err(e) => {
                     self.in_flight = 0;
                     log::error!("virtio-blk: {e}; device needs reset");
-                    self.broken = true;
-                    self.interrupt.set_needs_reset();
+                    self.common.mark_broken();
                 }
             }
         }
@@ -306,14 +295,13 @@ impl BlockDevice {
         if used > 0 {
             if let Some(a) = self.active.as_mut() {
                 if notify::needs_interrupt(&mut a.queue, &a.mem) {
-                    self.interrupt.signal_used_queue();
+                    self.common.interrupt().signal_used_queue();
                 }
             }
         }
         if let Some(f) = fatal {
             log::error!("virtio-blk: {f}; device needs reset");
-            self.broken = true;
-            self.interrupt.set_needs_reset();
+            self.common.mark_broken();
         }
     }
 }
@@ -330,37 +318,20 @@ impl VirtioDevice for BlockDevice {
     fn device_type(&self) -> u32 {
         TYPE_BLOCK
     }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
+    fn common(&self) -> &VirtioCommon {
+        &self.common
     }
-    fn avail_features(&self) -> u64 {
-        self.avail_features
-    }
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features;
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
     }
-    fn activate(
-        &mut self,
-        mem: GuestMemoryMmap,
-        mut queues: Vec<Queue>,
-    ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                expected: 1,
-                got: queues.len(),
-            });
-        }
-        let queue = queues.remove(0);
+    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError> {
+        let [queue] = self.common.activate(queues)?;
         self.active = Some(Active { mem, queue });
-        self.broken = false;
         // Requests queued before DRIVER_OK (not allowed, but harmless).
-        self.queue_evts[0]
-            .write(1)
-            .map_err(ActivateError::EventFd)?;
-        Ok(())
+        self.common.kick_queues()
     }
     /// Requests not started yet are dropped; one the I/O thread is executing is waited for,
     /// because it writes into buffers the driver owns again after the reset.
@@ -368,17 +339,10 @@ impl VirtioDevice for BlockDevice {
         self.io.cancel_pending();
         self.wait_in_flight(|_, _| {});
         self.active = None;
-        self.broken = false;
-        self.acked_features = 0;
+        self.common.reset();
     }
     fn is_activated(&self) -> bool {
         self.active.is_some()
-    }
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_evts
-    }
-    fn interrupt(&self) -> &Arc<VirtioInterrupt> {
-        &self.interrupt
     }
     fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
         self.active
@@ -404,10 +368,6 @@ impl BlockDevice {
         self.io.completion_event()
     }
 
-    pub(super) fn set_broken(&mut self, broken: bool) {
-        self.broken = broken;
-    }
-
     /// The queue the device is processing, if active (tests, benches).
     pub fn active_queue(&self) -> Option<&Queue> {
         self.active.as_ref().map(|a| &a.queue)
@@ -415,7 +375,7 @@ impl BlockDevice {
 
     /// Whether a fatal guest error stopped the device.
     pub fn is_broken(&self) -> bool {
-        self.broken
+        self.common.is_broken()
     }
 
     /// Used-ring position (tests).

@@ -69,15 +69,10 @@ impl BlockDevice {
             });
         }
         let mut dev = BlockDevice::with_io_thread(disk, cfg.id_bytes(), irq, io)?;
-        if state.acked_features & !dev.avail_features() != 0 {
-            return Err(PersistError::Features {
-                what: format!("virtio-blk {path}"),
-                acked: state.acked_features,
-                offered: dev.avail_features(),
-            });
-        }
+        dev.common()
+            .check_saved_features(&format!("virtio-blk {path}"), state.acked_features)?;
         dev.set_acked_features(state.acked_features);
-        dev.set_broken(state.needs_reset);
+        dev.common_mut().set_broken(state.needs_reset);
         Ok(dev)
     }
 }

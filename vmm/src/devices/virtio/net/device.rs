@@ -2,21 +2,19 @@
 //! space, activation, and the RX/TX entry points the event handler calls.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueT};
-use vmm_sys_util::eventfd::EventFd;
 
 use super::frames::{self, NetStats, RxState};
 use super::tap::{FrameIo, Tap, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use super::{MacAddr, NetConfig};
 use crate::devices::interrupt::IrqLine;
+use crate::devices::virtio::common::VirtioCommon;
 use crate::devices::virtio::mmio::QueueSnapshot;
 use crate::devices::virtio::notify::{self, VIRTIO_RING_F_EVENT_IDX};
 use crate::devices::virtio::{
-    read_config_bytes, ActivateError, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_NET,
-    VIRTIO_F_VERSION_1,
+    read_config_bytes, ActivateError, VirtioDevice, VirtioError, TYPE_NET, VIRTIO_F_VERSION_1,
 };
 use crate::vstate::memory::GuestMemoryMmap;
 
@@ -106,17 +104,12 @@ pub struct NetDeviceState {
 pub struct NetDevice {
     backend: Box<dyn NetBackend>,
     mac: Option<MacAddr>,
-    avail_features: u64,
-    acked_features: u64,
+    common: VirtioCommon,
     config: [u8; 12],
-    queue_sizes: [u16; 2],
-    queue_evts: Vec<EventFd>,
-    interrupt: Arc<VirtioInterrupt>,
     active: Option<(GuestMemoryMmap, Queue, Queue)>,
     rx: RxState,
     tx_buf: Vec<u8>,
     stats: NetStats,
-    broken: bool,
 }
 
 impl NetDevice {
@@ -137,31 +130,25 @@ impl NetDevice {
             config[..6].copy_from_slice(&m.0);
         }
         let avail_features = features_for(backend.supported_offloads(), mac.is_some());
-        let evt = || EventFd::new(libc::EFD_NONBLOCK).map_err(VirtioError::EventFd);
         Ok(Self {
             backend,
             mac,
-            avail_features,
-            acked_features: 0,
+            common: VirtioCommon::new(avail_features, &[QUEUE_SIZE, QUEUE_SIZE], irq)?,
             config,
-            queue_sizes: [QUEUE_SIZE, QUEUE_SIZE],
-            queue_evts: vec![evt()?, evt()?],
-            interrupt: Arc::new(VirtioInterrupt::new(irq)),
             active: None,
             rx: RxState::default(),
             tx_buf: Vec::with_capacity(frames::MAX_FRAME_LEN),
             stats: NetStats::default(),
-            broken: false,
         })
     }
 
     pub fn state(&self) -> NetDeviceState {
         NetDeviceState {
-            avail_features: self.avail_features,
-            acked_features: self.acked_features,
+            avail_features: self.common.avail_features(),
+            acked_features: self.common.acked_features(),
             mac: self.mac,
             stats: self.stats,
-            needs_reset: self.broken,
+            needs_reset: self.common.is_broken(),
         }
     }
 
@@ -180,17 +167,16 @@ impl NetDevice {
         };
         let q = if queue == RX_QUEUE { rxq } else { txq };
         if used > 0 && notify::needs_interrupt(q, mem) {
-            self.interrupt.signal_used_queue();
+            self.common.interrupt().signal_used_queue();
         }
         if fatal.is_some() {
-            self.broken = true;
-            self.interrupt.set_needs_reset();
+            self.common.mark_broken();
         }
     }
 
     /// Deliver frames from the backend to the guest (event-loop thread).
     pub fn process_rx(&mut self) {
-        if self.broken {
+        if self.common.is_broken() {
             return;
         }
         let Some((mem, rxq, _)) = self.active.as_mut() else {
@@ -217,7 +203,7 @@ impl NetDevice {
 
     /// Send the guest's frames to the backend (event-loop thread).
     pub fn process_tx(&mut self) {
-        if self.broken {
+        if self.common.is_broken() {
             return;
         }
         let Some((mem, _, txq)) = self.active.as_mut() else {
@@ -252,14 +238,14 @@ impl NetDevice {
         rx_pending: Option<&[u8]>,
     ) {
         self.stats = stats;
-        self.broken = broken;
+        self.common.set_broken(broken);
         if let Some(f) = rx_pending {
             self.rx.set_pending(f);
         }
     }
 
     pub fn is_broken(&self) -> bool {
-        self.broken
+        self.common.is_broken()
     }
 }
 
@@ -267,15 +253,16 @@ impl VirtioDevice for NetDevice {
     fn device_type(&self) -> u32 {
         TYPE_NET
     }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
+    fn common(&self) -> &VirtioCommon {
+        &self.common
     }
-    fn avail_features(&self) -> u64 {
-        self.avail_features
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
     }
+    /// Also tells the TAP which offloads to produce for the guest.
     fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features;
-        let tun = tun_offloads_for(self.acked_features);
+        self.common.set_acked_features(features);
+        let tun = tun_offloads_for(self.common.acked_features());
         if let Err(e) = self.backend.set_offloads(tun) {
             crate::guest_log!(
                 log::Level::Error,
@@ -287,29 +274,18 @@ impl VirtioDevice for NetDevice {
         read_config_bytes(&self.config, offset, data);
     }
     fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError> {
-        let [rxq, txq]: [Queue; 2] =
-            queues
-                .try_into()
-                .map_err(|q: Vec<Queue>| ActivateError::QueueCount {
-                    expected: 2,
-                    got: q.len(),
-                })?;
+        let [rxq, txq] = self.common.activate(queues)?;
         self.active = Some((mem, rxq, txq));
-        self.broken = false;
         // Pick up frames that arrived before activation and chains queued early.
-        for e in &self.queue_evts {
-            e.write(1).map_err(ActivateError::EventFd)?;
-        }
-        Ok(())
+        self.common.kick_queues()
     }
     fn reset(&mut self) {
         self.active = None;
-        self.broken = false;
         if self.rx.pending.is_some() {
             self.stats.rx_dropped_reset += 1;
         }
         self.rx.clear();
-        self.acked_features = 0;
+        self.common.reset();
         if let Err(e) = self.backend.set_offloads(0) {
             crate::guest_log!(
                 log::Level::Warn,
@@ -319,12 +295,6 @@ impl VirtioDevice for NetDevice {
     }
     fn is_activated(&self) -> bool {
         self.active.is_some()
-    }
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_evts
-    }
-    fn interrupt(&self) -> &Arc<VirtioInterrupt> {
-        &self.interrupt
     }
     fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
         self.active

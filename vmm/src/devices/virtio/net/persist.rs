@@ -86,13 +86,8 @@ impl NetDevice {
         state: &NetState,
     ) -> Result<Self, PersistError> {
         let mut dev = NetDevice::new(backend, state.device.mac, irq)?;
-        if state.device.acked_features & !dev.avail_features() != 0 {
-            return Err(PersistError::Features {
-                what: what.to_string(),
-                acked: state.device.acked_features,
-                offered: dev.avail_features(),
-            });
-        }
+        dev.common()
+            .check_saved_features(what, state.device.acked_features)?;
         dev.set_acked_features(state.device.acked_features);
         dev.restore_runtime(
             state.device.stats,

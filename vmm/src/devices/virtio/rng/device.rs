@@ -2,20 +2,19 @@
 //! VERSION_1. Requests are filled on the event-loop thread (`getrandom` never blocks once the
 //! host booted); the rate limit's timer resumes a throttled queue.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use virtio_queue::{Queue, QueueT};
-use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::queue::{self, TokenBucket};
 use super::{BURST_BYTES, BYTES_PER_SEC};
 use crate::devices::interrupt::IrqLine;
+use crate::devices::virtio::common::VirtioCommon;
 use crate::devices::virtio::mmio::QueueSnapshot;
 use crate::devices::virtio::{
-    ActivateError, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_RNG, VIRTIO_F_VERSION_1,
+    ActivateError, VirtioDevice, VirtioError, TYPE_RNG, VIRTIO_F_VERSION_1,
 };
 use crate::vstate::memory::GuestMemoryMmap;
 
@@ -36,15 +35,11 @@ pub struct RngDeviceState {
 
 /// A virtio-rng device.
 pub struct RngDevice {
-    acked_features: u64,
-    queue_sizes: [u16; 1],
-    queue_evts: Vec<EventFd>,
-    interrupt: Arc<VirtioInterrupt>,
+    common: VirtioCommon,
     active: Option<(GuestMemoryMmap, Queue)>,
     bucket: TokenBucket,
     timer: TimerFd,
     timer_armed: bool,
-    broken: bool,
     /// Random bytes handed to the guest.
     bytes: u64,
     source: EntropySource,
@@ -59,15 +54,11 @@ impl RngDevice {
     /// A device drawing from `source` (tests).
     pub fn with_source(irq: IrqLine, source: EntropySource) -> Result<Self, VirtioError> {
         Ok(Self {
-            acked_features: 0,
-            queue_sizes: [QUEUE_SIZE],
-            queue_evts: vec![EventFd::new(libc::EFD_NONBLOCK).map_err(VirtioError::EventFd)?],
-            interrupt: Arc::new(VirtioInterrupt::new(irq)),
+            common: VirtioCommon::new(1 << VIRTIO_F_VERSION_1, &[QUEUE_SIZE], irq)?,
             active: None,
             bucket: TokenBucket::new(BURST_BYTES, BYTES_PER_SEC, Instant::now()),
             timer: TimerFd::new().map_err(|e| VirtioError::EventFd(e.into()))?,
             timer_armed: false,
-            broken: false,
             bytes: 0,
             source,
         })
@@ -76,13 +67,9 @@ impl RngDevice {
     /// Plain-data state.
     pub fn state(&self) -> RngDeviceState {
         RngDeviceState {
-            acked_features: self.acked_features,
-            needs_reset: self.broken,
+            acked_features: self.common.acked_features(),
+            needs_reset: self.common.is_broken(),
         }
-    }
-
-    pub(super) fn set_broken(&mut self, broken: bool) {
-        self.broken = broken;
     }
 
     /// Random bytes handed to the guest so far.
@@ -104,7 +91,7 @@ impl RngDevice {
 
     /// Fills what the guest queued (event-loop thread), as far as the rate limit allows.
     pub fn process_queue(&mut self) {
-        if self.broken || self.timer_armed {
+        if self.common.is_broken() || self.timer_armed {
             return;
         }
         let Some((mem, q)) = self.active.as_mut() else {
@@ -114,11 +101,10 @@ impl RngDevice {
         let out = queue::process_queue(q, mem, &mut self.bucket, now, &mut self.source);
         self.bytes += out.bytes;
         if out.used > 0 && q.needs_notification(mem).unwrap_or(true) {
-            self.interrupt.signal_used_queue();
+            self.common.interrupt().signal_used_queue();
         }
         if out.fatal.is_some() {
-            self.broken = true;
-            self.interrupt.set_needs_reset();
+            self.common.mark_broken();
             return;
         }
         if out.throttled {
@@ -138,49 +124,26 @@ impl VirtioDevice for RngDevice {
     fn device_type(&self) -> u32 {
         TYPE_RNG
     }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
+    fn common(&self) -> &VirtioCommon {
+        &self.common
     }
-    fn avail_features(&self) -> u64 {
-        1 << VIRTIO_F_VERSION_1
-    }
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features();
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
     }
     fn read_config(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
     }
-    fn activate(
-        &mut self,
-        mem: GuestMemoryMmap,
-        mut queues: Vec<Queue>,
-    ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                expected: 1,
-                got: queues.len(),
-            });
-        }
-        self.active = Some((mem, queues.remove(0)));
-        self.broken = false;
-        self.queue_evts[0]
-            .write(1)
-            .map_err(ActivateError::EventFd)?;
-        Ok(())
+    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError> {
+        let [q] = self.common.activate(queues)?;
+        self.active = Some((mem, q));
+        self.common.kick_queues()
     }
     fn reset(&mut self) {
         self.active = None;
-        self.broken = false;
-        self.acked_features = 0;
+        self.common.reset();
     }
     fn is_activated(&self) -> bool {
         self.active.is_some()
-    }
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_evts
-    }
-    fn interrupt(&self) -> &Arc<VirtioInterrupt> {
-        &self.interrupt
     }
     fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
         self.active

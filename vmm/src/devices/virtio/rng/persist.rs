@@ -26,15 +26,10 @@ impl RngDevice {
     /// A device in the saved `state`.
     pub fn restore(irq: IrqLine, state: &RngState) -> Result<Self, PersistError> {
         let mut dev = RngDevice::new(irq)?;
-        if state.device.acked_features & !dev.avail_features() != 0 {
-            return Err(PersistError::Features {
-                what: "virtio-rng".into(),
-                acked: state.device.acked_features,
-                offered: dev.avail_features(),
-            });
-        }
+        dev.common()
+            .check_saved_features("virtio-rng", state.device.acked_features)?;
         dev.set_acked_features(state.device.acked_features);
-        dev.set_broken(state.device.needs_reset);
+        dev.common_mut().set_broken(state.device.needs_reset);
         Ok(dev)
     }
 }
