@@ -1,6 +1,7 @@
 //! The part every virtio device shares ([`VirtioCommon`]): the features it offers and the ones
 //! the driver accepted, its queues' maximum sizes and notification eventfds, the interrupt
-//! state it shares with the transport, and the broken (DEVICE_NEEDS_RESET) flag. A device
+//! state it shares with the transport, the queues while the driver has the device running
+//! (activation state), and the broken (DEVICE_NEEDS_RESET) flag. A device
 //! embeds one and hands it out through [`VirtioDevice::common`](super::VirtioDevice::common);
 //! the trait's default methods answer the transport from it, so a new device writes only
 //! what is its own (config space, activation of its queues, processing).
@@ -13,9 +14,20 @@ use std::sync::Arc;
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::mmio::QueueSnapshot;
+use super::notify;
 use super::persist_error::PersistError;
 use super::{ActivateError, VirtioError, VirtioInterrupt};
 use crate::devices::interrupt::IrqLine;
+use crate::vstate::memory::GuestMemoryMmap;
+
+/// A device's queues between activation and reset, and the guest memory they live in.
+#[derive(Debug)]
+pub struct ActiveQueues {
+    pub mem: GuestMemoryMmap,
+    /// One per device queue, in the device's order; their ring positions are the live ones.
+    pub queues: Vec<Queue>,
+}
 
 /// State every virtio device holds, with the behaviour that goes with it.
 #[derive(Debug)]
@@ -25,6 +37,7 @@ pub struct VirtioCommon {
     queue_max_sizes: Vec<u16>,
     queue_evts: Vec<EventFd>,
     interrupt: Arc<VirtioInterrupt>,
+    active: Option<ActiveQueues>,
     broken: bool,
 }
 
@@ -46,6 +59,7 @@ impl VirtioCommon {
             queue_max_sizes: queue_max_sizes.to_vec(),
             queue_evts,
             interrupt: Arc::new(VirtioInterrupt::new(irq)),
+            active: None,
             broken: false,
         })
     }
@@ -97,22 +111,65 @@ impl VirtioCommon {
         self.interrupt.set_needs_reset();
     }
 
-    /// The driver set DRIVER_OK: checks that it handed over one queue per device queue and
-    /// clears the broken flag. The device keeps the queues, then calls
-    /// [`VirtioCommon::kick_queues`].
-    pub fn activate<const N: usize>(
+    /// The driver set DRIVER_OK: keeps `queues` (one per device queue, else refused), clears
+    /// the broken flag and kicks every queue ([`VirtioCommon::kick_queues`]).
+    pub fn activate(
         &mut self,
+        mem: GuestMemoryMmap,
         queues: Vec<Queue>,
-    ) -> Result<[Queue; N], ActivateError> {
-        let queues: [Queue; N] =
-            queues
-                .try_into()
-                .map_err(|q: Vec<Queue>| ActivateError::QueueCount {
-                    expected: N,
-                    got: q.len(),
-                })?;
+    ) -> Result<(), ActivateError> {
+        if queues.len() != self.queue_max_sizes.len() {
+            return Err(ActivateError::QueueCount {
+                expected: self.queue_max_sizes.len(),
+                got: queues.len(),
+            });
+        }
+        self.active = Some(ActiveQueues { mem, queues });
         self.broken = false;
-        Ok(queues)
+        self.kick_queues()
+    }
+
+    /// True between [`VirtioCommon::activate`] and [`VirtioCommon::reset`].
+    pub fn is_activated(&self) -> bool {
+        self.active.is_some()
+    }
+
+    /// The queues while active.
+    pub fn active(&self) -> Option<&ActiveQueues> {
+        self.active.as_ref()
+    }
+
+    /// The queues while active.
+    pub fn active_mut(&mut self) -> Option<&mut ActiveQueues> {
+        self.active.as_mut()
+    }
+
+    /// The queues to process: active and not broken.
+    pub fn running(&mut self) -> Option<&mut ActiveQueues> {
+        if self.broken {
+            return None;
+        }
+        self.active.as_mut()
+    }
+
+    /// While active: the live queues' state (snapshots).
+    pub fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
+        self.active
+            .as_ref()
+            .map(|a| a.queues.iter().map(QueueSnapshot::from).collect())
+    }
+
+    /// New used-ring entries on queue `index`: interrupts the guest unless the driver
+    /// suppressed it ([`notify::needs_interrupt`]). Nothing while inactive.
+    pub fn interrupt_if_needed(&mut self, index: usize) {
+        let Some(a) = self.active.as_mut() else {
+            return;
+        };
+        if let Some(q) = a.queues.get_mut(index) {
+            if notify::needs_interrupt(q, &a.mem) {
+                self.interrupt.signal_used_queue();
+            }
+        }
     }
 
     /// Signals every queue's eventfd once, so the event loop looks at what the driver queued
@@ -124,9 +181,10 @@ impl VirtioCommon {
         Ok(())
     }
 
-    /// The driver reset the device: features and the broken flag go back to power-on. (The
-    /// interrupt state is the transport's to clear.)
+    /// The driver reset the device: its queues are dropped, features and the broken flag go
+    /// back to power-on. (The interrupt state is the transport's to clear.)
     pub fn reset(&mut self) {
+        self.active = None;
         self.broken = false;
         self.acked_features = 0;
     }
@@ -174,20 +232,31 @@ mod tests {
     }
 
     #[test]
-    fn activation_checks_the_queue_count_and_kicks_every_queue() {
+    fn activation_checks_the_queue_count_keeps_the_queues_and_kicks_every_queue() {
+        let m = crate::devices::virtio::test_utils::mem();
         let mut c = common(&[8, 4]);
         assert_eq!(c.queue_events().len(), 2);
         let q = |s| Queue::new(s).unwrap();
-        let e = c.activate::<2>(vec![q(8)]).expect_err("one queue accepted");
+        let e = c
+            .activate(m.clone(), vec![q(8)])
+            .expect_err("one queue accepted");
         assert_eq!(e.to_string(), "wrong number of queues: expected 2, got 1");
+        assert!(!c.is_activated());
         c.set_broken(true);
-        let [a, b] = c.activate::<2>(vec![q(8), q(4)]).unwrap();
-        assert_eq!((a.max_size(), b.max_size()), (8, 4));
+        c.activate(m.clone(), vec![q(8), q(4)]).unwrap();
+        assert!(c.is_activated());
         assert!(!c.is_broken());
-        c.kick_queues().unwrap();
+        let live = c.live_queues().unwrap();
+        assert_eq!((live[0].max_size, live[1].max_size), (8, 4));
         for e in c.queue_events() {
             assert_eq!(e.read().unwrap(), 1);
         }
+        assert!(c.running().is_some());
+        c.set_broken(true);
+        assert!(c.running().is_none());
+        c.reset();
+        assert!(!c.is_activated());
+        assert!(c.live_queues().is_none());
     }
 
     #[test]

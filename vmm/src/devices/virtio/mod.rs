@@ -223,13 +223,21 @@ pub trait VirtioDevice: Send {
             data.len()
         );
     }
-    /// The driver set DRIVER_OK: start processing `queues` (already validated).
-    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError>;
+    /// The driver set DRIVER_OK: start processing `queues` (already validated). By default
+    /// [`common::VirtioCommon::activate`] keeps them and kicks every queue's eventfd.
+    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError> {
+        self.common_mut().activate(mem, queues)
+    }
     /// The driver wrote 0 to Status: stop processing and drop queues. The
-    /// device must be able to be activated again afterwards.
-    fn reset(&mut self);
+    /// device must be able to be activated again afterwards. A device with state of its own
+    /// overrides it and calls [`common::VirtioCommon::reset`].
+    fn reset(&mut self) {
+        self.common_mut().reset();
+    }
     /// True between `activate` and `reset`.
-    fn is_activated(&self) -> bool;
+    fn is_activated(&self) -> bool {
+        self.common().is_activated()
+    }
     /// One eventfd per queue; the attach function registers them as KVM
     /// ioeventfds, the device's event handler listens to them.
     fn queue_events(&self) -> &[EventFd] {
@@ -241,7 +249,7 @@ pub trait VirtioDevice: Send {
     }
     /// While active: the device's own queues, whose ring positions are the live ones.
     fn live_queues(&self) -> Option<Vec<mmio::QueueSnapshot>> {
-        None
+        self.common().live_queues()
     }
 }
 

@@ -16,12 +16,10 @@ use super::request::{self, BlockContext, Popped, MAX_DISCARD_SECTORS, MAX_DISCAR
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;
 use crate::devices::virtio::common::VirtioCommon;
-use crate::devices::virtio::mmio::QueueSnapshot;
 use crate::devices::virtio::notify::{self, VIRTIO_RING_F_EVENT_IDX};
 use crate::devices::virtio::{
-    read_config_bytes, ActivateError, VirtioDevice, VirtioError, TYPE_BLOCK, VIRTIO_F_VERSION_1,
+    read_config_bytes, VirtioDevice, VirtioError, TYPE_BLOCK, VIRTIO_F_VERSION_1,
 };
-use crate::vstate::memory::GuestMemoryMmap;
 
 /// Queue size offered to the driver.
 pub const QUEUE_SIZE: u16 = 256;
@@ -60,12 +58,6 @@ pub struct IoThreadOptions {
     pub setup: Option<IoThreadSetup>,
 }
 
-/// The queue while the device is active.
-struct Active {
-    mem: GuestMemoryMmap,
-    queue: Queue,
-}
-
 /// A virtio-blk device over any [`DiskBackend`].
 pub struct BlockDevice {
     disk: SharedDisk,
@@ -77,7 +69,6 @@ pub struct BlockDevice {
     in_flight: usize,
     common: VirtioCommon,
     config: [u8; CONFIG_LEN],
-    active: Option<Active>,
 }
 
 impl BlockDevice {
@@ -146,7 +137,6 @@ impl BlockDevice {
             in_flight: 0,
             common: VirtioCommon::new(f, &[QUEUE_SIZE], irq)?,
             config: c,
-            active: None,
         })
     }
 
@@ -166,10 +156,7 @@ impl BlockDevice {
     /// thread, malformed ones are answered at once. Marks the device NEEDS_RESET on fatal
     /// guest errors.
     pub fn process_queue(&mut self) {
-        if self.common.is_broken() {
-            return;
-        }
-        let Some(a) = self.active.as_mut() else {
+        let Some(a) = self.common.running() else {
             return;
         };
         // Driver notifications are off while the queue is drained (with EVENT_IDX: the
@@ -177,7 +164,7 @@ impl BlockDevice {
         // they are back on (notify.rs).
         let (io, in_flight) = (&mut self.io, &mut self.in_flight);
         let mem = a.mem.clone();
-        let out = notify::drain(&mut a.queue, &mem, |q| {
+        let out = notify::drain(&mut a.queues[0], &mem, |q| {
             let mut pass = request::QueueOutcome::default();
             while let Some(p) = request::pop_request(q, &mem) {
                 match p {
@@ -272,13 +259,13 @@ impl BlockDevice {
     fn complete(&mut self, c: Completion, used: &mut u32, fatal: &mut Option<String>) {
         match c {
             Completion::Done { head, len } => {
-                let Some(a) = self.active.as_mut() else {
+                let Some(a) = self.common.active_mut() else {
                     return;
                 };
                 if fatal.is_some() {
                     return;
                 }
-                match a.queue.add_used(&a.mem, head, len) {
+                match a.queues[0].add_used(&a.mem, head, len) {
                     Ok(()) => *used += 1,
                     Err(e) => *fatal = Some(format!("cannot complete chain {head}: {e}")),
                 }
@@ -293,11 +280,7 @@ impl BlockDevice {
     /// Interrupts the guest for `used` new used-ring entries; `fatal` marks NEEDS_RESET.
     fn finish_pass(&mut self, used: u32, fatal: Option<String>) {
         if used > 0 {
-            if let Some(a) = self.active.as_mut() {
-                if notify::needs_interrupt(&mut a.queue, &a.mem) {
-                    self.common.interrupt().signal_used_queue();
-                }
-            }
+            self.common.interrupt_if_needed(0);
         }
         if let Some(f) = fatal {
             log::error!("virtio-blk: {f}; device needs reset");
@@ -327,27 +310,14 @@ impl VirtioDevice for BlockDevice {
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
     }
-    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError> {
-        let [queue] = self.common.activate(queues)?;
-        self.active = Some(Active { mem, queue });
-        // Requests queued before DRIVER_OK (not allowed, but harmless).
-        self.common.kick_queues()
-    }
+    // activate: VirtioCommon's (its queue kick also picks up requests queued before
+    // DRIVER_OK: not allowed, but harmless).
     /// Requests not started yet are dropped; one the I/O thread is executing is waited for,
     /// because it writes into buffers the driver owns again after the reset.
     fn reset(&mut self) {
         self.io.cancel_pending();
         self.wait_in_flight(|_, _| {});
-        self.active = None;
         self.common.reset();
-    }
-    fn is_activated(&self) -> bool {
-        self.active.is_some()
-    }
-    fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
-        self.active
-            .as_ref()
-            .map(|a| vec![QueueSnapshot::from(&a.queue)])
     }
 }
 
@@ -370,7 +340,7 @@ impl BlockDevice {
 
     /// The queue the device is processing, if active (tests, benches).
     pub fn active_queue(&self) -> Option<&Queue> {
-        self.active.as_ref().map(|a| &a.queue)
+        self.common.active().map(|a| &a.queues[0])
     }
 
     /// Whether a fatal guest error stopped the device.
@@ -391,6 +361,7 @@ mod tests {
     use crate::devices::virtio::block::request::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_OUT};
     use crate::devices::virtio::test_utils::{mem, TestQueue};
     use crate::devices::virtio::{INT_VRING, VIRTIO_F_VERSION_1};
+    use crate::vstate::memory::GuestMemoryMmap;
     use std::sync::Condvar;
     use std::time::Duration;
     use vm_memory::{Bytes, GuestAddress};

@@ -4,19 +4,17 @@
 use std::os::fd::{AsRawFd, RawFd};
 
 use serde::{Deserialize, Serialize};
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::QueueT;
 
 use super::frames::{self, NetStats, RxState};
 use super::tap::{FrameIo, Tap, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use super::{MacAddr, NetConfig};
 use crate::devices::interrupt::IrqLine;
 use crate::devices::virtio::common::VirtioCommon;
-use crate::devices::virtio::mmio::QueueSnapshot;
 use crate::devices::virtio::notify::{self, VIRTIO_RING_F_EVENT_IDX};
 use crate::devices::virtio::{
-    read_config_bytes, ActivateError, VirtioDevice, VirtioError, TYPE_NET, VIRTIO_F_VERSION_1,
+    read_config_bytes, VirtioDevice, VirtioError, TYPE_NET, VIRTIO_F_VERSION_1,
 };
-use crate::vstate::memory::GuestMemoryMmap;
 
 /// Size of each queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -106,7 +104,6 @@ pub struct NetDevice {
     mac: Option<MacAddr>,
     common: VirtioCommon,
     config: [u8; 12],
-    active: Option<(GuestMemoryMmap, Queue, Queue)>,
     rx: RxState,
     tx_buf: Vec<u8>,
     stats: NetStats,
@@ -135,7 +132,6 @@ impl NetDevice {
             mac,
             common: VirtioCommon::new(avail_features, &[QUEUE_SIZE, QUEUE_SIZE], irq)?,
             config,
-            active: None,
             rx: RxState::default(),
             tx_buf: Vec::with_capacity(frames::MAX_FRAME_LEN),
             stats: NetStats::default(),
@@ -162,12 +158,11 @@ impl NetDevice {
     }
 
     fn finish(&mut self, used: u32, fatal: Option<String>, queue: usize) {
-        let Some((mem, rxq, txq)) = self.active.as_mut() else {
+        if !self.common.is_activated() {
             return;
-        };
-        let q = if queue == RX_QUEUE { rxq } else { txq };
-        if used > 0 && notify::needs_interrupt(q, mem) {
-            self.common.interrupt().signal_used_queue();
+        }
+        if used > 0 {
+            self.common.interrupt_if_needed(queue);
         }
         if fatal.is_some() {
             self.common.mark_broken();
@@ -176,12 +171,10 @@ impl NetDevice {
 
     /// Deliver frames from the backend to the guest (event-loop thread).
     pub fn process_rx(&mut self) {
-        if self.common.is_broken() {
-            return;
-        }
-        let Some((mem, rxq, _)) = self.active.as_mut() else {
+        let Some(a) = self.common.running() else {
             return;
         };
+        let (mem, rxq) = (&a.mem, &mut a.queues[RX_QUEUE]);
         let (backend, rx, stats) = (self.backend.as_mut(), &mut self.rx, &mut self.stats);
         let mut o = frames::process_rx(rxq, mem, backend, rx, stats);
         // Out of receive buffers with a frame waiting: ask the driver to notify when it adds
@@ -203,12 +196,10 @@ impl NetDevice {
 
     /// Send the guest's frames to the backend (event-loop thread).
     pub fn process_tx(&mut self) {
-        if self.common.is_broken() {
-            return;
-        }
-        let Some((mem, _, txq)) = self.active.as_mut() else {
+        let Some(a) = self.common.running() else {
             return;
         };
+        let (mem, txq) = (&a.mem, &mut a.queues[TX_QUEUE]);
         let (backend, buf, stats) = (self.backend.as_mut(), &mut self.tx_buf, &mut self.stats);
         let o = notify::drain(txq, mem, |q| {
             frames::process_tx(q, mem, backend, buf, stats)
@@ -273,14 +264,9 @@ impl VirtioDevice for NetDevice {
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
     }
-    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError> {
-        let [rxq, txq] = self.common.activate(queues)?;
-        self.active = Some((mem, rxq, txq));
-        // Pick up frames that arrived before activation and chains queued early.
-        self.common.kick_queues()
-    }
+    // activate: VirtioCommon's (its queue kick also picks up frames that arrived before
+    // activation and chains queued early).
     fn reset(&mut self) {
-        self.active = None;
         if self.rx.pending.is_some() {
             self.stats.rx_dropped_reset += 1;
         }
@@ -292,14 +278,6 @@ impl VirtioDevice for NetDevice {
                 "virtio-net: cannot clear TAP offloads: {e}"
             );
         }
-    }
-    fn is_activated(&self) -> bool {
-        self.active.is_some()
-    }
-    fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
-        self.active
-            .as_ref()
-            .map(|(_, rx, tx)| vec![QueueSnapshot::from(rx), QueueSnapshot::from(tx)])
     }
 }
 

@@ -5,18 +5,14 @@
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::QueueT;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::queue::{self, TokenBucket};
 use super::{BURST_BYTES, BYTES_PER_SEC};
 use crate::devices::interrupt::IrqLine;
 use crate::devices::virtio::common::VirtioCommon;
-use crate::devices::virtio::mmio::QueueSnapshot;
-use crate::devices::virtio::{
-    ActivateError, VirtioDevice, VirtioError, TYPE_RNG, VIRTIO_F_VERSION_1,
-};
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::devices::virtio::{VirtioDevice, VirtioError, TYPE_RNG, VIRTIO_F_VERSION_1};
 
 /// Queue size offered to the driver.
 pub const QUEUE_SIZE: u16 = 256;
@@ -36,7 +32,6 @@ pub struct RngDeviceState {
 /// A virtio-rng device.
 pub struct RngDevice {
     common: VirtioCommon,
-    active: Option<(GuestMemoryMmap, Queue)>,
     bucket: TokenBucket,
     timer: TimerFd,
     timer_armed: bool,
@@ -55,7 +50,6 @@ impl RngDevice {
     pub fn with_source(irq: IrqLine, source: EntropySource) -> Result<Self, VirtioError> {
         Ok(Self {
             common: VirtioCommon::new(1 << VIRTIO_F_VERSION_1, &[QUEUE_SIZE], irq)?,
-            active: None,
             bucket: TokenBucket::new(BURST_BYTES, BYTES_PER_SEC, Instant::now()),
             timer: TimerFd::new().map_err(|e| VirtioError::EventFd(e.into()))?,
             timer_armed: false,
@@ -91,12 +85,13 @@ impl RngDevice {
 
     /// Fills what the guest queued (event-loop thread), as far as the rate limit allows.
     pub fn process_queue(&mut self) {
-        if self.common.is_broken() || self.timer_armed {
+        if self.timer_armed {
             return;
         }
-        let Some((mem, q)) = self.active.as_mut() else {
+        let Some(a) = self.common.running() else {
             return;
         };
+        let (mem, q) = (&a.mem, &mut a.queues[0]);
         let now = Instant::now();
         let out = queue::process_queue(q, mem, &mut self.bucket, now, &mut self.source);
         self.bytes += out.bytes;
@@ -132,23 +127,6 @@ impl VirtioDevice for RngDevice {
     }
     fn read_config(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
-    }
-    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError> {
-        let [q] = self.common.activate(queues)?;
-        self.active = Some((mem, q));
-        self.common.kick_queues()
-    }
-    fn reset(&mut self) {
-        self.active = None;
-        self.common.reset();
-    }
-    fn is_activated(&self) -> bool {
-        self.active.is_some()
-    }
-    fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
-        self.active
-            .as_ref()
-            .map(|(_, q)| vec![QueueSnapshot::from(q)])
     }
 }
 
