@@ -17,7 +17,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::mmio::QueueSnapshot;
 use super::notify;
 use super::persist_error::PersistError;
-use super::{ActivateError, VirtioError, VirtioInterrupt};
+use super::{ActivateError, VirtioDevice, VirtioError, VirtioInterrupt};
 use crate::devices::interrupt::IrqLine;
 use crate::vstate::memory::GuestMemoryMmap;
 
@@ -27,6 +27,33 @@ pub struct ActiveQueues {
     pub mem: GuestMemoryMmap,
     /// One per device queue, in the device's order; their ring positions are the live ones.
     pub queues: Vec<Queue>,
+}
+
+/// What every device saves of its common part in a snapshot. (The devices' saved structs carry
+/// these fields in their own places: the snapshot format 1.x fixes their JSON layout.) Queue
+/// positions and the interrupt status are the transport's part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommonState {
+    pub avail_features: u64,
+    pub acked_features: u64,
+    /// The broken flag (the driver sees DEVICE_NEEDS_RESET).
+    pub needs_reset: bool,
+}
+
+/// Gives a freshly built `dev` the saved common state: the acked features (which `dev` must
+/// offer; `what` names it in the error) through [`VirtioDevice::set_acked_features`], so a
+/// device that configures its backend from them does so, and the broken flag. The offered
+/// features are the new backend's, not the saved ones.
+pub fn restore_state<D: VirtioDevice + ?Sized>(
+    dev: &mut D,
+    what: &str,
+    saved: CommonState,
+) -> Result<(), PersistError> {
+    dev.common()
+        .check_saved_features(what, saved.acked_features)?;
+    dev.set_acked_features(saved.acked_features);
+    dev.common_mut().set_broken(saved.needs_reset);
+    Ok(())
 }
 
 /// State every virtio device holds, with the behaviour that goes with it.
@@ -62,6 +89,15 @@ impl VirtioCommon {
             active: None,
             broken: false,
         })
+    }
+
+    /// The part of a snapshot every device saves.
+    pub fn state(&self) -> CommonState {
+        CommonState {
+            avail_features: self.avail_features,
+            acked_features: self.acked_features,
+            needs_reset: self.broken,
+        }
     }
 
     /// Features the device offers.
@@ -191,7 +227,7 @@ impl VirtioCommon {
 
     /// Restore: the saved acked features must be offered by this device (`what` names it in
     /// the error).
-    pub fn check_saved_features(&self, what: &str, acked: u64) -> Result<(), PersistError> {
+    fn check_saved_features(&self, what: &str, acked: u64) -> Result<(), PersistError> {
         if acked & !self.avail_features != 0 {
             return Err(PersistError::Features {
                 what: what.to_string(),
@@ -260,16 +296,34 @@ mod tests {
     }
 
     #[test]
-    fn saved_features_must_be_offered() {
-        let c = common(&[8]);
-        c.check_saved_features("dev", 1 << VIRTIO_F_VERSION_1)
-            .unwrap();
-        let e = c.check_saved_features("dev", 2).unwrap_err();
+    fn restore_takes_offered_acked_features_and_the_broken_flag() {
+        use crate::devices::virtio::test_utils::DummyDevice;
+        let mut d = DummyDevice::new(&[8]);
+        let saved = CommonState {
+            avail_features: 0,
+            acked_features: 1 << VIRTIO_F_VERSION_1,
+            needs_reset: true,
+        };
+        restore_state(&mut d, "dev", saved).unwrap();
+        let st = d.common.state();
+        assert_eq!(st.acked_features, 1 << VIRTIO_F_VERSION_1);
+        assert!(st.needs_reset);
+        // The offered features are the device's own.
+        assert_eq!(st.avail_features, (1 << VIRTIO_F_VERSION_1) | (1 << 3));
+        let e = restore_state(
+            &mut DummyDevice::new(&[8]),
+            "dev",
+            CommonState {
+                acked_features: 2,
+                ..saved
+            },
+        )
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             format!(
                 "dev does not offer features 0x2 the guest acked (offers {:#x})",
-                (1u64 << VIRTIO_F_VERSION_1) | 1
+                (1u64 << VIRTIO_F_VERSION_1) | (1 << 3)
             )
         );
     }

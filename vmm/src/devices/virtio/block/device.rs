@@ -142,13 +142,14 @@ impl BlockDevice {
 
     /// Plain-data state.
     pub fn state(&self) -> BlockDeviceState {
+        let c = self.common.state();
         BlockDeviceState {
-            avail_features: self.common.avail_features(),
-            acked_features: self.common.acked_features(),
+            avail_features: c.avail_features,
+            acked_features: c.acked_features,
             capacity: self.capacity,
             read_only: self.read_only,
             id: self.id,
-            needs_reset: self.common.is_broken(),
+            needs_reset: c.needs_reset,
         }
     }
 

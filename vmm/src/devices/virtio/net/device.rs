@@ -139,12 +139,13 @@ impl NetDevice {
     }
 
     pub fn state(&self) -> NetDeviceState {
+        let c = self.common.state();
         NetDeviceState {
-            avail_features: self.common.avail_features(),
-            acked_features: self.common.acked_features(),
+            avail_features: c.avail_features,
+            acked_features: c.acked_features,
             mac: self.mac,
             stats: self.stats,
-            needs_reset: self.common.is_broken(),
+            needs_reset: c.needs_reset,
         }
     }
 
@@ -221,15 +222,9 @@ impl NetDevice {
         self.rx.pending_frame()
     }
 
-    /// Restore: counters, the broken flag and a frame still waiting for a buffer.
-    pub(super) fn restore_runtime(
-        &mut self,
-        stats: NetStats,
-        broken: bool,
-        rx_pending: Option<&[u8]>,
-    ) {
+    /// Restore: counters and a frame still waiting for a buffer.
+    pub(super) fn restore_runtime(&mut self, stats: NetStats, rx_pending: Option<&[u8]>) {
         self.stats = stats;
-        self.common.set_broken(broken);
         if let Some(f) = rx_pending {
             self.rx.set_pending(f);
         }

@@ -60,9 +60,10 @@ impl RngDevice {
 
     /// Plain-data state.
     pub fn state(&self) -> RngDeviceState {
+        let c = self.common.state();
         RngDeviceState {
-            acked_features: self.common.acked_features(),
-            needs_reset: self.common.is_broken(),
+            acked_features: c.acked_features,
+            needs_reset: c.needs_reset,
         }
     }
 
