@@ -10,6 +10,11 @@
 //! - Interrupts leave through an [`IrqLine`] (irqfd); the interrupt status
 //!   register is shared lock-free between both sides ([`VirtioInterrupt`]).
 //!
+//! Every device embeds a [`common::VirtioCommon`] (features, queue sizes and eventfds, the
+//! interrupt, the queues while active, the NEEDS_RESET flag); the [`VirtioDevice`] trait's
+//! default methods answer the transport from it, so a device writes only its config space,
+//! what it does at reset beyond the common part, and its queue processing.
+//!
 //! Queue processing is pure code (`block::request`, `net::frames`, `rng::queue`) over
 //! `virtio_queue` chains so it can be unit-tested and fuzzed without KVM. Disk I/O runs on a
 //! per-disk I/O thread (`block::io_thread`), never on the event loop.
@@ -125,19 +130,17 @@ impl VirtioInterrupt {
 
     /// Report used-ring updates to the guest.
     pub fn signal_used_queue(&self) {
-        self.status.fetch_or(INT_VRING, Ordering::SeqCst);
-        if let Err(e) = self.irq.trigger() {
-            crate::guest_log!(
-                log::Level::Error,
-                "virtio: cannot trigger irq {}: {e}",
-                self.irq.gsi()
-            );
-        }
+        self.raise(INT_VRING);
     }
 
     /// Report a configuration change (also used to announce NEEDS_RESET).
     pub fn signal_config(&self) {
-        self.status.fetch_or(INT_CONFIG, Ordering::SeqCst);
+        self.raise(INT_CONFIG);
+    }
+
+    /// Sets `bit` in InterruptStatus and triggers the IRQ line.
+    fn raise(&self, bit: u32) {
+        self.status.fetch_or(bit, Ordering::SeqCst);
         if let Err(e) = self.irq.trigger() {
             crate::guest_log!(
                 log::Level::Error,
