@@ -309,23 +309,16 @@ pub fn attach_block(
     cfg: &BlockConfig,
     io: block::IoThreadOptions,
 ) -> Result<Attached<block::BlockDevice>, VirtioError> {
-    let slot = mgr.peek_next()?;
-    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
-    let dev = block::BlockDevice::from_config(cfg, irq, io)?;
-    let mut ctx = AttachContext {
+    let ctx = AttachContext {
         vm,
         mem,
         mmio_bus,
         mgr,
         evmgr,
     };
-    attach_device(
-        &mut ctx,
-        Arc::new(Mutex::new(dev)),
-        slot,
-        block_name(cfg),
-        None,
-    )
+    attach_new(ctx, block_name(cfg), |irq| {
+        block::BlockDevice::from_config(cfg, irq, io)
+    })
 }
 
 /// Attach one virtio-net device over a TAP interface (see [`NetConfig`]).
@@ -343,26 +336,17 @@ pub fn attach_net(
     cfg: &NetConfig,
     opened: Option<net::tap::Tap>,
 ) -> Result<Attached<net::NetDevice>, VirtioError> {
-    let slot = mgr.peek_next()?;
-    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
-    let dev = match opened {
-        Some(tap) => net::NetDevice::new(Box::new(tap), cfg.mac, irq)?,
-        None => net::NetDevice::from_config(cfg, irq)?,
-    };
-    let mut ctx = AttachContext {
+    let ctx = AttachContext {
         vm,
         mem,
         mmio_bus,
         mgr,
         evmgr,
     };
-    attach_device(
-        &mut ctx,
-        Arc::new(Mutex::new(dev)),
-        slot,
-        net_name(cfg),
-        None,
-    )
+    attach_new(ctx, net_name(cfg), |irq| match opened {
+        Some(tap) => net::NetDevice::new(Box::new(tap), cfg.mac, irq),
+        None => net::NetDevice::from_config(cfg, irq),
+    })
 }
 
 /// Attach the virtio-rng device (entropy from the host's `getrandom`), like
@@ -374,23 +358,27 @@ pub fn attach_rng(
     mgr: &mut MmioDeviceManager,
     evmgr: &mut VmmEventManager,
 ) -> Result<Attached<rng::RngDevice>, VirtioError> {
-    let slot = mgr.peek_next()?;
-    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
-    let dev = rng::RngDevice::new(irq)?;
-    let mut ctx = AttachContext {
+    let ctx = AttachContext {
         vm,
         mem,
         mmio_bus,
         mgr,
         evmgr,
     };
-    attach_device(
-        &mut ctx,
-        Arc::new(Mutex::new(dev)),
-        slot,
-        RNG_NAME.into(),
-        None,
-    )
+    attach_new(ctx, RNG_NAME.into(), rng::RngDevice::new)
+}
+
+/// Creates a device with `make` on the IRQ line of `ctx.mgr`'s next slot and attaches it there
+/// ([`attach_device`]).
+fn attach_new<D: VirtioSubscriberDevice + 'static>(
+    mut ctx: AttachContext<'_>,
+    name: String,
+    make: impl FnOnce(IrqLine) -> Result<D, VirtioError>,
+) -> Result<Attached<D>, VirtioError> {
+    let slot = ctx.mgr.peek_next()?;
+    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
+    let dev = make(irq)?;
+    attach_device(&mut ctx, Arc::new(Mutex::new(dev)), slot, name, None)
 }
 
 /// Device-manager name of the virtio-rng device.
