@@ -1,10 +1,11 @@
 //! The part every virtio device shares ([`VirtioCommon`]): the features it offers and the ones
 //! the driver accepted, its queues' maximum sizes and notification eventfds, the interrupt
 //! state it shares with the transport, the queues while the driver has the device running
-//! (activation state), and the broken (DEVICE_NEEDS_RESET) flag. A device
-//! embeds one and hands it out through [`VirtioDevice::common`](super::VirtioDevice::common);
-//! the trait's default methods answer the transport from it, so a new device writes only
-//! what is its own (config space, activation of its queues, processing).
+//! (activation state), and the broken (DEVICE_NEEDS_RESET) flag. A device embeds one and hands
+//! it out through [`VirtioDevice::common`](super::VirtioDevice::common); the trait's default
+//! methods answer the transport from it (features, queues, activation, reset, live queues), so
+//! a new device writes only what is its own: config space, what its reset adds, and queue
+//! processing. [`CommonState`] and [`restore_state`] are the common part of its snapshot.
 //!
 //! The transport (`mmio.rs`) keeps the register state (device status, selectors, the queues
 //! while the driver sets them up, config generation): one implementation for every device.
