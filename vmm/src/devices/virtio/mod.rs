@@ -33,7 +33,6 @@ pub mod rng;
 pub mod testing;
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
@@ -47,6 +46,7 @@ use crate::devices::interrupt::IrqLine;
 use crate::vstate::memory::GuestMemoryMmap;
 
 pub use block::{BlockConfig, BlockConfigError};
+pub use common::VirtioInterrupt;
 pub use net::{NetConfig, NetConfigError};
 pub use rng::RngConfig;
 
@@ -108,86 +108,6 @@ pub enum VirtioError {
     Restore(String),
     #[error("disk I/O thread: {0}")]
     IoThread(String),
-}
-
-/// Interrupt state shared by the transport (vCPU threads) and the device
-/// (event-loop thread).
-#[derive(Debug)]
-pub struct VirtioInterrupt {
-    status: AtomicU32,
-    needs_reset: AtomicBool,
-    irq: IrqLine,
-}
-
-impl VirtioInterrupt {
-    pub fn new(irq: IrqLine) -> Self {
-        Self {
-            status: AtomicU32::new(0),
-            needs_reset: AtomicBool::new(false),
-            irq,
-        }
-    }
-
-    /// Report used-ring updates to the guest.
-    pub fn signal_used_queue(&self) {
-        self.raise(INT_VRING);
-    }
-
-    /// Report a configuration change (also used to announce NEEDS_RESET).
-    pub fn signal_config(&self) {
-        self.raise(INT_CONFIG);
-    }
-
-    /// Sets `bit` in InterruptStatus and triggers the IRQ line.
-    fn raise(&self, bit: u32) {
-        self.status.fetch_or(bit, Ordering::SeqCst);
-        if let Err(e) = self.irq.trigger() {
-            crate::guest_log!(
-                log::Level::Error,
-                "virtio: cannot trigger irq {}: {e}",
-                self.irq.gsi()
-            );
-        }
-    }
-
-    /// Mark the device broken by the driver (virtio 1.2, 2.1.2): the driver
-    /// sees DEVICE_NEEDS_RESET in the status register and must reset it.
-    pub fn set_needs_reset(&self) {
-        if !self.needs_reset.swap(true, Ordering::SeqCst) {
-            self.signal_config();
-        }
-    }
-
-    pub fn needs_reset(&self) -> bool {
-        self.needs_reset.load(Ordering::SeqCst)
-    }
-
-    /// Current InterruptStatus register value.
-    pub fn status(&self) -> u32 {
-        self.status.load(Ordering::SeqCst)
-    }
-
-    /// Restores InterruptStatus and NEEDS_RESET without raising the interrupt (the interrupt
-    /// controllers' own saved state says whether one is pending).
-    pub fn restore(&self, status: u32, needs_reset: bool) {
-        self.status.store(status, Ordering::SeqCst);
-        self.needs_reset.store(needs_reset, Ordering::SeqCst);
-    }
-
-    /// InterruptACK register write.
-    pub fn ack(&self, bits: u32) {
-        self.status.fetch_and(!bits, Ordering::SeqCst);
-    }
-
-    /// Clear everything on device reset.
-    pub fn reset(&self) {
-        self.status.store(0, Ordering::SeqCst);
-        self.needs_reset.store(false, Ordering::SeqCst);
-    }
-
-    pub fn irq(&self) -> &IrqLine {
-        &self.irq
-    }
 }
 
 /// What the virtio-mmio transport needs from a device.
