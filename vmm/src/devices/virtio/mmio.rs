@@ -734,7 +734,10 @@ mod tests {
         let (mut t, d) = transport();
         negotiate(&mut t);
         assert_eq!(rd(&mut t, REG_STATUS), ACKNOWLEDGE | DRIVER | FEATURES_OK);
-        assert_eq!(d.lock().unwrap().acked, (1 << 32) | (1 << 3));
+        assert_eq!(
+            d.lock().unwrap().common.acked_features(),
+            (1 << 32) | (1 << 3)
+        );
         setup_queue(&mut t, 0, 0x10000, 16);
         setup_queue(&mut t, 1, 0x20000, 4);
         wr(
@@ -788,8 +791,11 @@ mod tests {
     fn event_idx_follows_the_driver_and_is_part_of_the_queue_state() {
         use crate::devices::virtio::notify::VIRTIO_RING_F_EVENT_IDX;
         for acked in [false, true] {
-            let (mut t, d) = transport();
-            d.lock().unwrap().features |= 1 << VIRTIO_RING_F_EVENT_IDX;
+            let d = Arc::new(Mutex::new(DummyDevice::with_features(
+                &[16, 8],
+                1 << VIRTIO_RING_F_EVENT_IDX,
+            )));
+            let mut t = MmioTransport::new(mem(), d.clone());
             wr(&mut t, REG_STATUS, ACKNOWLEDGE);
             wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER);
             wr(&mut t, REG_DRIVER_FEATURES_SEL, 1);
@@ -822,8 +828,10 @@ mod tests {
             assert!(saved.queues.iter().all(|q| q.event_idx == acked));
             // A restored device gets it back: its queues suppress notifications and
             // interrupts exactly as the driver expects.
-            let d2 = Arc::new(Mutex::new(DummyDevice::new(&[16, 8])));
-            d2.lock().unwrap().features |= 1 << VIRTIO_RING_F_EVENT_IDX;
+            let d2 = Arc::new(Mutex::new(DummyDevice::with_features(
+                &[16, 8],
+                1 << VIRTIO_RING_F_EVENT_IDX,
+            )));
             let restored = MmioTransport::restore(mem(), d2.clone(), &saved).unwrap();
             let dev2 = d2.lock().unwrap();
             assert!(dev2.active);
@@ -943,7 +951,7 @@ mod tests {
     fn notify_reaching_the_bus_signals_the_queue_eventfd() {
         let (mut t, d) = transport();
         wr(&mut t, REG_QUEUE_NOTIFY, 1);
-        assert_eq!(d.lock().unwrap().evts[1].read().unwrap(), 1);
+        assert_eq!(d.lock().unwrap().queue_events()[1].read().unwrap(), 1);
         wr(&mut t, REG_QUEUE_NOTIFY, 5); // missing queue: ignored
     }
 

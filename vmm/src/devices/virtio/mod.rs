@@ -10,6 +10,11 @@
 //! - Interrupts leave through an [`IrqLine`] (irqfd); the interrupt status
 //!   register is shared lock-free between both sides ([`VirtioInterrupt`]).
 //!
+//! Every device embeds a [`common::VirtioCommon`] (features, queue sizes and eventfds, the
+//! interrupt, the queues while active, the NEEDS_RESET flag); the [`VirtioDevice`] trait's
+//! default methods answer the transport from it, so a device writes only its config space,
+//! what it does at reset beyond the common part, and its queue processing.
+//!
 //! Queue processing is pure code (`block::request`, `net::frames`, `rng::queue`) over
 //! `virtio_queue` chains so it can be unit-tested and fuzzed without KVM. Disk I/O runs on a
 //! per-disk I/O thread (`block::io_thread`), never on the event loop.
@@ -18,6 +23,7 @@
 //! [`attach_rng`].
 
 pub mod block;
+pub mod common;
 pub mod mmio;
 pub mod net;
 pub mod notify;
@@ -27,7 +33,6 @@ pub mod rng;
 pub mod testing;
 
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
@@ -41,6 +46,7 @@ use crate::devices::interrupt::IrqLine;
 use crate::vstate::memory::GuestMemoryMmap;
 
 pub use block::{BlockConfig, BlockConfigError};
+pub use common::VirtioInterrupt;
 pub use net::{NetConfig, NetConfigError};
 pub use rng::RngConfig;
 
@@ -104,88 +110,6 @@ pub enum VirtioError {
     IoThread(String),
 }
 
-/// Interrupt state shared by the transport (vCPU threads) and the device
-/// (event-loop thread).
-#[derive(Debug)]
-pub struct VirtioInterrupt {
-    status: AtomicU32,
-    needs_reset: AtomicBool,
-    irq: IrqLine,
-}
-
-impl VirtioInterrupt {
-    pub fn new(irq: IrqLine) -> Self {
-        Self {
-            status: AtomicU32::new(0),
-            needs_reset: AtomicBool::new(false),
-            irq,
-        }
-    }
-
-    /// Report used-ring updates to the guest.
-    pub fn signal_used_queue(&self) {
-        self.status.fetch_or(INT_VRING, Ordering::SeqCst);
-        if let Err(e) = self.irq.trigger() {
-            crate::guest_log!(
-                log::Level::Error,
-                "virtio: cannot trigger irq {}: {e}",
-                self.irq.gsi()
-            );
-        }
-    }
-
-    /// Report a configuration change (also used to announce NEEDS_RESET).
-    pub fn signal_config(&self) {
-        self.status.fetch_or(INT_CONFIG, Ordering::SeqCst);
-        if let Err(e) = self.irq.trigger() {
-            crate::guest_log!(
-                log::Level::Error,
-                "virtio: cannot trigger irq {}: {e}",
-                self.irq.gsi()
-            );
-        }
-    }
-
-    /// Mark the device broken by the driver (virtio 1.2, 2.1.2): the driver
-    /// sees DEVICE_NEEDS_RESET in the status register and must reset it.
-    pub fn set_needs_reset(&self) {
-        if !self.needs_reset.swap(true, Ordering::SeqCst) {
-            self.signal_config();
-        }
-    }
-
-    pub fn needs_reset(&self) -> bool {
-        self.needs_reset.load(Ordering::SeqCst)
-    }
-
-    /// Current InterruptStatus register value.
-    pub fn status(&self) -> u32 {
-        self.status.load(Ordering::SeqCst)
-    }
-
-    /// Restores InterruptStatus and NEEDS_RESET without raising the interrupt (the interrupt
-    /// controllers' own saved state says whether one is pending).
-    pub fn restore(&self, status: u32, needs_reset: bool) {
-        self.status.store(status, Ordering::SeqCst);
-        self.needs_reset.store(needs_reset, Ordering::SeqCst);
-    }
-
-    /// InterruptACK register write.
-    pub fn ack(&self, bits: u32) {
-        self.status.fetch_and(!bits, Ordering::SeqCst);
-    }
-
-    /// Clear everything on device reset.
-    pub fn reset(&self) {
-        self.status.store(0, Ordering::SeqCst);
-        self.needs_reset.store(false, Ordering::SeqCst);
-    }
-
-    pub fn irq(&self) -> &IrqLine {
-        &self.irq
-    }
-}
-
 /// What the virtio-mmio transport needs from a device.
 ///
 /// The transport owns the queue configuration until the driver sets
@@ -194,13 +118,23 @@ impl VirtioInterrupt {
 pub trait VirtioDevice: Send {
     /// virtio device id ([`TYPE_BLOCK`], [`TYPE_NET`]).
     fn device_type(&self) -> u32;
+    /// The state every device shares; the default methods below answer from it.
+    fn common(&self) -> &common::VirtioCommon;
+    /// Mutable access to [`VirtioDevice::common`].
+    fn common_mut(&mut self) -> &mut common::VirtioCommon;
     /// Maximum size of each queue (powers of two).
-    fn queue_max_sizes(&self) -> &[u16];
+    fn queue_max_sizes(&self) -> &[u16] {
+        self.common().queue_max_sizes()
+    }
     /// Features the device offers (including [`VIRTIO_F_VERSION_1`]).
-    fn avail_features(&self) -> u64;
+    fn avail_features(&self) -> u64 {
+        self.common().avail_features()
+    }
     /// Features the driver accepted (a subset of `avail_features`), once
     /// FEATURES_OK was accepted by the transport.
-    fn set_acked_features(&mut self, features: u64);
+    fn set_acked_features(&mut self, features: u64) {
+        self.common_mut().set_acked_features(features);
+    }
     /// Read `data.len()` bytes of the device configuration space at `offset`.
     /// Bytes beyond the config space read as zero.
     fn read_config(&self, offset: u64, data: &mut [u8]);
@@ -212,21 +146,33 @@ pub trait VirtioDevice: Send {
             data.len()
         );
     }
-    /// The driver set DRIVER_OK: start processing `queues` (already validated).
-    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError>;
+    /// The driver set DRIVER_OK: start processing `queues` (already validated). By default
+    /// [`common::VirtioCommon::activate`] keeps them and kicks every queue's eventfd.
+    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError> {
+        self.common_mut().activate(mem, queues)
+    }
     /// The driver wrote 0 to Status: stop processing and drop queues. The
-    /// device must be able to be activated again afterwards.
-    fn reset(&mut self);
+    /// device must be able to be activated again afterwards. A device with state of its own
+    /// overrides it and calls [`common::VirtioCommon::reset`].
+    fn reset(&mut self) {
+        self.common_mut().reset();
+    }
     /// True between `activate` and `reset`.
-    fn is_activated(&self) -> bool;
+    fn is_activated(&self) -> bool {
+        self.common().is_activated()
+    }
     /// One eventfd per queue; the attach function registers them as KVM
     /// ioeventfds, the device's event handler listens to them.
-    fn queue_events(&self) -> &[EventFd];
+    fn queue_events(&self) -> &[EventFd] {
+        self.common().queue_events()
+    }
     /// The interrupt state shared with the transport.
-    fn interrupt(&self) -> &Arc<VirtioInterrupt>;
+    fn interrupt(&self) -> &Arc<VirtioInterrupt> {
+        self.common().interrupt()
+    }
     /// While active: the device's own queues, whose ring positions are the live ones.
     fn live_queues(&self) -> Option<Vec<mmio::QueueSnapshot>> {
-        None
+        self.common().live_queues()
     }
 }
 
@@ -283,23 +229,16 @@ pub fn attach_block(
     cfg: &BlockConfig,
     io: block::IoThreadOptions,
 ) -> Result<Attached<block::BlockDevice>, VirtioError> {
-    let slot = mgr.peek_next()?;
-    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
-    let dev = block::BlockDevice::from_config(cfg, irq, io)?;
-    let mut ctx = AttachContext {
+    let ctx = AttachContext {
         vm,
         mem,
         mmio_bus,
         mgr,
         evmgr,
     };
-    attach_device(
-        &mut ctx,
-        Arc::new(Mutex::new(dev)),
-        slot,
-        block_name(cfg),
-        None,
-    )
+    attach_new(ctx, block_name(cfg), |irq| {
+        block::BlockDevice::from_config(cfg, irq, io)
+    })
 }
 
 /// Attach one virtio-net device over a TAP interface (see [`NetConfig`]).
@@ -317,26 +256,17 @@ pub fn attach_net(
     cfg: &NetConfig,
     opened: Option<net::tap::Tap>,
 ) -> Result<Attached<net::NetDevice>, VirtioError> {
-    let slot = mgr.peek_next()?;
-    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
-    let dev = match opened {
-        Some(tap) => net::NetDevice::new(Box::new(tap), cfg.mac, irq)?,
-        None => net::NetDevice::from_config(cfg, irq)?,
-    };
-    let mut ctx = AttachContext {
+    let ctx = AttachContext {
         vm,
         mem,
         mmio_bus,
         mgr,
         evmgr,
     };
-    attach_device(
-        &mut ctx,
-        Arc::new(Mutex::new(dev)),
-        slot,
-        net_name(cfg),
-        None,
-    )
+    attach_new(ctx, net_name(cfg), |irq| match opened {
+        Some(tap) => net::NetDevice::new(Box::new(tap), cfg.mac, irq),
+        None => net::NetDevice::from_config(cfg, irq),
+    })
 }
 
 /// Attach the virtio-rng device (entropy from the host's `getrandom`), like
@@ -348,23 +278,27 @@ pub fn attach_rng(
     mgr: &mut MmioDeviceManager,
     evmgr: &mut VmmEventManager,
 ) -> Result<Attached<rng::RngDevice>, VirtioError> {
-    let slot = mgr.peek_next()?;
-    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
-    let dev = rng::RngDevice::new(irq)?;
-    let mut ctx = AttachContext {
+    let ctx = AttachContext {
         vm,
         mem,
         mmio_bus,
         mgr,
         evmgr,
     };
-    attach_device(
-        &mut ctx,
-        Arc::new(Mutex::new(dev)),
-        slot,
-        RNG_NAME.into(),
-        None,
-    )
+    attach_new(ctx, RNG_NAME.into(), rng::RngDevice::new)
+}
+
+/// Creates a device with `make` on the IRQ line of `ctx.mgr`'s next slot and attaches it there
+/// ([`attach_device`]).
+fn attach_new<D: VirtioSubscriberDevice + 'static>(
+    mut ctx: AttachContext<'_>,
+    name: String,
+    make: impl FnOnce(IrqLine) -> Result<D, VirtioError>,
+) -> Result<Attached<D>, VirtioError> {
+    let slot = ctx.mgr.peek_next()?;
+    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
+    let dev = make(irq)?;
+    attach_device(&mut ctx, Arc::new(Mutex::new(dev)), slot, name, None)
 }
 
 /// Device-manager name of the virtio-rng device.

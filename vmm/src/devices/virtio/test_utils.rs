@@ -1,12 +1,10 @@
 //! Helpers shared by the virtio unit tests.
 
-use std::sync::Arc;
-
 use virtio_queue::Queue;
 use vm_memory::GuestAddress;
-use vmm_sys_util::eventfd::EventFd;
 
-use super::{ActivateError, VirtioDevice, VirtioInterrupt};
+use super::common::VirtioCommon;
+use super::{ActivateError, VirtioDevice};
 use crate::devices::interrupt::IrqLine;
 use crate::vstate::memory::GuestMemoryMmap;
 
@@ -17,31 +15,26 @@ pub fn mem() -> GuestMemoryMmap {
 
 /// A device that records what the transport does to it.
 pub struct DummyDevice {
-    pub sizes: Vec<u16>,
-    /// Offered features (VERSION_1 and bit 3 unless a test changes them).
-    pub features: u64,
-    pub acked: u64,
+    pub common: VirtioCommon,
     pub active: bool,
     pub activated_queues: Vec<Queue>,
     pub config: Vec<u8>,
-    pub evts: Vec<EventFd>,
-    pub interrupt: Arc<VirtioInterrupt>,
 }
 
 impl DummyDevice {
+    /// Offers VERSION_1 and bit 3.
     pub fn new(sizes: &[u16]) -> Self {
+        Self::with_features(sizes, 0)
+    }
+
+    /// Offers VERSION_1, bit 3 and `extra`.
+    pub fn with_features(sizes: &[u16], extra: u64) -> Self {
+        let features = (1 << 32) | (1 << 3) | extra;
         Self {
-            sizes: sizes.to_vec(),
-            features: (1 << 32) | (1 << 3),
-            acked: 0,
+            common: VirtioCommon::new(features, sizes, IrqLine::new(5).unwrap()).unwrap(),
             active: false,
             activated_queues: Vec::new(),
             config: (0..16).collect(),
-            evts: sizes
-                .iter()
-                .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
-                .collect(),
-            interrupt: Arc::new(VirtioInterrupt::new(IrqLine::new(5).unwrap())),
         }
     }
 }
@@ -50,14 +43,11 @@ impl VirtioDevice for DummyDevice {
     fn device_type(&self) -> u32 {
         42
     }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.sizes
+    fn common(&self) -> &VirtioCommon {
+        &self.common
     }
-    fn avail_features(&self) -> u64 {
-        self.features
-    }
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked = features;
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         super::read_config_bytes(&self.config, offset, data);
@@ -76,12 +66,6 @@ impl VirtioDevice for DummyDevice {
     }
     fn is_activated(&self) -> bool {
         self.active
-    }
-    fn queue_events(&self) -> &[EventFd] {
-        &self.evts
-    }
-    fn interrupt(&self) -> &Arc<VirtioInterrupt> {
-        &self.interrupt
     }
 }
 

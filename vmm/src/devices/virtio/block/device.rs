@@ -15,13 +15,11 @@ use super::overlay::Overlay;
 use super::request::{self, BlockContext, Popped, MAX_DISCARD_SECTORS, MAX_DISCARD_SEG};
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;
-use crate::devices::virtio::mmio::QueueSnapshot;
+use crate::devices::virtio::common::VirtioCommon;
 use crate::devices::virtio::notify::{self, VIRTIO_RING_F_EVENT_IDX};
 use crate::devices::virtio::{
-    read_config_bytes, ActivateError, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_BLOCK,
-    VIRTIO_F_VERSION_1,
+    read_config_bytes, VirtioDevice, VirtioError, TYPE_BLOCK, VIRTIO_F_VERSION_1,
 };
-use crate::vstate::memory::GuestMemoryMmap;
 
 /// Queue size offered to the driver.
 pub const QUEUE_SIZE: u16 = 256;
@@ -60,12 +58,6 @@ pub struct IoThreadOptions {
     pub setup: Option<IoThreadSetup>,
 }
 
-/// The queue while the device is active.
-struct Active {
-    mem: GuestMemoryMmap,
-    queue: Queue,
-}
-
 /// A virtio-blk device over any [`DiskBackend`].
 pub struct BlockDevice {
     disk: SharedDisk,
@@ -75,14 +67,8 @@ pub struct BlockDevice {
     io: IoThread,
     /// Requests handed to the I/O thread and not completed yet.
     in_flight: usize,
-    avail_features: u64,
-    acked_features: u64,
+    common: VirtioCommon,
     config: [u8; CONFIG_LEN],
-    queue_sizes: [u16; 1],
-    queue_evts: Vec<EventFd>,
-    interrupt: Arc<VirtioInterrupt>,
-    active: Option<Active>,
-    broken: bool,
 }
 
 impl BlockDevice {
@@ -149,26 +135,21 @@ impl BlockDevice {
             id,
             io: thread,
             in_flight: 0,
-            avail_features: f,
-            acked_features: 0,
+            common: VirtioCommon::new(f, &[QUEUE_SIZE], irq)?,
             config: c,
-            queue_sizes: [QUEUE_SIZE],
-            queue_evts: vec![EventFd::new(libc::EFD_NONBLOCK).map_err(VirtioError::EventFd)?],
-            interrupt: Arc::new(VirtioInterrupt::new(irq)),
-            active: None,
-            broken: false,
         })
     }
 
     /// Plain-data state.
     pub fn state(&self) -> BlockDeviceState {
+        let c = self.common.state();
         BlockDeviceState {
-            avail_features: self.avail_features,
-            acked_features: self.acked_features,
+            avail_features: c.avail_features,
+            acked_features: c.acked_features,
             capacity: self.capacity,
             read_only: self.read_only,
             id: self.id,
-            needs_reset: self.broken,
+            needs_reset: c.needs_reset,
         }
     }
 
@@ -176,10 +157,7 @@ impl BlockDevice {
     /// thread, malformed ones are answered at once. Marks the device NEEDS_RESET on fatal
     /// guest errors.
     pub fn process_queue(&mut self) {
-        if self.broken {
-            return;
-        }
-        let Some(a) = self.active.as_mut() else {
+        let Some(a) = self.common.running() else {
             return;
         };
         // Driver notifications are off while the queue is drained (with EVENT_IDX: the
@@ -187,7 +165,7 @@ impl BlockDevice {
         // they are back on (notify.rs).
         let (io, in_flight) = (&mut self.io, &mut self.in_flight);
         let mem = a.mem.clone();
-        let out = notify::drain(&mut a.queue, &mem, |q| {
+        let out = notify::drain(&mut a.queues[0], &mem, |q| {
             let mut pass = request::QueueOutcome::default();
             while let Some(p) = request::pop_request(q, &mem) {
                 match p {
@@ -273,8 +251,7 @@ impl BlockDevice {
                 Err(e) => {
                     self.in_flight = 0;
                     log::error!("virtio-blk: {e}; device needs reset");
-                    self.broken = true;
-                    self.interrupt.set_needs_reset();
+                    self.common.mark_broken();
                 }
             }
         }
@@ -283,13 +260,13 @@ impl BlockDevice {
     fn complete(&mut self, c: Completion, used: &mut u32, fatal: &mut Option<String>) {
         match c {
             Completion::Done { head, len } => {
-                let Some(a) = self.active.as_mut() else {
+                let Some(a) = self.common.active_mut() else {
                     return;
                 };
                 if fatal.is_some() {
                     return;
                 }
-                match a.queue.add_used(&a.mem, head, len) {
+                match a.queues[0].add_used(&a.mem, head, len) {
                     Ok(()) => *used += 1,
                     Err(e) => *fatal = Some(format!("cannot complete chain {head}: {e}")),
                 }
@@ -304,16 +281,11 @@ impl BlockDevice {
     /// Interrupts the guest for `used` new used-ring entries; `fatal` marks NEEDS_RESET.
     fn finish_pass(&mut self, used: u32, fatal: Option<String>) {
         if used > 0 {
-            if let Some(a) = self.active.as_mut() {
-                if notify::needs_interrupt(&mut a.queue, &a.mem) {
-                    self.interrupt.signal_used_queue();
-                }
-            }
+            self.common.interrupt_if_needed(0);
         }
         if let Some(f) = fatal {
             log::error!("virtio-blk: {f}; device needs reset");
-            self.broken = true;
-            self.interrupt.set_needs_reset();
+            self.common.mark_broken();
         }
     }
 }
@@ -330,60 +302,23 @@ impl VirtioDevice for BlockDevice {
     fn device_type(&self) -> u32 {
         TYPE_BLOCK
     }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
+    fn common(&self) -> &VirtioCommon {
+        &self.common
     }
-    fn avail_features(&self) -> u64 {
-        self.avail_features
-    }
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features;
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
     }
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
     }
-    fn activate(
-        &mut self,
-        mem: GuestMemoryMmap,
-        mut queues: Vec<Queue>,
-    ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                expected: 1,
-                got: queues.len(),
-            });
-        }
-        let queue = queues.remove(0);
-        self.active = Some(Active { mem, queue });
-        self.broken = false;
-        // Requests queued before DRIVER_OK (not allowed, but harmless).
-        self.queue_evts[0]
-            .write(1)
-            .map_err(ActivateError::EventFd)?;
-        Ok(())
-    }
+    // activate: VirtioCommon's (its queue kick also picks up requests queued before
+    // DRIVER_OK: not allowed, but harmless).
     /// Requests not started yet are dropped; one the I/O thread is executing is waited for,
     /// because it writes into buffers the driver owns again after the reset.
     fn reset(&mut self) {
         self.io.cancel_pending();
         self.wait_in_flight(|_, _| {});
-        self.active = None;
-        self.broken = false;
-        self.acked_features = 0;
-    }
-    fn is_activated(&self) -> bool {
-        self.active.is_some()
-    }
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_evts
-    }
-    fn interrupt(&self) -> &Arc<VirtioInterrupt> {
-        &self.interrupt
-    }
-    fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
-        self.active
-            .as_ref()
-            .map(|a| vec![QueueSnapshot::from(&a.queue)])
+        self.common.reset();
     }
 }
 
@@ -404,18 +339,14 @@ impl BlockDevice {
         self.io.completion_event()
     }
 
-    pub(super) fn set_broken(&mut self, broken: bool) {
-        self.broken = broken;
-    }
-
     /// The queue the device is processing, if active (tests, benches).
     pub fn active_queue(&self) -> Option<&Queue> {
-        self.active.as_ref().map(|a| &a.queue)
+        self.common.active().map(|a| &a.queues[0])
     }
 
     /// Whether a fatal guest error stopped the device.
     pub fn is_broken(&self) -> bool {
-        self.broken
+        self.common.is_broken()
     }
 
     /// Used-ring position (tests).
@@ -431,6 +362,7 @@ mod tests {
     use crate::devices::virtio::block::request::{VIRTIO_BLK_S_OK, VIRTIO_BLK_T_OUT};
     use crate::devices::virtio::test_utils::{mem, TestQueue};
     use crate::devices::virtio::{INT_VRING, VIRTIO_F_VERSION_1};
+    use crate::vstate::memory::GuestMemoryMmap;
     use std::sync::Condvar;
     use std::time::Duration;
     use vm_memory::{Bytes, GuestAddress};

@@ -16,8 +16,9 @@ use super::open::open_disk;
 use super::overlay::Overlay;
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;
+use crate::devices::virtio::common::{self, CommonState};
 use crate::devices::virtio::persist_error::PersistError;
-use crate::devices::virtio::{VirtioDevice, VirtioError};
+use crate::devices::virtio::VirtioError;
 
 /// A virtio-blk device in a snapshot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,15 +70,12 @@ impl BlockDevice {
             });
         }
         let mut dev = BlockDevice::with_io_thread(disk, cfg.id_bytes(), irq, io)?;
-        if state.acked_features & !dev.avail_features() != 0 {
-            return Err(PersistError::Features {
-                what: format!("virtio-blk {path}"),
-                acked: state.acked_features,
-                offered: dev.avail_features(),
-            });
-        }
-        dev.set_acked_features(state.acked_features);
-        dev.set_broken(state.needs_reset);
+        let saved = CommonState {
+            avail_features: state.avail_features,
+            acked_features: state.acked_features,
+            needs_reset: state.needs_reset,
+        };
+        common::restore_state(&mut dev, &format!("virtio-blk {path}"), saved)?;
         Ok(dev)
     }
 }

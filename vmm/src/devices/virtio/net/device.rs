@@ -2,23 +2,19 @@
 //! space, activation, and the RX/TX entry points the event handler calls.
 
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use virtio_queue::{Queue, QueueT};
-use vmm_sys_util::eventfd::EventFd;
+use virtio_queue::QueueT;
 
 use super::frames::{self, NetStats, RxState};
 use super::tap::{FrameIo, Tap, TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6};
 use super::{MacAddr, NetConfig};
 use crate::devices::interrupt::IrqLine;
-use crate::devices::virtio::mmio::QueueSnapshot;
+use crate::devices::virtio::common::VirtioCommon;
 use crate::devices::virtio::notify::{self, VIRTIO_RING_F_EVENT_IDX};
 use crate::devices::virtio::{
-    read_config_bytes, ActivateError, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_NET,
-    VIRTIO_F_VERSION_1,
+    read_config_bytes, VirtioDevice, VirtioError, TYPE_NET, VIRTIO_F_VERSION_1,
 };
-use crate::vstate::memory::GuestMemoryMmap;
 
 /// Size of each queue.
 pub const QUEUE_SIZE: u16 = 256;
@@ -106,17 +102,11 @@ pub struct NetDeviceState {
 pub struct NetDevice {
     backend: Box<dyn NetBackend>,
     mac: Option<MacAddr>,
-    avail_features: u64,
-    acked_features: u64,
+    common: VirtioCommon,
     config: [u8; 12],
-    queue_sizes: [u16; 2],
-    queue_evts: Vec<EventFd>,
-    interrupt: Arc<VirtioInterrupt>,
-    active: Option<(GuestMemoryMmap, Queue, Queue)>,
     rx: RxState,
     tx_buf: Vec<u8>,
     stats: NetStats,
-    broken: bool,
 }
 
 impl NetDevice {
@@ -137,31 +127,25 @@ impl NetDevice {
             config[..6].copy_from_slice(&m.0);
         }
         let avail_features = features_for(backend.supported_offloads(), mac.is_some());
-        let evt = || EventFd::new(libc::EFD_NONBLOCK).map_err(VirtioError::EventFd);
         Ok(Self {
             backend,
             mac,
-            avail_features,
-            acked_features: 0,
+            common: VirtioCommon::new(avail_features, &[QUEUE_SIZE, QUEUE_SIZE], irq)?,
             config,
-            queue_sizes: [QUEUE_SIZE, QUEUE_SIZE],
-            queue_evts: vec![evt()?, evt()?],
-            interrupt: Arc::new(VirtioInterrupt::new(irq)),
-            active: None,
             rx: RxState::default(),
             tx_buf: Vec::with_capacity(frames::MAX_FRAME_LEN),
             stats: NetStats::default(),
-            broken: false,
         })
     }
 
     pub fn state(&self) -> NetDeviceState {
+        let c = self.common.state();
         NetDeviceState {
-            avail_features: self.avail_features,
-            acked_features: self.acked_features,
+            avail_features: c.avail_features,
+            acked_features: c.acked_features,
             mac: self.mac,
             stats: self.stats,
-            needs_reset: self.broken,
+            needs_reset: c.needs_reset,
         }
     }
 
@@ -175,27 +159,23 @@ impl NetDevice {
     }
 
     fn finish(&mut self, used: u32, fatal: Option<String>, queue: usize) {
-        let Some((mem, rxq, txq)) = self.active.as_mut() else {
+        if !self.common.is_activated() {
             return;
-        };
-        let q = if queue == RX_QUEUE { rxq } else { txq };
-        if used > 0 && notify::needs_interrupt(q, mem) {
-            self.interrupt.signal_used_queue();
+        }
+        if used > 0 {
+            self.common.interrupt_if_needed(queue);
         }
         if fatal.is_some() {
-            self.broken = true;
-            self.interrupt.set_needs_reset();
+            self.common.mark_broken();
         }
     }
 
     /// Deliver frames from the backend to the guest (event-loop thread).
     pub fn process_rx(&mut self) {
-        if self.broken {
-            return;
-        }
-        let Some((mem, rxq, _)) = self.active.as_mut() else {
+        let Some(a) = self.common.running() else {
             return;
         };
+        let (mem, rxq) = (&a.mem, &mut a.queues[RX_QUEUE]);
         let (backend, rx, stats) = (self.backend.as_mut(), &mut self.rx, &mut self.stats);
         let mut o = frames::process_rx(rxq, mem, backend, rx, stats);
         // Out of receive buffers with a frame waiting: ask the driver to notify when it adds
@@ -217,12 +197,10 @@ impl NetDevice {
 
     /// Send the guest's frames to the backend (event-loop thread).
     pub fn process_tx(&mut self) {
-        if self.broken {
-            return;
-        }
-        let Some((mem, _, txq)) = self.active.as_mut() else {
+        let Some(a) = self.common.running() else {
             return;
         };
+        let (mem, txq) = (&a.mem, &mut a.queues[TX_QUEUE]);
         let (backend, buf, stats) = (self.backend.as_mut(), &mut self.tx_buf, &mut self.stats);
         let o = notify::drain(txq, mem, |q| {
             frames::process_tx(q, mem, backend, buf, stats)
@@ -244,22 +222,16 @@ impl NetDevice {
         self.rx.pending_frame()
     }
 
-    /// Restore: counters, the broken flag and a frame still waiting for a buffer.
-    pub(super) fn restore_runtime(
-        &mut self,
-        stats: NetStats,
-        broken: bool,
-        rx_pending: Option<&[u8]>,
-    ) {
+    /// Restore: counters and a frame still waiting for a buffer.
+    pub(super) fn restore_runtime(&mut self, stats: NetStats, rx_pending: Option<&[u8]>) {
         self.stats = stats;
-        self.broken = broken;
         if let Some(f) = rx_pending {
             self.rx.set_pending(f);
         }
     }
 
     pub fn is_broken(&self) -> bool {
-        self.broken
+        self.common.is_broken()
     }
 }
 
@@ -267,15 +239,16 @@ impl VirtioDevice for NetDevice {
     fn device_type(&self) -> u32 {
         TYPE_NET
     }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
+    fn common(&self) -> &VirtioCommon {
+        &self.common
     }
-    fn avail_features(&self) -> u64 {
-        self.avail_features
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
     }
+    /// Also tells the TAP which offloads to produce for the guest.
     fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features;
-        let tun = tun_offloads_for(self.acked_features);
+        self.common.set_acked_features(features);
+        let tun = tun_offloads_for(self.common.acked_features());
         if let Err(e) = self.backend.set_offloads(tun) {
             crate::guest_log!(
                 log::Level::Error,
@@ -286,50 +259,20 @@ impl VirtioDevice for NetDevice {
     fn read_config(&self, offset: u64, data: &mut [u8]) {
         read_config_bytes(&self.config, offset, data);
     }
-    fn activate(&mut self, mem: GuestMemoryMmap, queues: Vec<Queue>) -> Result<(), ActivateError> {
-        let [rxq, txq]: [Queue; 2] =
-            queues
-                .try_into()
-                .map_err(|q: Vec<Queue>| ActivateError::QueueCount {
-                    expected: 2,
-                    got: q.len(),
-                })?;
-        self.active = Some((mem, rxq, txq));
-        self.broken = false;
-        // Pick up frames that arrived before activation and chains queued early.
-        for e in &self.queue_evts {
-            e.write(1).map_err(ActivateError::EventFd)?;
-        }
-        Ok(())
-    }
+    // activate: VirtioCommon's (its queue kick also picks up frames that arrived before
+    // activation and chains queued early).
     fn reset(&mut self) {
-        self.active = None;
-        self.broken = false;
         if self.rx.pending.is_some() {
             self.stats.rx_dropped_reset += 1;
         }
         self.rx.clear();
-        self.acked_features = 0;
+        self.common.reset();
         if let Err(e) = self.backend.set_offloads(0) {
             crate::guest_log!(
                 log::Level::Warn,
                 "virtio-net: cannot clear TAP offloads: {e}"
             );
         }
-    }
-    fn is_activated(&self) -> bool {
-        self.active.is_some()
-    }
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_evts
-    }
-    fn interrupt(&self) -> &Arc<VirtioInterrupt> {
-        &self.interrupt
-    }
-    fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
-        self.active
-            .as_ref()
-            .map(|(_, rx, tx)| vec![QueueSnapshot::from(rx), QueueSnapshot::from(tx)])
     }
 }
 

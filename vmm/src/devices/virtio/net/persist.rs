@@ -12,8 +12,9 @@ use super::device::{NetBackend, NetDevice, NetDeviceState};
 use super::tap::Tap;
 use super::NetConfig;
 use crate::devices::interrupt::IrqLine;
+use crate::devices::virtio::common::{self, CommonState};
 use crate::devices::virtio::persist_error::PersistError;
-use crate::devices::virtio::{VirtioDevice, VirtioError};
+use crate::devices::virtio::VirtioError;
 use crate::snapshot::blob;
 
 /// A virtio-net device in a snapshot.
@@ -86,19 +87,13 @@ impl NetDevice {
         state: &NetState,
     ) -> Result<Self, PersistError> {
         let mut dev = NetDevice::new(backend, state.device.mac, irq)?;
-        if state.device.acked_features & !dev.avail_features() != 0 {
-            return Err(PersistError::Features {
-                what: what.to_string(),
-                acked: state.device.acked_features,
-                offered: dev.avail_features(),
-            });
-        }
-        dev.set_acked_features(state.device.acked_features);
-        dev.restore_runtime(
-            state.device.stats,
-            state.device.needs_reset,
-            state.rx_pending.as_deref(),
-        );
+        let saved = CommonState {
+            avail_features: state.device.avail_features,
+            acked_features: state.device.acked_features,
+            needs_reset: state.device.needs_reset,
+        };
+        common::restore_state(&mut dev, what, saved)?;
+        dev.restore_runtime(state.device.stats, state.rx_pending.as_deref());
         Ok(dev)
     }
 }

@@ -2,22 +2,17 @@
 //! VERSION_1. Requests are filled on the event-loop thread (`getrandom` never blocks once the
 //! host booted); the rate limit's timer resumes a throttled queue.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use virtio_queue::{Queue, QueueT};
-use vmm_sys_util::eventfd::EventFd;
+use virtio_queue::QueueT;
 use vmm_sys_util::timerfd::TimerFd;
 
 use super::queue::{self, TokenBucket};
 use super::{BURST_BYTES, BYTES_PER_SEC};
 use crate::devices::interrupt::IrqLine;
-use crate::devices::virtio::mmio::QueueSnapshot;
-use crate::devices::virtio::{
-    ActivateError, VirtioDevice, VirtioError, VirtioInterrupt, TYPE_RNG, VIRTIO_F_VERSION_1,
-};
-use crate::vstate::memory::GuestMemoryMmap;
+use crate::devices::virtio::common::VirtioCommon;
+use crate::devices::virtio::{VirtioDevice, VirtioError, TYPE_RNG, VIRTIO_F_VERSION_1};
 
 /// Queue size offered to the driver.
 pub const QUEUE_SIZE: u16 = 256;
@@ -36,15 +31,10 @@ pub struct RngDeviceState {
 
 /// A virtio-rng device.
 pub struct RngDevice {
-    acked_features: u64,
-    queue_sizes: [u16; 1],
-    queue_evts: Vec<EventFd>,
-    interrupt: Arc<VirtioInterrupt>,
-    active: Option<(GuestMemoryMmap, Queue)>,
+    common: VirtioCommon,
     bucket: TokenBucket,
     timer: TimerFd,
     timer_armed: bool,
-    broken: bool,
     /// Random bytes handed to the guest.
     bytes: u64,
     source: EntropySource,
@@ -59,15 +49,10 @@ impl RngDevice {
     /// A device drawing from `source` (tests).
     pub fn with_source(irq: IrqLine, source: EntropySource) -> Result<Self, VirtioError> {
         Ok(Self {
-            acked_features: 0,
-            queue_sizes: [QUEUE_SIZE],
-            queue_evts: vec![EventFd::new(libc::EFD_NONBLOCK).map_err(VirtioError::EventFd)?],
-            interrupt: Arc::new(VirtioInterrupt::new(irq)),
-            active: None,
+            common: VirtioCommon::new(1 << VIRTIO_F_VERSION_1, &[QUEUE_SIZE], irq)?,
             bucket: TokenBucket::new(BURST_BYTES, BYTES_PER_SEC, Instant::now()),
             timer: TimerFd::new().map_err(|e| VirtioError::EventFd(e.into()))?,
             timer_armed: false,
-            broken: false,
             bytes: 0,
             source,
         })
@@ -75,14 +60,11 @@ impl RngDevice {
 
     /// Plain-data state.
     pub fn state(&self) -> RngDeviceState {
+        let c = self.common.state();
         RngDeviceState {
-            acked_features: self.acked_features,
-            needs_reset: self.broken,
+            acked_features: c.acked_features,
+            needs_reset: c.needs_reset,
         }
-    }
-
-    pub(super) fn set_broken(&mut self, broken: bool) {
-        self.broken = broken;
     }
 
     /// Random bytes handed to the guest so far.
@@ -104,21 +86,21 @@ impl RngDevice {
 
     /// Fills what the guest queued (event-loop thread), as far as the rate limit allows.
     pub fn process_queue(&mut self) {
-        if self.broken || self.timer_armed {
+        if self.timer_armed {
             return;
         }
-        let Some((mem, q)) = self.active.as_mut() else {
+        let Some(a) = self.common.running() else {
             return;
         };
+        let (mem, q) = (&a.mem, &mut a.queues[0]);
         let now = Instant::now();
         let out = queue::process_queue(q, mem, &mut self.bucket, now, &mut self.source);
         self.bytes += out.bytes;
         if out.used > 0 && q.needs_notification(mem).unwrap_or(true) {
-            self.interrupt.signal_used_queue();
+            self.common.interrupt().signal_used_queue();
         }
         if out.fatal.is_some() {
-            self.broken = true;
-            self.interrupt.set_needs_reset();
+            self.common.mark_broken();
             return;
         }
         if out.throttled {
@@ -138,54 +120,14 @@ impl VirtioDevice for RngDevice {
     fn device_type(&self) -> u32 {
         TYPE_RNG
     }
-    fn queue_max_sizes(&self) -> &[u16] {
-        &self.queue_sizes
+    fn common(&self) -> &VirtioCommon {
+        &self.common
     }
-    fn avail_features(&self) -> u64 {
-        1 << VIRTIO_F_VERSION_1
-    }
-    fn set_acked_features(&mut self, features: u64) {
-        self.acked_features = features & self.avail_features();
+    fn common_mut(&mut self) -> &mut VirtioCommon {
+        &mut self.common
     }
     fn read_config(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
-    }
-    fn activate(
-        &mut self,
-        mem: GuestMemoryMmap,
-        mut queues: Vec<Queue>,
-    ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                expected: 1,
-                got: queues.len(),
-            });
-        }
-        self.active = Some((mem, queues.remove(0)));
-        self.broken = false;
-        self.queue_evts[0]
-            .write(1)
-            .map_err(ActivateError::EventFd)?;
-        Ok(())
-    }
-    fn reset(&mut self) {
-        self.active = None;
-        self.broken = false;
-        self.acked_features = 0;
-    }
-    fn is_activated(&self) -> bool {
-        self.active.is_some()
-    }
-    fn queue_events(&self) -> &[EventFd] {
-        &self.queue_evts
-    }
-    fn interrupt(&self) -> &Arc<VirtioInterrupt> {
-        &self.interrupt
-    }
-    fn live_queues(&self) -> Option<Vec<QueueSnapshot>> {
-        self.active
-            .as_ref()
-            .map(|(_, q)| vec![QueueSnapshot::from(q)])
     }
 }
 

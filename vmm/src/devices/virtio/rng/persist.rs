@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use super::device::{RngDevice, RngDeviceState};
 use crate::devices::interrupt::IrqLine;
+use crate::devices::virtio::common::{self, CommonState};
 use crate::devices::virtio::persist_error::PersistError;
-use crate::devices::virtio::VirtioDevice;
 
 /// A virtio-rng device in a snapshot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,15 +26,12 @@ impl RngDevice {
     /// A device in the saved `state`.
     pub fn restore(irq: IrqLine, state: &RngState) -> Result<Self, PersistError> {
         let mut dev = RngDevice::new(irq)?;
-        if state.device.acked_features & !dev.avail_features() != 0 {
-            return Err(PersistError::Features {
-                what: "virtio-rng".into(),
-                acked: state.device.acked_features,
-                offered: dev.avail_features(),
-            });
-        }
-        dev.set_acked_features(state.device.acked_features);
-        dev.set_broken(state.device.needs_reset);
+        let saved = CommonState {
+            avail_features: 0,
+            acked_features: state.device.acked_features,
+            needs_reset: state.device.needs_reset,
+        };
+        common::restore_state(&mut dev, "virtio-rng", saved)?;
         Ok(dev)
     }
 }
