@@ -23,8 +23,7 @@ use kube::Api;
 use kube::{Resource, ResourceExt};
 use microvirt_crds::instancetype::is_cluster_kind;
 use microvirt_crds::{
-    InstancetypeSpec, PreferenceSpec, VirtualMachine, VirtualMachineInstance,
-    VirtualMachineInstanceSpec, VirtualMachineStatus,
+    VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceSpec, VirtualMachineStatus,
 };
 use serde_json::json;
 
@@ -163,6 +162,34 @@ async fn capture(
         .map_err(|m| ("RevisionInvalid", m)))
 }
 
+/// One reference of `vm` (`which`; its kind, name and revisionName) as its typed spec, captured
+/// at the first start: the name of a revision just captured goes into `record` (the VM's spec
+/// patch); `Ok(Err(reason, message))` when the VM cannot start with it.
+async fn resolve<T: serde::de::DeserializeOwned>(
+    vm: &VirtualMachine,
+    ctx: &Context,
+    which: Which,
+    (kind, name, revision_name): (Option<&str>, &str, Option<&str>),
+    record: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<Result<T, (&'static str, String)>, Error> {
+    let (spec, new) = match capture(vm, ctx, which, kind, name, revision_name).await? {
+        Ok(c) => c,
+        Err(failed) => return Ok(Err(failed)),
+    };
+    let invalid = match which {
+        Which::Instancetype => "InstancetypeInvalid",
+        Which::Preference => "PreferenceInvalid",
+    };
+    let typed = match serde_json::from_value::<T>(spec) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err((invalid, format!("{} {name}: {e}", which.field())))),
+    };
+    if let Some(n) = new {
+        record.insert(which.field().into(), json!({"revisionName": n}));
+    }
+    Ok(Ok(typed))
+}
+
 /// The VMI spec `vm` creates now: its instancetype and preference resolved (captured in
 /// ControllerRevisions at the first start, whose names are recorded in the VM's spec, guarded
 /// by its resourceVersion) and expanded into the template.
@@ -174,58 +201,26 @@ async fn expanded_spec(
     let mut record = serde_json::Map::new();
     let mut instancetype = None;
     if let Some(m) = &vm.spec.instancetype {
-        let captured = capture(
-            vm,
-            ctx,
-            Which::Instancetype,
+        let r = (
             m.kind.as_deref(),
-            &m.name,
+            m.name.as_str(),
             m.revision_name.as_deref(),
-        )
-        .await?;
-        let (spec, new) = match captured {
-            Ok(c) => c,
-            Err((reason, message)) => return Ok(Expanded::Failed { reason, message }),
-        };
-        match serde_json::from_value::<InstancetypeSpec>(spec) {
+        );
+        match resolve(vm, ctx, Which::Instancetype, r, &mut record).await? {
             Ok(s) => instancetype = Some(s),
-            Err(e) => {
-                return Ok(Expanded::Failed {
-                    reason: "InstancetypeInvalid",
-                    message: format!("instancetype {}: {e}", m.name),
-                })
-            }
-        }
-        if let Some(n) = new {
-            record.insert("instancetype".into(), json!({"revisionName": n}));
+            Err((reason, message)) => return Ok(Expanded::Failed { reason, message }),
         }
     }
     let mut preference = None;
     if let Some(m) = &vm.spec.preference {
-        let captured = capture(
-            vm,
-            ctx,
-            Which::Preference,
+        let r = (
             m.kind.as_deref(),
-            &m.name,
+            m.name.as_str(),
             m.revision_name.as_deref(),
-        )
-        .await?;
-        let (spec, new) = match captured {
-            Ok(c) => c,
-            Err((reason, message)) => return Ok(Expanded::Failed { reason, message }),
-        };
-        match serde_json::from_value::<PreferenceSpec>(spec) {
+        );
+        match resolve(vm, ctx, Which::Preference, r, &mut record).await? {
             Ok(s) => preference = Some(s),
-            Err(e) => {
-                return Ok(Expanded::Failed {
-                    reason: "PreferenceInvalid",
-                    message: format!("preference {}: {e}", m.name),
-                })
-            }
-        }
-        if let Some(n) = new {
-            record.insert("preference".into(), json!({"revisionName": n}));
+            Err((reason, message)) => return Ok(Expanded::Failed { reason, message }),
         }
     }
     let spec = match expand(
