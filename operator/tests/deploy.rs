@@ -123,16 +123,7 @@ spec:
     let vms = env.api::<microvirt_crds::VirtualMachine>();
     let vmi = wait_for("VMI of the sized VM, revisions recorded", WAIT, || async {
         let vm = vms.get("sized").await?;
-        let recorded = vm
-            .spec
-            .instancetype
-            .as_ref()
-            .is_some_and(|m| m.revision_name.is_some())
-            && vm
-                .spec
-                .preference
-                .as_ref()
-                .is_some_and(|m| m.revision_name.is_some());
+        let recorded = revisions_recorded(&vm);
         Ok(vmis.get_opt("sized").await?.filter(|_| recorded))
     })
     .await?;

@@ -121,16 +121,7 @@ spec:
     let vms = env.api::<VirtualMachine>();
     let vm = wait_for("revision names in the VM's spec", WAIT, || async {
         let vm = vms.get("sized").await?;
-        let named = vm
-            .spec
-            .instancetype
-            .as_ref()
-            .is_some_and(|m| m.revision_name.is_some())
-            && vm
-                .spec
-                .preference
-                .as_ref()
-                .is_some_and(|m| m.revision_name.is_some());
+        let named = revisions_recorded(&vm);
         Ok(named.then_some(vm))
     })
     .await?;

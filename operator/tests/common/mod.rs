@@ -483,3 +483,10 @@ pub fn vmi(name: &str, labels: &[(&str, &str)]) -> microvirt_crds::VirtualMachin
     let l: Vec<String> = labels.iter().map(|(k, v)| format!("{k}: {v}")).collect();
     serde_saphyr::from_str(&vmi_yaml(name, &l.join(", "))).expect("test VMI YAML parses")
 }
+
+/// The VM's spec names the ControllerRevisions of both its instancetype and its preference.
+pub fn revisions_recorded(vm: &microvirt_crds::VirtualMachine) -> bool {
+    let it = vm.spec.instancetype.as_ref();
+    let pref = vm.spec.preference.as_ref();
+    it.is_some_and(|m| m.revision_name.is_some()) && pref.is_some_and(|m| m.revision_name.is_some())
+}
