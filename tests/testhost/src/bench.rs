@@ -500,8 +500,9 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
         qemu::qemu_tcg_command(
             &kernel.vmlinuz,
             &initramfs,
-            "console=ttyS0 panic=-1 quiet",
+            crate::qemu::TEST_HOST_APPEND,
             "2G",
+            &prep.workdir.join("qemu-monitor.sock"),
         ),
         &RunOptions {
             name: "bench".into(),
@@ -509,6 +510,7 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
             log: prep.workdir.join("bench-console.log"),
             echo,
             done_marker: DONE_MARKER.into(),
+            monitor: Some(prep.workdir.join("qemu-monitor.sock")),
         },
     )?;
     let _ = std::fs::remove_file(&initramfs);

@@ -3,6 +3,7 @@
 //! timeout and always kills the process (also when the caller panics).
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -63,6 +64,9 @@ pub struct RunOptions {
     pub echo: bool,
     /// A line containing this marks success; without it the run is incomplete.
     pub done_marker: String,
+    /// The QEMU human-monitor socket the command listens on ([`qemu_tcg_command`]): when the
+    /// run times out, what the emulated CPU was doing goes into the error and the log.
+    pub monitor: Option<PathBuf>,
 }
 
 /// Everything a run printed.
@@ -127,12 +131,19 @@ pub fn run_console(mut cmd: Command, opts: &RunOptions) -> Result<Console, RunEr
     loop {
         let now = Instant::now();
         if now >= deadline {
+            let mut tail = tail(&lines, 40);
+            if let Some(sock) = &opts.monitor {
+                let dump = monitor_dump(sock);
+                let _ = writeln!(log, "--- QEMU monitor at the timeout ---\n{}", dump.full);
+                tail.push_str("\n--- QEMU monitor at the timeout ---\n");
+                tail.push_str(&dump.summary);
+            }
             drop(child);
             return Err(RunError::Timeout {
                 what: opts.name.clone(),
                 secs: opts.timeout.as_secs(),
                 log: opts.log.clone(),
-                tail: tail(&lines, 40),
+                tail,
             });
         }
         match rx.recv_timeout(deadline - now) {
@@ -184,8 +195,113 @@ pub fn run_console(mut cmd: Command, opts: &RunOptions) -> Result<Console, RunEr
     })
 }
 
-/// The QEMU-TCG command that boots the test host with emulated AMD SVM.
-pub fn qemu_tcg_command(vmlinuz: &Path, initramfs: &Path, append: &str, mem: &str) -> Command {
+/// What QEMU's monitor said about a run that timed out.
+#[derive(Debug, Clone, Default)]
+pub struct MonitorDump {
+    /// One line per register sample (RIP, EFER, HLT, CR3) and where the CPU was.
+    pub summary: String,
+    /// Every command's full answer.
+    pub full: String,
+}
+
+/// The number of register samples [`monitor_dump`] takes, 2 s apart.
+const MONITOR_SAMPLES: usize = 3;
+
+/// Asks QEMU's human monitor on `sock` for the CPU's registers ([`MONITOR_SAMPLES`] times, 2 s
+/// apart: a stuck CPU shows the same RIP), its local APIC and the PIC. Each sample says whether
+/// RIP lies in the test host's kernel text: the test host boots with `nokaslr`
+/// ([`TEST_HOST_APPEND`]), so its text starts at [`HOST_TEXT`]; a nested guest's kernel is
+/// randomized elsewhere (almost always) and its user space is low.
+pub fn monitor_dump(sock: &Path) -> MonitorDump {
+    match query_monitor(sock) {
+        Ok(d) => d,
+        Err(e) => MonitorDump {
+            summary: format!("the monitor at {} did not answer: {e}", sock.display()),
+            full: String::new(),
+        },
+    }
+}
+
+fn query_monitor(sock: &Path) -> std::io::Result<MonitorDump> {
+    let mut s = UnixStream::connect(sock)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut pending = Vec::new();
+    let mut answer = |s: &mut UnixStream| -> std::io::Result<String> {
+        const PROMPT: &[u8] = b"(qemu) ";
+        let mut buf = [0u8; 8192];
+        loop {
+            if let Some(i) = pending.windows(PROMPT.len()).position(|w| w == PROMPT) {
+                let text = String::from_utf8_lossy(&pending[..i]).replace('\r', "");
+                pending.drain(..i + PROMPT.len());
+                return Ok(text);
+            }
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            pending.extend_from_slice(&buf[..n]);
+        }
+    };
+    answer(&mut s)?; // the banner
+    let mut d = MonitorDump::default();
+    for k in 1..=MONITOR_SAMPLES {
+        s.write_all(b"info registers\n")?;
+        let regs = answer(&mut s)?;
+        d.summary
+            .push_str(&format!("sample {k}: {}\n", register_summary(&regs)));
+        d.full
+            .push_str(&format!("--- info registers (sample {k})\n{regs}\n"));
+        if k < MONITOR_SAMPLES {
+            std::thread::sleep(Duration::from_secs(2));
+        }
+    }
+    for cmd in ["info lapic", "info pic"] {
+        s.write_all(format!("{cmd}\n").as_bytes())?;
+        let a = answer(&mut s)?;
+        d.full.push_str(&format!("--- {cmd}\n{a}\n"));
+    }
+    Ok(d)
+}
+
+/// The test host's kernel command line: `nokaslr` keeps its text at [`HOST_TEXT`], so a RIP in a
+/// monitor dump can be told from a nested guest's and symbolized with the package's System.map.
+pub const TEST_HOST_APPEND: &str = "console=ttyS0 panic=-1 quiet nokaslr";
+
+/// Where an x86-64 kernel's text starts without KASLR, and how far the test host's reaches.
+pub const HOST_TEXT: std::ops::Range<u64> = 0xffff_ffff_8100_0000..0xffff_ffff_8400_0000;
+
+/// "RIP=… CR3=… HLT=… — where" from `info registers`.
+fn register_summary(regs: &str) -> String {
+    let field = |name: &str| -> Option<&str> {
+        regs.split_whitespace()
+            .find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
+    };
+    let rip = field("RIP").and_then(|v| u64::from_str_radix(v, 16).ok());
+    let place = match rip {
+        Some(r) if HOST_TEXT.contains(&r) => "in the test host's kernel text (nokaslr)",
+        Some(r) if r >= 0xffff_8000_0000_0000 => {
+            "a kernel address outside the test host's text: the nested guest's kernel"
+        }
+        Some(_) => "a user-space address",
+        None => "no RIP in the answer",
+    };
+    format!(
+        "RIP={} CR3={} HLT={} — {place}",
+        field("RIP").unwrap_or("?"),
+        field("CR3").unwrap_or("?"),
+        field("HLT").unwrap_or("?"),
+    )
+}
+
+/// The QEMU-TCG command that boots the test host with emulated AMD SVM, its human monitor on
+/// the Unix socket `monitor` (pass the same path as [`RunOptions::monitor`]).
+pub fn qemu_tcg_command(
+    vmlinuz: &Path,
+    initramfs: &Path,
+    append: &str,
+    mem: &str,
+    monitor: &Path,
+) -> Command {
     let mut c = Command::new("qemu-system-x86_64");
     c.args(["-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", mem])
         .args([
@@ -195,7 +311,9 @@ pub fn qemu_tcg_command(vmlinuz: &Path, initramfs: &Path, append: &str, mem: &st
             "-serial",
             "stdio",
         ])
-        .args(["-monitor", "none", "-net", "none"])
+        .arg("-monitor")
+        .arg(format!("unix:{},server=on,wait=off", monitor.display()))
+        .args(["-net", "none"])
         .arg("-kernel")
         .arg(vmlinuz)
         .arg("-initrd")
@@ -214,4 +332,29 @@ pub fn hardware_kvm() -> bool {
         .filter(|l| l.starts_with("flags"))
         .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
     hw && Path::new("/dev/kvm").exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two lines of QEMU 7.2's `info registers` (x86-64), trimmed.
+    const HOST: &str = "RAX=0000000000000000 RBX=ffffffff82613940\n\
+        RIP=ffffffff81c7b7ab RFL=00000246 [---Z-P-] CPL=0 II=0 A20=1 SMM=0 HLT=1\n\
+        CR0=80050033 CR2=00007f4c2a1f0000 CR3=000000010a2f4000 CR4=00350ef0\n\
+        EFER=0000000000001d01\n";
+
+    #[test]
+    fn a_register_sample_says_where_the_cpu_ran() {
+        assert_eq!(
+            register_summary(HOST),
+            "RIP=ffffffff81c7b7ab CR3=000000010a2f4000 HLT=1 \
+             — in the test host's kernel text (nokaslr)"
+        );
+        let nested = HOST.replace("RIP=ffffffff81c7b7ab", "RIP=ffffffff9a473744");
+        assert!(register_summary(&nested).ends_with("the nested guest's kernel"));
+        let user = HOST.replace("RIP=ffffffff81c7b7ab", "RIP=00007f4c2a1f0123");
+        assert!(register_summary(&user).ends_with("a user-space address"));
+        assert!(register_summary("garbage").contains("RIP=? CR3=? HLT=? — no RIP"));
+    }
 }

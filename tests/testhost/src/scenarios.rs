@@ -354,7 +354,8 @@ fn guest_file_path(var: &str) -> String {
     format!("/guest/extra/{}", var.to_ascii_lowercase())
 }
 
-/// The generated test-host init: load KVM, then run `body` (shell), then power off.
+/// The generated test-host init: load KVM, start a once-a-minute "=== l1 alive T" heartbeat, then
+/// run `body` (shell), then power off.
 pub fn l1_init(body: &str) -> String {
     let mods: String = l1::MODULES.iter().map(|(n, _)| format!(" {n}")).collect();
     format!(
@@ -375,6 +376,9 @@ for m in{mods}; do insmod /mods/$m.ko || echo "=== l1: insmod $m failed"; done
 ip link set lo up
 export MICROVM=/bin/microvm VMLINUX=/guest/vmlinux BZIMAGE=/guest/bzImage ROOTFS=/guest/rootfs.ext4 INITRD=/guest/rootfs.cpio
 echo "=== l1 ready $(cut -d' ' -f1 /proc/uptime)"
+# A heartbeat: when the console goes quiet, these lines tell a test host that still runs from
+# one that froze (the QEMU monitor dump at the timeout then says where its CPU is).
+( while sleep 60; do echo "=== l1 alive $(cut -d' ' -f1 /proc/uptime)"; done ) &
 {body}
 echo "{DONE_MARKER} $(cut -d' ' -f1 /proc/uptime)"
 poweroff -f
@@ -493,8 +497,9 @@ fn run_in_test_host(
         qemu::qemu_tcg_command(
             &kernel.vmlinuz,
             &initramfs,
-            "console=ttyS0 panic=-1 quiet",
+            crate::qemu::TEST_HOST_APPEND,
             "2G",
+            &prep.workdir.join("qemu-monitor.sock"),
         ),
         &RunOptions {
             name: "l1".into(),
@@ -502,6 +507,7 @@ fn run_in_test_host(
             log: prep.workdir.join("testhost-console.log"),
             echo,
             done_marker: DONE_MARKER.into(),
+            monitor: Some(prep.workdir.join("qemu-monitor.sock")),
         },
     )?;
     let _ = std::fs::remove_file(&initramfs);
@@ -568,6 +574,7 @@ fn run_direct(
             log: prep.workdir.join("direct-console.log"),
             echo,
             done_marker: DONE_MARKER.into(),
+            monitor: None,
         },
     )?;
     Ok(SuiteResult {

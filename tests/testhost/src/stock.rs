@@ -678,8 +678,9 @@ pub fn bench(
         crate::qemu::qemu_tcg_command(
             &kernel.vmlinuz,
             &initramfs,
-            "console=ttyS0 panic=-1 quiet",
+            crate::qemu::TEST_HOST_APPEND,
             "2G",
+            &prep.workdir.join("qemu-monitor.sock"),
         ),
         &crate::qemu::RunOptions {
             name: "l1".into(),
@@ -687,6 +688,7 @@ pub fn bench(
             log: prep.workdir.join("stock-bench-console.log"),
             echo,
             done_marker: crate::qemu::DONE_MARKER.into(),
+            monitor: Some(prep.workdir.join("qemu-monitor.sock")),
         },
     )?;
     let _ = std::fs::remove_file(&initramfs);

@@ -36,8 +36,9 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
         qemu::qemu_tcg_command(
             &kernel.vmlinuz,
             &initramfs,
-            "console=ttyS0 panic=-1 quiet",
+            qemu::TEST_HOST_APPEND,
             "2G",
+            &dir.join("qemu-monitor.sock"),
         ),
         &qemu::RunOptions {
             name: "l1".into(),
@@ -45,6 +46,7 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
             log: dir.join("console.log"),
             echo: true,
             done_marker: qemu::DONE_MARKER.into(),
+            monitor: Some(dir.join("qemu-monitor.sock")),
         },
     )
     .expect("test host run");
@@ -76,6 +78,7 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
             log: dir.join("stuck.log"),
             echo: false,
             done_marker: "never".into(),
+            monitor: None,
         },
     )
     .expect_err("must time out");
@@ -84,5 +87,55 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
         msg.contains("timed out after 2 s") && msg.contains("last-line"),
         "{msg}"
     );
+
+    // A test host that never finishes is cut off too, and QEMU's monitor says where its CPU
+    // was: an idle test host (a shell in `sleep`) halts in its own kernel's text.
+    l1::build_initramfs(
+        &l1::InitramfsSpec {
+            kernel: &kernel,
+            images: &imgs,
+            binaries: Vec::new(),
+            with_qemu: false,
+            files: Vec::new(),
+            copies: Vec::new(),
+            init: scenarios::l1_init("echo \"=== idle\"\nsleep 600\n"),
+        },
+        &initramfs,
+    )
+    .expect("initramfs");
+    let mut idle = None;
+    let err = qemu::run_console(
+        qemu::qemu_tcg_command(
+            &kernel.vmlinuz,
+            &initramfs,
+            qemu::TEST_HOST_APPEND,
+            "2G",
+            &dir.join("qemu-monitor.sock"),
+        ),
+        &qemu::RunOptions {
+            name: "idle".into(),
+            timeout: Duration::from_secs(60),
+            log: dir.join("idle.log"),
+            echo: true,
+            done_marker: qemu::DONE_MARKER.into(),
+            monitor: Some(dir.join("qemu-monitor.sock")),
+        },
+    )
+    .expect_err("must time out");
+    if let qemu::RunError::Timeout { tail, .. } = &err {
+        idle = Some(tail.clone());
+    }
+    let tail = idle.unwrap_or_else(|| panic!("not a timeout: {err}"));
+    assert!(tail.contains("=== idle"), "{tail}");
+    let samples: Vec<&str> = tail.lines().filter(|l| l.starts_with("sample ")).collect();
+    assert_eq!(samples.len(), 3, "{tail}");
+    assert!(
+        samples
+            .iter()
+            .any(|l| l.contains("HLT=1") && l.ends_with("in the test host's kernel text (nokaslr)")),
+        "{tail}"
+    );
+    let log = std::fs::read_to_string(dir.join("idle.log")).expect("idle log");
+    assert!(log.contains("--- info lapic"), "{log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
