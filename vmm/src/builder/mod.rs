@@ -1,6 +1,8 @@
-//! Builds a VM paused — from a kernel ([`Vmm::build`]) or from a snapshot ([`Vmm::restore`]):
-//! guest memory, the boot image, the devices on their buses and the vCPU threads. Running it
-//! is `event_loop.rs`'s job; what other threads may ask of it is in `actions.rs`.
+//! Builds a VM paused — from a kernel ([`Vmm::build`], `build.rs`) or from a snapshot
+//! ([`Vmm::restore`], `restore.rs`): guest memory, the boot image, the devices on their buses and
+//! the vCPU threads. This file holds the embedding API (options, errors) and what both share: the
+//! legacy devices and the final assembly. Running the VM is `event_loop.rs`'s job; what other
+//! threads may ask of it is in `actions.rs`.
 
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;

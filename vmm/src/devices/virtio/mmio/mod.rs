@@ -8,6 +8,8 @@
 //! index) that the device's event-loop subscriber reads. A notify write that
 //! does reach the bus (no ioeventfd registered) is forwarded to the same
 //! eventfd, so behaviour does not depend on KVM.
+//!
+//! The register layout is in `regs.rs`, the transport's snapshot state in `persist.rs`.
 
 use std::sync::{Arc, Mutex};
 
