@@ -7,7 +7,7 @@
 //! a new device writes only what is its own: config space, what its reset adds, and queue
 //! processing. [`CommonState`] and [`restore_state`] are the common part of its snapshot.
 //!
-//! The transport (`mmio.rs`) keeps the register state (device status, selectors, the queues
+//! The transport (`mmio/`) keeps the register state (device status, selectors, the queues
 //! while the driver sets them up, config generation): one implementation for every device.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

@@ -1,5 +1,5 @@
 //! Snapshot state of the virtio devices: per device its MMIO slot, the transport registers and
-//! queues (`mmio.rs`), and the device's own state (`block/persist.rs`, `net/persist.rs`,
+//! queues (`mmio/persist.rs`), and the device's own state (`block/persist.rs`, `net/persist.rs`,
 //! `rng/persist.rs`).
 
 use std::fs::File;
