@@ -245,23 +245,58 @@ fn query_monitor(sock: &Path) -> std::io::Result<MonitorDump> {
     answer(&mut s)?; // the banner
     let mut d = MonitorDump::default();
     for k in 1..=MONITOR_SAMPLES {
-        s.write_all(b"info registers\n")?;
+        s.write_all(b"info registers -a\n")?;
         let regs = answer(&mut s)?;
-        d.summary
-            .push_str(&format!("sample {k}: {}\n", register_summary(&regs)));
+        for (cpu, one) in per_cpu(&regs) {
+            d.summary.push_str(&format!(
+                "sample {k} CPU#{cpu}: {}\n",
+                register_summary(one)
+            ));
+        }
         d.full
-            .push_str(&format!("--- info registers (sample {k})\n{regs}\n"));
+            .push_str(&format!("--- info registers -a (sample {k})\n{regs}\n"));
         if k < MONITOR_SAMPLES {
             std::thread::sleep(Duration::from_secs(2));
         }
     }
-    for cmd in ["info lapic", "info pic"] {
+    let mut cmds: Vec<String> = (0..TEST_HOST_CPUS)
+        .map(|c| format!("info lapic {c}"))
+        .collect();
+    cmds.push("info pic".into());
+    for cmd in cmds {
         s.write_all(format!("{cmd}\n").as_bytes())?;
         let a = answer(&mut s)?;
         d.full.push_str(&format!("--- {cmd}\n{a}\n"));
     }
     Ok(d)
 }
+
+/// `info registers -a` split at its "CPU#N" headers (one piece with CPU 0 when there are none).
+fn per_cpu(regs: &str) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut rest = regs;
+    while let Some(i) = rest.find("CPU#") {
+        let after = &rest[i + 4..];
+        let digits = after
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(after.len());
+        let cpu = after[..digits].parse().unwrap_or(out.len());
+        let body = &after[digits..];
+        let end = body.find("CPU#").unwrap_or(body.len());
+        out.push((cpu, &body[..end]));
+        rest = &body[end..];
+    }
+    if out.is_empty() {
+        out.push((0, regs));
+    }
+    out
+}
+
+/// The test host's vCPUs. Two, under multi-threaded TCG: while one emulated CPU runs a nested
+/// guest, the other keeps the test host's own tasks (and the guest's other vCPU thread) running,
+/// so a nested guest that spins waiting for its second vCPU cannot starve the test host whole
+/// (docs/testing.md, "the test host's first-boot hang").
+pub const TEST_HOST_CPUS: usize = 2;
 
 /// The test host's kernel command line: `nokaslr` keeps its text at [`HOST_TEXT`], so a RIP in a
 /// monitor dump can be told from a nested guest's and symbolized with the package's System.map.
@@ -303,7 +338,9 @@ pub fn qemu_tcg_command(
     monitor: &Path,
 ) -> Command {
     let mut c = Command::new("qemu-system-x86_64");
-    c.args(["-accel", "tcg", "-cpu", "max", "-smp", "1", "-m", mem])
+    c.args(["-accel", "tcg,thread=multi", "-cpu", "max", "-m", mem])
+        .arg("-smp")
+        .arg(TEST_HOST_CPUS.to_string())
         .args([
             "-nographic",
             "-no-reboot",
@@ -356,5 +393,15 @@ mod tests {
         let user = HOST.replace("RIP=ffffffff81c7b7ab", "RIP=00007f4c2a1f0123");
         assert!(register_summary(&user).ends_with("a user-space address"));
         assert!(register_summary("garbage").contains("RIP=? CR3=? HLT=? — no RIP"));
+    }
+
+    #[test]
+    fn all_cpus_registers_are_split_per_cpu() {
+        let two = format!("\nCPU#0\n{HOST}\nCPU#1\n{}", HOST.replace("HLT=1", "HLT=0"));
+        let cpus = per_cpu(&two);
+        assert_eq!(cpus.iter().map(|c| c.0).collect::<Vec<_>>(), vec![0, 1]);
+        assert!(register_summary(cpus[0].1).contains("HLT=1"));
+        assert!(register_summary(cpus[1].1).contains("HLT=0"));
+        assert_eq!(per_cpu(HOST), vec![(0, HOST)]);
     }
 }
