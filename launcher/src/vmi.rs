@@ -2,7 +2,7 @@
 //! manifest (YAML or JSON, `virt-launcher run`) or from the operator's VMI document
 //! (`vmi.json`, `virt-launcher pod`, see docs/launcher-pod.md).
 //!
-//! Field names are the CRD's (`crds/src/vmi.rs`, KubeVirt's names). The launcher keeps its own
+//! Field names are the CRD's (`crds/src/vmi/`, KubeVirt's names). The launcher keeps its own
 //! small serde view instead of the CRD types so that the per-VM process carries no Kubernetes
 //! client code (kube, k8s-openapi, tokio): it never talks to the API server. It uses only the
 //! kube-free part of `microvirt-crds` (no default features): quantities are parsed by the same
