@@ -37,8 +37,11 @@ use core::panic::PanicInfo;
 /// Boot-timer device (byte 123 marks "booted").
 const BOOT_TIMER: u64 = 0xc000_0000;
 const BOOT_TIMER_MAGIC: u8 = 123;
-/// How long the BSP waits for APs.
-const AP_TIMEOUT_MS: u64 = 300;
+/// How long the BSP waits at most for APs to check in. It stops waiting as soon as all have; the
+/// bound only matters for an AP that never starts. Generous, as Linux's 10 s: each vCPU is a host
+/// thread, and on a busy host one may not run for a while (300 ms here once left `cpus: 3/4` in
+/// `vmm --test boot` on a machine with load ~10).
+const AP_TIMEOUT_MS: u64 = 10_000;
 
 /// The single boot-info copy (the BSP writes it once, before anything reads it).
 static mut BOOT_INFO: BootInfo = BootInfo::EMPTY;
