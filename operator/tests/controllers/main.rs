@@ -1,6 +1,7 @@
 //! The operator against a real kube-apiserver: CRDs, validation, VMI → pod → status, deletion,
 //! VMIRS scaling, VM run strategies, presets, `kubectl get` columns.
 
+#[path = "../common/mod.rs"]
 mod common;
 
 use std::collections::BTreeSet;
