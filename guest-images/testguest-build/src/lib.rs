@@ -50,9 +50,27 @@ pub enum BuildError {
     },
 }
 
-fn images_dir() -> &'static Path {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    here.parent().unwrap_or(here)
+/// `guest-images/` of the checkout being built or tested: found above the `CARGO_MANIFEST_DIR`
+/// cargo gives the running build script or test (a checkout's own path), else this crate's
+/// compile-time directory. Not only the latter: a target directory shared by two checkouts
+/// reuses this crate compiled in the other one, and a path baked in there points at the other
+/// checkout (or at one since deleted: "running cargo for the test guest: No such file or
+/// directory" in a loaded run on 2026-12-05).
+fn images_dir() -> PathBuf {
+    let compiled = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let compiled = compiled.parent().unwrap_or(compiled).to_path_buf();
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .and_then(|dir| find_images_dir(&dir))
+        .unwrap_or(compiled)
+}
+
+/// The first `guest-images/` holding `testguest/Cargo.toml` in `start` or a directory above it.
+fn find_images_dir(start: &Path) -> Option<PathBuf> {
+    start
+        .ancestors()
+        .map(|d| d.join("guest-images"))
+        .find(|d| d.join("testguest").join("Cargo.toml").is_file())
 }
 
 /// The guest crate's directory (`guest-images/testguest`).
@@ -63,7 +81,7 @@ pub fn guest_dir() -> PathBuf {
 /// The workspace root (two levels above this crate).
 pub fn workspace_dir() -> PathBuf {
     let images = images_dir();
-    images.parent().unwrap_or(images).to_path_buf()
+    images.parent().unwrap_or(&images).to_path_buf()
 }
 
 /// `<workspace>/target/testguest`, where the nested build puts everything.
@@ -181,6 +199,33 @@ fn write_if_changed(path: &Path, data: &[u8]) -> Result<(), BuildError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_checkout_is_found_above_the_running_crate() {
+        // A second "checkout" somewhere else: its guest-images/ is found from any of its crates.
+        let root =
+            std::env::temp_dir().join(format!("testguest-build-find-{}", std::process::id()));
+        let guest = root.join("guest-images/testguest");
+        std::fs::create_dir_all(&guest).unwrap();
+        std::fs::create_dir_all(root.join("launcher/src")).unwrap();
+        std::fs::write(guest.join("Cargo.toml"), "[package]\n").unwrap();
+        assert_eq!(
+            find_images_dir(&root.join("launcher")),
+            Some(root.join("guest-images"))
+        );
+        assert_eq!(
+            find_images_dir(&root.join("launcher/src")),
+            Some(root.join("guest-images"))
+        );
+        std::fs::remove_file(guest.join("Cargo.toml")).unwrap();
+        assert_eq!(find_images_dir(&root.join("launcher")), None);
+        std::fs::remove_dir_all(&root).unwrap();
+        // This checkout, from this crate's own directory (where cargo runs its tests).
+        assert_eq!(
+            images_dir(),
+            Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+        );
+    }
 
     #[test]
     fn outer_build_vars_are_filtered() {
