@@ -142,6 +142,12 @@ impl Control {
             .map_err(|e| e.to_string())?;
         let t0 = Instant::now();
         self.set_vcpus(VcpuCmd::Pause)?;
+        // Reset requests the old boot made before its vCPUs stopped belong to this reboot: a
+        // guest pulses the reset line more than once (Linux's keyboard reboot writes it up to
+        // ten times) and may still be writing while the loop starts the reboot. Left in the
+        // event, one would reboot the new boot at once, or end the VM as "not using ACPI"
+        // before the new boot armed the GED.
+        let _ = self.reset_evt.read();
         for v in &mut self.vcpus {
             v.paravirt_off().map_err(|e| e.to_string())?;
         }
@@ -348,10 +354,15 @@ impl MutEventSubscriber for Control {
             }
             EV_VCPU_EXIT => {
                 let _ = self.vcpu_exit_evt.read();
+                // One reset per batch: several vCPUs of one boot may each stop for it.
+                let mut reset = false;
                 while let Ok((id, reason)) = self.vcpu_exits.try_recv() {
                     let r = match reason {
                         VcpuExitReason::Reset => {
-                            self.guest_reset();
+                            if !reset {
+                                reset = true;
+                                self.guest_reset();
+                            }
                             continue;
                         }
                         VcpuExitReason::PowerOff => ExitReason::GuestPowerOff,

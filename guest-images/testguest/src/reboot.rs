@@ -4,7 +4,8 @@
 //! and the count), which an in-place reboot keeps; a word in RAM, written before each reboot,
 //! must read zero after it (the VMM clears RAM). After the last boot it powers off (ACPI,
 //! else resets), or halts with `testguest.reboot_then=halt`. `testguest.acpi_button=1` arms
-//! the ACPI power button on every boot, as a kernel with ACPI does.
+//! the ACPI power button on every boot, as a kernel with ACPI does. `testguest.resets=N` writes
+//! the i8042 reset command N times per reboot.
 
 use crate::blk::{Blk, Done, F_FLUSH, REQUEST_TIMEOUT_MS, T_FLUSH, T_IN, T_OUT};
 use crate::bootinfo::BootInfo;
@@ -115,8 +116,17 @@ pub fn run(bi: &BootInfo) -> ! {
             }
         },
         _ => {
+            // `testguest.resets=N` pulses the reset line N times back to back, as Linux's
+            // keyboard reboot does (up to ten writes): one reboot must come of them.
+            let n = bi
+                .param("testguest.resets")
+                .and_then(parse_num)
+                .unwrap_or(1)
+                .clamp(1, 16);
             println!("reboot: rebooting via the i8042");
-            i8042::reset();
+            for _ in 0..n {
+                i8042::reset();
+            }
             halt_forever()
         }
     }
