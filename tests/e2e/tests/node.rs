@@ -883,18 +883,35 @@ fn guest_network(env: &Env) -> Result<()> {
             .contains("net-serve: ip=10.0.2.2/24 router=10.0.2.1")
             .then_some(()))
     })?;
-    let ping = env
-        .rc
-        .node()
-        .netns()
-        .command("/bin/busybox")
-        .args(["ping", "-c", "3", "-W", "5", &ip.to_string()])
-        .output()?;
-    let text = String::from_utf8_lossy(&ping.stdout);
+    // Three echo replies, each awaited up to 5 s: `ping -c 3` counts a reply as lost once it is
+    // later than twice the slowest RTT so far (busybox), which a busy machine exceeds (run G,
+    // 2026-12-05: "3 packets transmitted, 2 packets received", RTTs 82 and 35 ms). Reachability
+    // is the property; a request that gets no reply in 5 s is tried again, at most 6 times.
+    let mut replies = 0;
+    let mut tried = Vec::new();
+    for _ in 0..6 {
+        let ping = env
+            .rc
+            .node()
+            .netns()
+            .command("/bin/busybox")
+            .args(["ping", "-c", "1", "-W", "5", &ip.to_string()])
+            .output()?;
+        let text = String::from_utf8_lossy(&ping.stdout).into_owned();
+        if ping.status.success() && text.contains("1 packets received") {
+            replies += 1;
+            if replies == 3 {
+                break;
+            }
+        } else {
+            tried.push(format!("{text}{}", String::from_utf8_lossy(&ping.stderr)));
+        }
+    }
     ensure!(
-        ping.status.success() && text.contains("3 packets received"),
-        "ping {ip} from the node: {text}{}",
-        String::from_utf8_lossy(&ping.stderr)
+        replies == 3,
+        "ping {ip} from the node: {replies} replies to {} requests:\n{}",
+        replies + tried.len(),
+        tried.join("\n")
     );
     let echo = move || -> Result<()> {
         let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
