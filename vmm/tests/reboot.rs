@@ -67,6 +67,26 @@ fn check_reboots(r: &Run, entry: &str, reboots: usize, cpus: u32) {
     );
 }
 
+/// The PVH test guest (64 MiB) on a fresh zeroed `img` with `--reboot policy`.
+fn pvh_on_fresh_disk(img: &std::path::Path, policy: &str, cmdline: &str) -> Run {
+    std::fs::write(img, vec![0u8; 1 << 20]).unwrap();
+    run(
+        &[
+            "--kernel",
+            guest().pvh.to_str().unwrap(),
+            "--mem-mib",
+            "64",
+            "--disk",
+            &format!("path={}", img.display()),
+            "--reboot",
+            policy,
+            "--cmdline",
+            cmdline,
+        ],
+        b"",
+    )
+}
+
 #[test]
 fn reboots_in_place_through_the_i8042_with_cleared_ram_and_the_disk_kept() {
     let d = TempDir::new("reboot-i8042");
@@ -176,22 +196,11 @@ fn repeated_reset_requests_make_one_reboot() {
     let d = TempDir::new("reboot-repeated");
     let img = disk(&d);
     for mode in ["in-place", "in-place-if-acpi"] {
-        std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
-        let r = run(
-            &[
-                "--kernel",
-                guest().pvh.to_str().unwrap(),
-                "--mem-mib",
-                "64",
-                "--disk",
-                &format!("path={}", img.display()),
-                "--reboot",
-                mode,
-                "--cmdline",
-                "testguest.scenario=reboot testguest.reboots=2 testguest.resets=10 \
-                 testguest.acpi_button=1",
-            ],
-            b"",
+        let r = pvh_on_fresh_disk(
+            &img,
+            mode,
+            "testguest.scenario=reboot testguest.reboots=2 testguest.resets=10 \
+             testguest.acpi_button=1",
         );
         check_reboots(&r, "pvh", 2, 1);
         assert!(
@@ -215,22 +224,7 @@ fn in_place_if_acpi_follows_the_guest() {
         ),
         ("testguest.scenario=reboot testguest.reboots=2", 0),
     ] {
-        std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
-        let r = run(
-            &[
-                "--kernel",
-                guest().pvh.to_str().unwrap(),
-                "--mem-mib",
-                "64",
-                "--disk",
-                &format!("path={}", img.display()),
-                "--reboot",
-                "in-place-if-acpi",
-                "--cmdline",
-                args,
-            ],
-            b"",
-        );
+        let r = pvh_on_fresh_disk(&img, "in-place-if-acpi", args);
         if reboots > 0 {
             check_reboots(&r, "pvh", reboots, 1);
         } else {

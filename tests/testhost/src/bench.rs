@@ -496,13 +496,14 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
         "[bench] booting the test host; {} runs per VMM (+1 warm-up each)",
         o.runs
     );
+    let monitor = prep.workdir.join("qemu-monitor.sock");
     let console = qemu::run_console(
         qemu::qemu_tcg_command(
             &kernel.vmlinuz,
             &initramfs,
             crate::qemu::TEST_HOST_APPEND,
             "2G",
-            &prep.workdir.join("qemu-monitor.sock"),
+            &monitor,
         ),
         &RunOptions {
             name: "bench".into(),
@@ -510,7 +511,7 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
             log: prep.workdir.join("bench-console.log"),
             echo,
             done_marker: DONE_MARKER.into(),
-            monitor: Some(prep.workdir.join("qemu-monitor.sock")),
+            monitor: Some(monitor),
         },
     )?;
     let _ = std::fs::remove_file(&initramfs);

@@ -493,13 +493,14 @@ fn run_in_test_host(
         "[testhost] booting the test host (QEMU TCG, -cpu max) for: {}",
         names.join(" ")
     );
+    let monitor = prep.workdir.join("qemu-monitor.sock");
     let console = qemu::run_console(
         qemu::qemu_tcg_command(
             &kernel.vmlinuz,
             &initramfs,
             crate::qemu::TEST_HOST_APPEND,
             "2G",
-            &prep.workdir.join("qemu-monitor.sock"),
+            &monitor,
         ),
         &RunOptions {
             name: "l1".into(),
@@ -507,7 +508,7 @@ fn run_in_test_host(
             log: prep.workdir.join("testhost-console.log"),
             echo,
             done_marker: DONE_MARKER.into(),
-            monitor: Some(prep.workdir.join("qemu-monitor.sock")),
+            monitor: Some(monitor),
         },
     )?;
     let _ = std::fs::remove_file(&initramfs);

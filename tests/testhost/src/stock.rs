@@ -674,13 +674,14 @@ pub fn bench(
         },
         &initramfs,
     )?;
+    let monitor = prep.workdir.join("qemu-monitor.sock");
     let console = crate::qemu::run_console(
         crate::qemu::qemu_tcg_command(
             &kernel.vmlinuz,
             &initramfs,
             crate::qemu::TEST_HOST_APPEND,
             "2G",
-            &prep.workdir.join("qemu-monitor.sock"),
+            &monitor,
         ),
         &crate::qemu::RunOptions {
             name: "l1".into(),
@@ -688,7 +689,7 @@ pub fn bench(
             log: prep.workdir.join("stock-bench-console.log"),
             echo,
             done_marker: crate::qemu::DONE_MARKER.into(),
-            monitor: Some(prep.workdir.join("qemu-monitor.sock")),
+            monitor: Some(monitor),
         },
     )?;
     let _ = std::fs::remove_file(&initramfs);

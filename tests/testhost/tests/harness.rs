@@ -32,13 +32,14 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
         &initramfs,
     )
     .expect("initramfs");
+    let monitor = dir.join("qemu-monitor.sock");
     let console = qemu::run_console(
         qemu::qemu_tcg_command(
             &kernel.vmlinuz,
             &initramfs,
             qemu::TEST_HOST_APPEND,
             "2G",
-            &dir.join("qemu-monitor.sock"),
+            &monitor,
         ),
         &qemu::RunOptions {
             name: "l1".into(),
@@ -46,7 +47,7 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
             log: dir.join("console.log"),
             echo: true,
             done_marker: qemu::DONE_MARKER.into(),
-            monitor: Some(dir.join("qemu-monitor.sock")),
+            monitor: Some(monitor),
         },
     )
     .expect("test host run");
@@ -103,14 +104,14 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
         &initramfs,
     )
     .expect("initramfs");
-    let mut idle = None;
+    let monitor = dir.join("qemu-monitor.sock");
     let err = qemu::run_console(
         qemu::qemu_tcg_command(
             &kernel.vmlinuz,
             &initramfs,
             qemu::TEST_HOST_APPEND,
             "2G",
-            &dir.join("qemu-monitor.sock"),
+            &monitor,
         ),
         &qemu::RunOptions {
             name: "idle".into(),
@@ -118,14 +119,14 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
             log: dir.join("idle.log"),
             echo: true,
             done_marker: qemu::DONE_MARKER.into(),
-            monitor: Some(dir.join("qemu-monitor.sock")),
+            monitor: Some(monitor),
         },
     )
     .expect_err("must time out");
-    if let qemu::RunError::Timeout { tail, .. } = &err {
-        idle = Some(tail.clone());
-    }
-    let tail = idle.unwrap_or_else(|| panic!("not a timeout: {err}"));
+    let tail = match err {
+        qemu::RunError::Timeout { tail, .. } => tail,
+        e => panic!("not a timeout: {e}"),
+    };
     assert!(tail.contains("=== idle"), "{tail}");
     let samples: Vec<&str> = tail.lines().filter(|l| l.starts_with("sample ")).collect();
     assert_eq!(samples.len(), 3 * qemu::TEST_HOST_CPUS, "{tail}");
