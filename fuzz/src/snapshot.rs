@@ -21,7 +21,7 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use vmm::devices::interrupt::IrqLine;
+use vmm::devices::interrupt::{IrqLine, ResetLine};
 use vmm::devices::legacy::i8042::I8042Device;
 use vmm::devices::legacy::serial::{SerialDevice, SerialOut};
 use vmm::devices::virtio::block::device::IoThreadOptions;
@@ -36,7 +36,6 @@ use vmm::snapshot::state::MicrovmState;
 use vmm::snapshot::LoadedSnapshot;
 use vmm::vstate::memory::GuestMemoryMmap;
 use vmm::vstate::persist::{restore_msrs, tsc_ticks};
-use vmm_sys_util::eventfd::EventFd;
 
 use crate::backend::pair;
 use crate::driver::guest_memory;
@@ -190,10 +189,7 @@ fn restore(s: &MicrovmState, tsc_delta: u64, mode: u8) {
             "the UART does not read back its state"
         );
     }
-    let mut kbd = I8042Device::new(
-        Arc::new(EventFd::new(libc::EFD_NONBLOCK).expect("eventfd")),
-        irq(),
-    );
+    let mut kbd = I8042Device::new(ResetLine::new().expect("eventfd"), irq());
     kbd.restore_state(&s.i8042);
     let back = kbd.state();
     assert!(s.i8042.buf.starts_with(&back.buf), "i8042 buffer");

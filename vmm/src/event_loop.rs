@@ -14,6 +14,7 @@ use crate::actions::{
     Action, Envelope, ExitReason, Reply, Request, RunTimings, VmStatus, VmmController,
 };
 use crate::devices::bus::Bus;
+use crate::devices::interrupt::ResetLine;
 use crate::devices::legacy::boot_timer::BootTime;
 use crate::devices::legacy::serial::OutputQueue;
 use crate::devices::virtio::VmmEventManager;
@@ -57,7 +58,8 @@ pub(crate) struct Control {
     pub(crate) lifecycle: Lifecycle,
     pub(crate) vcpus: Vec<VcpuHandle>,
     pub(crate) machine: Machine,
-    pub(crate) reset_evt: Arc<EventFd>,
+    /// Raised by the i8042 and the ACPI reset register; lowered once a reboot paused the vCPUs.
+    pub(crate) reset: ResetLine,
     /// Written by the ACPI sleep control register on S5.
     pub(crate) poweroff_evt: Arc<EventFd>,
     pub(crate) vcpu_exit_evt: Arc<EventFd>,
@@ -144,10 +146,10 @@ impl Control {
         self.set_vcpus(VcpuCmd::Pause)?;
         // Reset requests the old boot made before its vCPUs stopped belong to this reboot: a
         // guest pulses the reset line more than once (Linux's keyboard reboot writes it up to
-        // ten times) and may still be writing while the loop starts the reboot. Left in the
-        // event, one would reboot the new boot at once, or end the VM as "not using ACPI"
-        // before the new boot armed the GED.
-        let _ = self.reset_evt.read();
+        // ten times per round) and other vCPUs may still be writing while the loop starts the
+        // reboot. Left raised, one would reboot the new boot at once, or end the VM as "not
+        // using ACPI" before the new boot armed the GED; lowering it lets the vCPUs run again.
+        self.reset.lower();
         for v in &mut self.vcpus {
             v.paravirt_off().map_err(|e| e.to_string())?;
         }
@@ -331,12 +333,12 @@ impl Control {
 impl MutEventSubscriber for Control {
     fn init(&mut self, ops: &mut EventOps) {
         for (evt, data) in [
-            (&self.reset_evt, EV_RESET),
-            (&self.poweroff_evt, EV_POWEROFF),
-            (&self.vcpu_exit_evt, EV_VCPU_EXIT),
-            (&self.action_evt, EV_ACTION),
+            (self.reset.eventfd(), EV_RESET),
+            (self.poweroff_evt.as_ref(), EV_POWEROFF),
+            (self.vcpu_exit_evt.as_ref(), EV_VCPU_EXIT),
+            (self.action_evt.as_ref(), EV_ACTION),
         ] {
-            if let Err(e) = ops.add(Events::with_data(evt.as_ref(), data, EventSet::IN)) {
+            if let Err(e) = ops.add(Events::with_data(evt, data, EventSet::IN)) {
                 log::error!("event loop: cannot watch control event {data}: {e}");
             }
         }
@@ -345,7 +347,7 @@ impl MutEventSubscriber for Control {
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
         match events.data() {
             EV_RESET => {
-                let _ = self.reset_evt.read();
+                let _ = self.reset.eventfd().read();
                 self.guest_reset();
             }
             EV_POWEROFF => {

@@ -5,7 +5,9 @@
 //! must read zero after it (the VMM clears RAM). After the last boot it powers off (ACPI,
 //! else resets), or halts with `testguest.reboot_then=halt`. `testguest.acpi_button=1` arms
 //! the ACPI power button on every boot, as a kernel with ACPI does. `testguest.resets=N` writes
-//! the i8042 reset command N times per reboot.
+//! the i8042 reset command N times per reboot. `testguest.after_reset=triple-fault` triple-faults
+//! right after asking for the reset instead of waiting for it, as Linux's reboot does when the
+//! reset is not taken within ~2 ms (it tries the next method and ends with a triple fault).
 
 use crate::blk::{Blk, Done, F_FLUSH, REQUEST_TIMEOUT_MS, T_FLUSH, T_IN, T_OUT};
 use crate::bootinfo::BootInfo;
@@ -13,7 +15,7 @@ use crate::io::{halt_forever, phys_u64};
 use crate::parse::parse_num;
 use crate::smp::tsc_per_ms;
 use crate::virtio::{self, read64, write64, Buf, DmaArena, Mmio, DEVICE_BLK};
-use crate::{finish, i8042, println};
+use crate::{finish, i8042, println, triple_fault, Fault};
 
 /// The RAM word written before a reboot (7 MiB: above the DMA window, inside 32 MiB).
 const MARKER_ADDR: u64 = 0x70_0000;
@@ -108,7 +110,8 @@ pub fn run(bi: &BootInfo) -> ! {
         Some(b"acpi") => match crate::acpi::discover(bi).and_then(|p| p.reset) {
             Some((port, value)) => {
                 println!("reboot: rebooting via the ACPI reset register {:#x}", port);
-                crate::acpi::reset(port, value)
+                crate::acpi::reset(port, value);
+                after_reset(bi)
             }
             None => {
                 println!("reboot: no ACPI reset register");
@@ -127,7 +130,15 @@ pub fn run(bi: &BootInfo) -> ! {
             for _ in 0..n {
                 i8042::reset();
             }
-            halt_forever()
+            after_reset(bi)
         }
     }
+}
+
+/// Waits for the reset asked for, or (`testguest.after_reset=triple-fault`) does not.
+fn after_reset(bi: &BootInfo) -> ! {
+    if bi.param("testguest.after_reset") == Some(b"triple-fault") {
+        triple_fault(Fault::Breakpoint)
+    }
+    halt_forever()
 }

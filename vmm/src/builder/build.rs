@@ -223,6 +223,7 @@ impl Vmm {
             mmio: Arc::new(p.mmio.clone()),
             marks: marks.clone(),
             save_spec: save_spec.clone(),
+            reset: legacy.reset.clone(),
         };
         let mut vcpus = Vec::with_capacity(vcpu_count as usize);
         let (kernel_protocol, kernel_entry) = (kernel.protocol, kernel.entry);

@@ -18,7 +18,7 @@ use crate::arch::x86_64::{boot, layout, mptable};
 use crate::config::SerialConfig;
 use crate::devices::acpi::AcpiPmDevice;
 use crate::devices::bus::Bus;
-use crate::devices::interrupt::IrqLine;
+use crate::devices::interrupt::{IrqLine, ResetLine};
 use crate::devices::legacy::boot_timer::{BootTime, BootTimer};
 use crate::devices::legacy::debug_port::DebugPort;
 use crate::devices::legacy::i8042::I8042Device;
@@ -234,7 +234,7 @@ struct Legacy {
     i8042: Arc<Mutex<I8042Device>>,
     /// The ACPI registers, when the VM has ACPI.
     acpi_pm: Option<Arc<Mutex<AcpiPmDevice>>>,
-    reset_evt: Arc<EventFd>,
+    pub(super) reset: ResetLine,
     poweroff_evt: Arc<EventFd>,
     first_debug_port_us: Arc<Mutex<Option<u64>>>,
     boot_time: Arc<Mutex<Option<BootTime>>>,
@@ -275,8 +275,8 @@ fn legacy_devices(
             console_queue.clone(),
         ))));
 
-    let reset_evt = event_fd()?;
-    let mut i8042 = I8042Device::new(reset_evt.clone(), irq(layout::I8042_IRQ)?);
+    let reset = ResetLine::new().map_err(|e| VmmError::Device(format!("eventfd: {e}")))?;
+    let mut i8042 = I8042Device::new(reset.clone(), irq(layout::I8042_IRQ)?);
     if let Some(s) = saved {
         i8042.restore_state(&s.i8042);
     }
@@ -290,7 +290,7 @@ fn legacy_devices(
     let acpi_pm = if acpi {
         let mut pm = AcpiPmDevice::new(
             irq(layout::ACPI_GED_IRQ)?,
-            reset_evt.clone(),
+            reset.clone(),
             poweroff_evt.clone(),
         );
         if let Some(st) = saved.and_then(|s| s.acpi_pm.as_ref()) {
@@ -340,7 +340,7 @@ fn legacy_devices(
         console_queue,
         i8042,
         acpi_pm,
-        reset_evt,
+        reset,
         poweroff_evt,
         first_debug_port_us,
         boot_time,
@@ -391,7 +391,7 @@ impl Vmm {
             lifecycle: Lifecycle::default(),
             vcpus: handles,
             machine,
-            reset_evt: legacy.reset_evt,
+            reset: legacy.reset,
             poweroff_evt: legacy.poweroff_evt,
             vcpu_exit_evt,
             vcpu_exits: exit_rx,

@@ -188,6 +188,7 @@ impl Vmm {
             mmio: Arc::new(p.mmio.clone()),
             marks: marks.clone(),
             save_spec: save_spec.clone(),
+            reset: legacy.reset.clone(),
         };
         let tsc_scaling = p.kvm.check_extension(kvm_ioctls::Cap::TscControl);
         let mut vcpus = Vec::with_capacity(st.vcpus.len());

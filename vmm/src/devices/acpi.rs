@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::devices::bus::BusDevice;
-use crate::devices::interrupt::IrqLine;
+use crate::devices::interrupt::{IrqLine, ResetLine};
 
 pub const REG_GED_EVENT: u64 = 0;
 pub const REG_SLEEP_CONTROL: u64 = 1;
@@ -53,18 +53,18 @@ pub struct AcpiPmState {
 pub struct AcpiPmDevice {
     ged_pending: u8,
     ged_irq: IrqLine,
-    reset_evt: Arc<EventFd>,
+    reset: ResetLine,
     poweroff_evt: Arc<EventFd>,
 }
 
 impl AcpiPmDevice {
-    /// `ged_irq`: the GED's interrupt; `reset_evt` / `poweroff_evt`: written when the guest
-    /// resets / powers off through the registers.
-    pub fn new(ged_irq: IrqLine, reset_evt: Arc<EventFd>, poweroff_evt: Arc<EventFd>) -> Self {
+    /// `ged_irq`: the GED's interrupt; `reset` is raised and `poweroff_evt` written when the
+    /// guest resets / powers off through the registers.
+    pub fn new(ged_irq: IrqLine, reset: ResetLine, poweroff_evt: Arc<EventFd>) -> Self {
         Self {
             ged_pending: 0,
             ged_irq,
-            reset_evt,
+            reset,
             poweroff_evt,
         }
     }
@@ -130,7 +130,7 @@ impl AcpiPmDevice {
             }
             REG_RESET if v == RESET_VALUE => {
                 log::debug!("ACPI: the guest wrote the reset register");
-                if let Err(e) = self.reset_evt.write(1) {
+                if let Err(e) = self.reset.raise() {
                     log::error!("ACPI reset: {e}");
                 }
             }
@@ -171,9 +171,9 @@ impl BusDevice for AcpiPmDevice {
 mod tests {
     use super::*;
 
-    fn dev() -> (AcpiPmDevice, IrqLine, Arc<EventFd>, Arc<EventFd>) {
+    fn dev() -> (AcpiPmDevice, IrqLine, ResetLine, Arc<EventFd>) {
         let irq = IrqLine::new(3).unwrap();
-        let reset = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+        let reset = ResetLine::new().unwrap();
         let off = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
         (
             AcpiPmDevice::new(irq.clone(), reset.clone(), off.clone()),
@@ -209,16 +209,18 @@ mod tests {
         d.write(REG_SLEEP_STATUS, &[0x80]);
         d.write(REG_SLEEP_CONTROL, &[(S5_SLP_TYP << 2) | SLP_EN]);
         assert_eq!(off.read().unwrap(), 1);
-        assert!(reset.read().is_err());
+        assert!(reset.eventfd().read().is_err());
     }
 
     #[test]
     fn reset_value_resets_anything_else_is_ignored() {
         let (mut d, _, reset, off) = dev();
         d.write(REG_RESET, &[0x41]);
-        assert!(reset.read().is_err());
+        assert!(reset.eventfd().read().is_err());
+        assert!(!reset.is_raised());
         d.write(REG_RESET, &[RESET_VALUE]);
-        assert_eq!(reset.read().unwrap(), 1);
+        assert!(reset.is_raised(), "the vCPU that wrote it holds");
+        assert_eq!(reset.eventfd().read().unwrap(), 1);
         assert!(off.read().is_err());
     }
 
@@ -239,7 +241,7 @@ mod tests {
         // byte 3 does both, byte by byte.
         d.write(0, &[0, (S5_SLP_TYP << 2) | SLP_EN, 0, RESET_VALUE]);
         assert_eq!(off.read().unwrap(), 1);
-        assert_eq!(reset.read().unwrap(), 1);
+        assert_eq!(reset.eventfd().read().unwrap(), 1);
         assert_eq!(d.register_name(1), Some("sleep-control"));
         assert_eq!(d.register_name(9), None);
     }

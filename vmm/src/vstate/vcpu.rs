@@ -16,6 +16,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 use super::exits::{self, Access, ExitKind, VcpuExitCounters, VcpuExitReport};
 use crate::arch::x86_64::{cpuid, regs};
 use crate::devices::bus::Bus;
+use crate::devices::interrupt::ResetLine;
 use crate::threads::{ThreadHook, VmThread};
 use crate::vstate::memory::GuestMemoryMmap;
 use crate::vstate::persist::{self, StateError, VcpuCaps, VcpuState};
@@ -140,6 +141,7 @@ pub struct Vcpu {
     save_spec: Arc<OnceLock<SaveSpec>>,
     /// The state it was built in, kept for in-place reboots ([`VcpuCmd::Reset`]).
     boot_state: Option<Box<VcpuState>>,
+    reset: ResetLine,
 }
 
 /// Everything the vCPUs need from the VM.
@@ -154,6 +156,8 @@ pub struct VcpuContext<'a> {
     pub marks: Arc<RunMarks>,
     /// What a snapshot saves; filled in (once, from /dev/kvm) by the first snapshot.
     pub save_spec: Arc<OnceLock<SaveSpec>>,
+    /// The machine's reset line: a vCPU does not enter the guest while it is raised.
+    pub reset: ResetLine,
 }
 
 /// What to read from a vCPU for a snapshot: which MSRs, which optional state.
@@ -240,6 +244,7 @@ impl Vcpu {
             exits: VcpuExitCounters::default(),
             save_spec: ctx.save_spec.clone(),
             boot_state: None,
+            reset: ctx.reset.clone(),
         }
     }
 
@@ -371,6 +376,12 @@ impl Vcpu {
             }
             VcpuExit::Shutdown => {
                 self.exits.count(ExitKind::Other);
+                if self.reset.is_raised() {
+                    // The guest asked for a reset (another vCPU's request, seen after this
+                    // one left the guest) and went on to a triple fault: the same reset.
+                    log::debug!("vcpu{}: triple fault with a reset requested", self.id);
+                    return None;
+                }
                 self.fault(Unhandled::Shutdown)
             }
             VcpuExit::FailEntry(reason, cpu) => {
@@ -587,6 +598,10 @@ impl Vcpu {
                 running = false;
                 let _ = exits.send((self.id, reason));
                 let _ = exit_evt.write(1);
+            } else if self.reset.is_raised() {
+                // Held out of the guest until the event loop pauses, resets and resumes it:
+                // a guest carries on after asking for a reset (ResetLine).
+                running = false;
             }
         }
     }

@@ -6,12 +6,9 @@
 //! port (0x60) and offset 4 the status/command port (0x64).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
-
-use vmm_sys_util::eventfd::EventFd;
 
 use crate::devices::bus::BusDevice;
-use crate::devices::interrupt::IrqLine;
+use crate::devices::interrupt::{IrqLine, ResetLine};
 
 const OFS_DATA: u64 = 0;
 const OFS_STATUS: u64 = 4;
@@ -63,7 +60,7 @@ pub const CTRL_ALT_DEL_SET1: [u8; 8] = [0x1d, 0x38, 0xe0, 0x53, 0xe0, 0xd3, 0xb8
 const OUT_BUF_MAX: usize = 64;
 
 pub struct I8042Device {
-    reset_evt: Arc<EventFd>,
+    reset: ResetLine,
     irq: IrqLine,
     status: u8,
     ctr: u8,
@@ -123,10 +120,10 @@ impl I8042Device {
         self.raise_if_enabled();
     }
 
-    /// `reset_evt` is written when the guest asks for a CPU reset.
-    pub fn new(reset_evt: Arc<EventFd>, irq: IrqLine) -> Self {
+    /// `reset` is raised when the guest asks for a CPU reset.
+    pub fn new(reset: ResetLine, irq: IrqLine) -> Self {
         let mut d = Self {
-            reset_evt,
+            reset,
             irq,
             status: 0,
             ctr: 0,
@@ -189,7 +186,7 @@ impl I8042Device {
                     log::Level::Info,
                     "guest requested a reset through the i8042"
                 );
-                if let Err(e) = self.reset_evt.write(1) {
+                if let Err(e) = self.reset.raise() {
                     log::error!("i8042: signalling reset: {e}");
                 }
             }
@@ -273,8 +270,8 @@ impl BusDevice for I8042Device {
 mod tests {
     use super::*;
 
-    fn dev() -> (I8042Device, Arc<EventFd>, IrqLine) {
-        let reset = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+    fn dev() -> (I8042Device, ResetLine, IrqLine) {
+        let reset = ResetLine::new().unwrap();
         let irq = IrqLine::new(1).unwrap();
         (I8042Device::new(reset.clone(), irq.clone()), reset, irq)
     }
@@ -288,9 +285,14 @@ mod tests {
     #[test]
     fn reset_command_signals() {
         let (mut d, reset, _) = dev();
-        assert!(reset.read().is_err(), "no reset before the command");
+        assert!(
+            reset.eventfd().read().is_err(),
+            "no reset before the command"
+        );
+        assert!(!reset.is_raised());
         d.write(OFS_STATUS, &[CMD_RESET_CPU]);
-        assert_eq!(reset.read().unwrap(), 1);
+        assert!(reset.is_raised(), "the vCPU that wrote it holds");
+        assert_eq!(reset.eventfd().read().unwrap(), 1);
     }
 
     #[test]
