@@ -40,11 +40,12 @@ _vm_watch() {
 	_t0=$(cut -d. -f1 /proc/uptime)
 	_limit=${STALL_DUMP:-$((${VM_TIMEOUT:-120} * 2 / 3))}
 	until [ $(($(cut -d. -f1 /proc/uptime) - _t0)) -ge "$_limit" ]; do
-		[ -e "$WORK/$1.rc" ] && return 0
+		# Done: the VM ended, or its scenario did and removed the work dir.
+		[ -e "$WORK/$1.rc" ] || [ ! -d "$WORK" ] && return 0
 		sleep 1
 	done
 	for _k in 1 2; do
-		[ -e "$WORK/$1.rc" ] && return 0
+		[ -e "$WORK/$1.rc" ] || [ ! -d "$WORK" ] && return 0
 		case "$MICROVM" in
 		*virt-launcher) _s=$(timeout 30 "$MICROVM" vcpu-state --socket "$2" 2>&1) ;;
 		*) _s=$(timeout 30 "$MICROVM" control "$2" '{"cmd":"vcpu-state"}' 2>&1) ;;

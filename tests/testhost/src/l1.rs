@@ -43,6 +43,15 @@ pub const MODULES: &[(&str, &str)] = &[
     ("nft_nat", "kernel/net/netfilter/nft_nat.ko"),
 ];
 
+/// Parameters for [`MODULES`] (`insmod NAME.ko PARAMS`). `kvm-amd npt=0`: the nested guests run
+/// on shadow page tables, not on QEMU-TCG's emulation of nested paging. With nested paging, a
+/// stress of back-to-back Linux boots in the test host (`tools/boot-loop.py`) ended about every
+/// third guest early in its boot with a triple fault, or left it re-taking a page fault at a
+/// garbage RIP, under QEMU 7.2 (one thread or several, with transparent huge pages or without)
+/// and 10.0; with shadow paging 40 of 40 booted (docs/testing.md, "Nested paging in the test
+/// host").
+pub const MODULE_PARAMS: &[(&str, &str)] = &[("kvm-amd", "npt=0")];
+
 /// Errors while preparing the test host.
 #[derive(Debug, thiserror::Error)]
 pub enum L1Error {

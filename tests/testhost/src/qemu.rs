@@ -300,7 +300,12 @@ pub const TEST_HOST_CPUS: usize = 2;
 
 /// The test host's kernel command line: `nokaslr` keeps its text at [`HOST_TEXT`], so a RIP in a
 /// monitor dump can be told from a nested guest's and symbolized with the package's System.map.
-pub const TEST_HOST_APPEND: &str = "console=ttyS0 panic=-1 quiet nokaslr";
+/// `idle=poll`: an idle test-host CPU spins instead of halting. Under QEMU 7.2's TCG with nested
+/// guests, a halted test-host CPU was seen not to wake up again although interrupts were pending
+/// for it (monitor: `HLT=1`, IF set, the timer and IPI vectors in IRR above the PPR): the nested
+/// guest whose thread waited on that CPU hung, and the VMM could not kick it. A polling idle loop
+/// notices new work without an interrupt (docs/testing.md, "Nested paging in the test host").
+pub const TEST_HOST_APPEND: &str = "console=ttyS0 panic=-1 quiet nokaslr idle=poll";
 
 /// Where an x86-64 kernel's text starts without KASLR, and how far the test host's reaches.
 pub const HOST_TEXT: std::ops::Range<u64> = 0xffff_ffff_8100_0000..0xffff_ffff_8400_0000;

@@ -6,7 +6,9 @@ OUT/hangN.txt and starts the next boot. How the test host's freeze of 2026-12-05
 (docs/testing.md, "The test host froze").
 
 usage: boot-loop.py L1_CPIO TAG RUNS [SILENCE]   (env: SMP=1|2, ACCEL=tcg|tcg,thread=multi,
-       KERNEL=the test host's vmlinuz; output in ./TAG/)
+       KERNEL=the test host's vmlinuz, QEMU=the qemu-system-x86_64 to run, QEMU_ARGS=more
+       arguments (e.g. "-L DIR" for another build's firmware), APPEND=more test-host kernel
+       parameters; output in ./TAG/)
 A failed test-host run keeps its initramfs: "[testhost] kept /tmp/microvirt-testhost-PID".
 """
 import os, socket, subprocess, sys, time, threading, queue
@@ -40,9 +42,9 @@ def mon(path, cmds):
 for i in range(n):
     sock = f'{out}/mon{i}.sock'
     log = open(f'{out}/run{i}.log', 'w')
-    p = subprocess.Popen(['qemu-system-x86_64', '-accel', os.environ.get('ACCEL', 'tcg,thread=multi'), '-cpu', 'max', '-smp', os.environ.get('SMP', '2'), '-m', '2G',
+    p = subprocess.Popen([os.environ.get('QEMU', 'qemu-system-x86_64')] + os.environ.get('QEMU_ARGS', '').split() + ['-accel', os.environ.get('ACCEL', 'tcg,thread=multi'), '-cpu', 'max', '-smp', os.environ.get('SMP', '2'), '-m', '2G',
         '-nographic', '-no-reboot', '-nodefaults', '-serial', 'stdio', '-monitor', f'unix:{sock},server=on,wait=off',
-        '-net', 'none', '-kernel', KERNEL, '-initrd', CPIO, '-append', 'console=ttyS0 panic=-1 quiet nokaslr'],
+        '-net', 'none', '-kernel', KERNEL, '-initrd', CPIO, '-append', ('console=ttyS0 panic=-1 quiet nokaslr ' + os.environ.get('APPEND', '')).strip()],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     q = queue.Queue()
     threading.Thread(target=lambda: [q.put(l) for l in p.stdout] and q.put(None), daemon=True).start()
