@@ -151,18 +151,16 @@ fn install_crds(kc: &Path) -> Result<()> {
             ok(kubectl(kc, &["apply", "-f", &p.to_string_lossy()], None)?)?;
         }
     }
-    ok(kubectl(
+    microvirt_testsupport::wait_crds_established(
         kc,
         &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/virtualmachines.microvirt.io",
-            "crd/virtualmachineinstances.microvirt.io",
-            "crd/virtualmachineinstancereplicasets.microvirt.io",
+            "virtualmachines.microvirt.io",
+            "virtualmachineinstances.microvirt.io",
+            "virtualmachineinstancereplicasets.microvirt.io",
         ],
-        None,
-    )?)?;
+        microvirt_testsupport::CRDS_ESTABLISHED_WITHIN,
+    )
+    .map_err(anyhow::Error::msg)?;
     Ok(())
 }
 

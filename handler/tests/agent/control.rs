@@ -25,15 +25,12 @@ async fn reports_paused_carries_out_control_requests_and_stops_on_sigterm() {
     let kc = cluster.kubeconfig_path();
     let crds = workspace_root().join("crds").display().to_string();
     kubectl(kc, &["apply", "-f", &crds]);
-    kubectl(
+    microvirt_testsupport::wait_crds_established(
         kc,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/virtualmachineinstances.microvirt.io",
-        ],
-    );
+        &["virtualmachineinstances.microvirt.io"],
+        microvirt_testsupport::CRDS_ESTABLISHED_WITHIN,
+    )
+    .expect("CRDs established");
     let deploy = workspace_root().join("deploy");
     for f in ["namespace.yaml", "handler.yaml"] {
         kubectl(kc, &["apply", "-f", &deploy.join(f).display().to_string()]);

@@ -302,16 +302,15 @@ pub(crate) async fn cluster_for_agent(tmp: &Path) -> (Cluster, Client, PathBuf) 
     let kc = cluster.kubeconfig_path().to_path_buf();
     let crds = workspace_root().join("crds").display().to_string();
     kubectl(&kc, &["apply", "-f", &crds]);
-    kubectl(
+    microvirt_testsupport::wait_crds_established(
         &kc,
         &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/virtualmachineinstances.microvirt.io",
-            "crd/virtualmachinepools.microvirt.io",
+            "virtualmachineinstances.microvirt.io",
+            "virtualmachinepools.microvirt.io",
         ],
-    );
+        microvirt_testsupport::CRDS_ESTABLISHED_WITHIN,
+    )
+    .expect("CRDs established");
     let deploy = workspace_root().join("deploy");
     for f in ["namespace.yaml", "handler.yaml"] {
         kubectl(&kc, &["apply", "-f", &deploy.join(f).display().to_string()]);

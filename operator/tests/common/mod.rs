@@ -78,27 +78,22 @@ pub fn install_crds(kubeconfig: &Path) -> Result<()> {
     if !ok {
         bail!("kubectl apply -f crds/ failed:\n{out}\n{err}");
     }
-    let (ok, out, err) = kubectl(
+    microvirt_testsupport::wait_crds_established(
         kubeconfig,
         &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/virtualmachineinstances.microvirt.io",
-            "crd/virtualmachines.microvirt.io",
-            "crd/virtualmachineinstancereplicasets.microvirt.io",
-            "crd/virtualmachineinstancepresets.microvirt.io",
-            "crd/virtualmachinepools.microvirt.io",
-            "crd/virtualmachineinstancetypes.microvirt.io",
-            "crd/virtualmachineclusterinstancetypes.microvirt.io",
-            "crd/virtualmachinepreferences.microvirt.io",
-            "crd/virtualmachineclusterpreferences.microvirt.io",
+            "virtualmachineinstances.microvirt.io",
+            "virtualmachines.microvirt.io",
+            "virtualmachineinstancereplicasets.microvirt.io",
+            "virtualmachineinstancepresets.microvirt.io",
+            "virtualmachinepools.microvirt.io",
+            "virtualmachineinstancetypes.microvirt.io",
+            "virtualmachineclusterinstancetypes.microvirt.io",
+            "virtualmachinepreferences.microvirt.io",
+            "virtualmachineclusterpreferences.microvirt.io",
         ],
-        None,
-    )?;
-    if !ok {
-        bail!("CRDs not established:\n{out}\n{err}");
-    }
+        microvirt_testsupport::CRDS_ESTABLISHED_WITHIN,
+    )
+    .map_err(anyhow::Error::msg)?;
     Ok(())
 }
 

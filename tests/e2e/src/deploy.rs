@@ -37,13 +37,18 @@ pub fn install(rc: &RealCluster, images: &[BuiltImage]) -> Result<()> {
     let k = Kubectl::new(rc.kubeconfig_path());
     let crds = crds_dir().display().to_string();
     k.run(&["apply", "-f", &crds])?;
-    k.run(&[
-        "wait",
-        "--for=condition=Established",
-        "crd",
-        "--all",
-        "--timeout=120s",
-    ])?;
+    let crds = k.run(&["get", "crd", "-o", "name"])?;
+    let names: Vec<&str> = crds
+        .lines()
+        .filter_map(|l| l.trim().rsplit('/').next())
+        .filter(|n| !n.is_empty())
+        .collect();
+    microvirt_testsupport::wait_crds_established(
+        rc.kubeconfig_path(),
+        &names,
+        microvirt_testsupport::CRDS_ESTABLISHED_WITHIN,
+    )
+    .map_err(anyhow::Error::msg)?;
     // The namespaces first: `apply -f deploy/` goes through the files in name order.
     let ns = deploy_dir().join("namespace.yaml").display().to_string();
     k.run(&["apply", "-f", &ns])?;

@@ -90,6 +90,7 @@
 mod binaries;
 mod certs;
 mod cluster;
+mod crds;
 pub mod detached;
 mod http;
 pub mod node;
@@ -106,6 +107,7 @@ pub use binaries::{
 };
 pub use certs::CertError;
 pub use cluster::{Cluster, ClusterError, ClusterOptions, FrozenApiserver};
+pub use crds::{wait_crds_established, CRDS_ESTABLISHED_WITHIN};
 pub use http::{Connected, HttpError, Response};
 pub use node::{Node, NodeError, NodeOptions};
 pub use process::{continue_process, signal_taken, stop_process, SIGNAL_ACTED_ON_WITHIN};

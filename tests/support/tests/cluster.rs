@@ -253,3 +253,48 @@ fn watchdog_stops_the_cluster_when_its_owner_is_killed() -> Result {
     assert!(!dir.exists(), "{} leaked", dir.display());
     Ok(())
 }
+
+/// `wait_crds_established` returns once a freshly applied CRD is established (it polls the
+/// condition, so a CRD without conditions yet is waited for, not an error), and names the CRDs
+/// it still waits for when the time is up.
+#[test]
+fn crds_are_waited_for_until_established() -> Result {
+    let cluster = Cluster::start(ClusterOptions::default())?;
+    let kc = cluster.kubeconfig_path();
+    let crd = r#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
+"metadata":{"name":"widgets.test.microvirt.io"},
+"spec":{"group":"test.microvirt.io","scope":"Namespaced",
+"names":{"plural":"widgets","singular":"widget","kind":"Widget"},
+"versions":[{"name":"v1","served":true,"storage":true,
+"schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}"#;
+    let path = cluster.data_dir().join("widgets-crd.json");
+    std::fs::write(&path, crd)?;
+    kubectl(kc, &["apply", "-f", &path.display().to_string()])?;
+    microvirt_testsupport::wait_crds_established(
+        kc,
+        &["widgets.test.microvirt.io"],
+        microvirt_testsupport::CRDS_ESTABLISHED_WITHIN,
+    )?;
+    let status = kubectl(
+        kc,
+        &[
+            "get",
+            "crd",
+            "widgets.test.microvirt.io",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+        ],
+    )?;
+    assert_eq!(status.trim(), "True");
+    let err = microvirt_testsupport::wait_crds_established(
+        kc,
+        &["widgets.test.microvirt.io", "gadgets.test.microvirt.io"],
+        std::time::Duration::from_secs(1),
+    )
+    .expect_err("gadgets do not exist");
+    assert!(
+        err.contains("gadgets.test.microvirt.io") && !err.contains("widgets"),
+        "{err}"
+    );
+    Ok(())
+}
