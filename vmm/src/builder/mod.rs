@@ -234,7 +234,7 @@ struct Legacy {
     i8042: Arc<Mutex<I8042Device>>,
     /// The ACPI registers, when the VM has ACPI.
     acpi_pm: Option<Arc<Mutex<AcpiPmDevice>>>,
-    pub(super) reset: ResetLine,
+    reset: ResetLine,
     poweroff_evt: Arc<EventFd>,
     first_debug_port_us: Arc<Mutex<Option<u64>>>,
     boot_time: Arc<Mutex<Option<BootTime>>>,
