@@ -10,8 +10,9 @@
 
 use std::collections::BTreeMap;
 
-use virtio_queue::{Queue, QueueT};
+use virtio_queue::Queue;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
+use vmm::devices::virtio::testing::Rings;
 use vmm::vstate::memory::GuestMemoryMmap;
 
 pub const R0_END: u64 = 0xa_0000;
@@ -138,13 +139,11 @@ pub struct InFlight {
     pub bufs: Vec<Buf>,
 }
 
-/// The driver's side of one split queue.
+/// The driver's side of one split queue: the VMM's driver-side ring code (`Rings`) and this
+/// driver's books.
 pub struct SplitQueue {
     pub index: u16,
-    pub size: u16,
-    pub desc: u64,
-    pub avail: u64,
-    pub used: u64,
+    pub rings: Rings,
     free: Vec<u16>,
     avail_idx: u16,
     published: u16,
@@ -163,10 +162,12 @@ impl SplitQueue {
         let desc = u64::from(index) * 0x2000;
         let q = Self {
             index,
-            size,
-            desc,
-            avail: desc + 0x1000,
-            used: desc + 0x1400,
+            rings: Rings {
+                size,
+                desc,
+                avail: desc + 0x1000,
+                used: desc + 0x1400,
+            },
             free: (0..size).rev().collect(),
             avail_idx: 0,
             published: 0,
@@ -174,20 +175,13 @@ impl SplitQueue {
             inflight: BTreeMap::new(),
             tainted: false,
         };
-        mem.write_slice(&[0u8; 0x2000], GuestAddress(desc))
-            .expect("queue area");
+        q.rings.zero(mem, desc + 0x2000);
         q
     }
 
     /// The device-side queue, configured and ready (what the transport would hand over).
     pub fn device_queue(&self) -> Queue {
-        let mut q = Queue::new(256).expect("max size");
-        q.set_size(self.size);
-        q.set_desc_table_address(Some(self.desc as u32), Some((self.desc >> 32) as u32));
-        q.set_avail_ring_address(Some(self.avail as u32), Some((self.avail >> 32) as u32));
-        q.set_used_ring_address(Some(self.used as u32), Some((self.used >> 32) as u32));
-        q.set_ready(true);
-        q
+        self.rings.device_queue(256)
     }
 
     /// Free descriptors.
@@ -213,11 +207,11 @@ impl SplitQueue {
         for (i, (b, &id)) in bufs.iter().zip(&ids).enumerate() {
             let next = ids.get(i + 1).copied();
             let flags = if b.write { F_WRITE } else { 0 } | if next.is_some() { F_NEXT } else { 0 };
-            self.write_desc(mem, id, b.addr, b.len, flags, next.unwrap_or(0));
+            self.rings
+                .write_desc(mem, id, b.addr, b.len, flags, next.unwrap_or(0));
         }
         let head = ids[0];
-        let slot = self.avail + 4 + 2 * u64::from(self.avail_idx % self.size);
-        mem.write_obj(head, GuestAddress(slot)).expect("avail ring");
+        self.rings.set_avail_entry(mem, self.avail_idx, head);
         self.avail_idx = self.avail_idx.wrapping_add(1);
         self.inflight.insert(
             head,
@@ -229,29 +223,9 @@ impl SplitQueue {
         Some(head)
     }
 
-    /// Store one raw descriptor (also used to build broken chains).
-    pub fn write_desc(
-        &self,
-        mem: &GuestMemoryMmap,
-        id: u16,
-        addr: u64,
-        len: u32,
-        flags: u16,
-        next: u16,
-    ) {
-        let mut d = [0u8; 16];
-        d[0..8].copy_from_slice(&addr.to_le_bytes());
-        d[8..12].copy_from_slice(&len.to_le_bytes());
-        d[12..14].copy_from_slice(&flags.to_le_bytes());
-        d[14..16].copy_from_slice(&next.to_le_bytes());
-        mem.write_slice(&d, GuestAddress(self.desc + 16 * u64::from(id)))
-            .expect("descriptor table");
-    }
-
     /// Make every added chain visible to the device.
     pub fn publish(&mut self, mem: &GuestMemoryMmap) {
-        mem.write_obj(self.avail_idx, GuestAddress(self.avail + 2))
-            .expect("avail idx");
+        self.rings.set_avail_idx(mem, self.avail_idx);
         self.published = self.avail_idx;
     }
 
@@ -264,7 +238,7 @@ impl SplitQueue {
     /// returns chains it was given, each once, and never moves the used index back or past the
     /// chains published. Returns `(head, len, chain)` in used-ring order.
     pub fn take_used(&mut self, mem: &GuestMemoryMmap) -> Vec<(u16, u32, InFlight)> {
-        let idx: u16 = mem.read_obj(GuestAddress(self.used + 2)).expect("used idx");
+        let idx = self.rings.used_idx(mem);
         let new = idx.wrapping_sub(self.last_used);
         let published_outstanding = self.published.wrapping_sub(self.last_used);
         if !self.tainted {
@@ -276,9 +250,7 @@ impl SplitQueue {
         }
         let mut out = Vec::new();
         for k in 0..new {
-            let e = self.used + 4 + 8 * u64::from(self.last_used.wrapping_add(k) % self.size);
-            let id: u32 = mem.read_obj(GuestAddress(e)).expect("used elem");
-            let len: u32 = mem.read_obj(GuestAddress(e + 4)).expect("used elem");
+            let (id, len) = self.rings.used_elem(mem, self.last_used.wrapping_add(k));
             let chain = u16::try_from(id)
                 .ok()
                 .and_then(|h| self.inflight.remove(&h));
@@ -326,9 +298,7 @@ pub fn writable_ranges(chains: &[&InFlight], queues: &[&SplitQueue]) -> Vec<(u64
         .filter(|b| b.write)
         .map(|b| (b.addr, b.addr.saturating_add(u64::from(b.len))))
         .collect();
-    for q in queues {
-        r.push((q.used, q.used + 6 + 8 * u64::from(q.size)));
-    }
+    r.extend(queues.iter().map(|q| q.rings.used_range()));
     r
 }
 

@@ -356,7 +356,9 @@ impl Run {
                 .expect("descriptor");
             let b = bufs.last().expect("buffer");
             let flags = if b.write { 2 } else { 0 } | 1;
-            queue.write_desc(&self.mem, last, b.addr, b.len, flags, queue.size + 3);
+            queue
+                .rings
+                .write_desc(&self.mem, last, b.addr, b.len, flags, queue.rings.size + 3);
         }
         queue.publish(&self.mem);
         if q == RX {

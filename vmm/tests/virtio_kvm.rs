@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use vm_memory::{Bytes, GuestAddress};
 use vmm::device_manager::mmio::MmioDeviceManager;
 use vmm::devices::bus::Bus;
+use vmm::devices::virtio::testing::Rings;
 use vmm::devices::virtio::{self, mmio as regs, status, BlockConfig, NetConfig, VmmEventManager};
 use vmm::vstate::memory::GuestMemoryMmap;
 
@@ -96,12 +97,9 @@ impl Drop for TestVm {
     }
 }
 
-/// Driver-side split queue in guest memory.
+/// Driver-side split queue in guest memory: the shared ring code and this driver's books.
 struct DrvQueue {
-    size: u16,
-    desc: u64,
-    avail: u64,
-    used: u64,
+    rings: Rings,
     next_desc: u16,
     last_used: u16,
 }
@@ -165,11 +163,11 @@ impl<'a> Driver<'a> {
             assert!(self.rd(regs::REG_QUEUE_NUM_MAX) >= u32::from(size));
             let q = DrvQueue::new(&self.vm.mem, base, size);
             self.wr(regs::REG_QUEUE_NUM, u32::from(size));
-            self.wr(regs::REG_QUEUE_DESC_LOW, q.desc as u32);
+            self.wr(regs::REG_QUEUE_DESC_LOW, q.rings.desc as u32);
             self.wr(regs::REG_QUEUE_DESC_HIGH, 0);
-            self.wr(regs::REG_QUEUE_DRIVER_LOW, q.avail as u32);
+            self.wr(regs::REG_QUEUE_DRIVER_LOW, q.rings.avail as u32);
             self.wr(regs::REG_QUEUE_DRIVER_HIGH, 0);
-            self.wr(regs::REG_QUEUE_DEVICE_LOW, q.used as u32);
+            self.wr(regs::REG_QUEUE_DEVICE_LOW, q.rings.used as u32);
             self.wr(regs::REG_QUEUE_DEVICE_HIGH, 0);
             self.wr(regs::REG_QUEUE_READY, 1);
             out.push(q);
@@ -203,65 +201,29 @@ impl<'a> Driver<'a> {
 
 impl DrvQueue {
     fn new(mem: &GuestMemoryMmap, base: u64, size: u16) -> Self {
-        let desc = base;
-        let avail = desc + 16 * u64::from(size);
-        let used = (avail + 6 + 2 * u64::from(size) + 3) & !3;
-        let end = used + 6 + 8 * u64::from(size);
-        mem.write_slice(&vec![0u8; (end - base) as usize], GuestAddress(base))
-            .unwrap();
+        let rings = Rings::packed(base, size);
+        rings.zero(mem, rings.used_range().1);
         DrvQueue {
-            size,
-            desc,
-            avail,
-            used,
+            rings,
             next_desc: 0,
             last_used: 0,
         }
     }
 
-    fn set_desc(&self, mem: &GuestMemoryMmap, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
-        let a = self.desc + 16 * u64::from(i);
-        mem.write_obj(addr, GuestAddress(a)).unwrap();
-        mem.write_obj(len, GuestAddress(a + 8)).unwrap();
-        mem.write_obj(flags, GuestAddress(a + 12)).unwrap();
-        mem.write_obj(next, GuestAddress(a + 14)).unwrap();
-    }
-
-    fn push_avail(&self, mem: &GuestMemoryMmap, head: u16) {
-        let idx: u16 = mem.read_obj(GuestAddress(self.avail + 2)).unwrap();
-        mem.write_obj(
-            head,
-            GuestAddress(self.avail + 4 + 2 * u64::from(idx % self.size)),
-        )
-        .unwrap();
-        std::sync::atomic::fence(Ordering::SeqCst);
-        mem.write_obj(idx.wrapping_add(1), GuestAddress(self.avail + 2))
-            .unwrap();
-    }
-
-    /// Add a chain of (addr, len, device_writable).
+    /// Add a chain of (addr, len, device_writable) and publish it.
     fn add(&mut self, mem: &GuestMemoryMmap, descs: &[(u64, u32, bool)]) -> u16 {
         let head = self.next_desc;
-        for (i, &(addr, len, w)) in descs.iter().enumerate() {
-            let idx = (self.next_desc + i as u16) % self.size;
-            let last = i + 1 == descs.len();
-            let flags = if w { 2 } else { 0 } | if last { 0 } else { 1 };
-            self.set_desc(mem, idx, addr, len, flags, (idx + 1) % self.size);
-        }
-        self.next_desc = (self.next_desc + descs.len() as u16) % self.size;
-        self.push_avail(mem, head);
+        self.next_desc = self.rings.write_chain(mem, head, descs);
+        self.rings.push_avail(mem, head);
         head
     }
 
     fn pop_used(&mut self, mem: &GuestMemoryMmap) -> Option<(u16, u32)> {
-        let idx: u16 = mem.read_obj(GuestAddress(self.used + 2)).unwrap();
-        if idx == self.last_used {
+        if self.rings.used_idx(mem) == self.last_used {
             return None;
         }
         std::sync::atomic::fence(Ordering::SeqCst);
-        let e = self.used + 4 + 8 * u64::from(self.last_used % self.size);
-        let id: u32 = mem.read_obj(GuestAddress(e)).unwrap();
-        let len: u32 = mem.read_obj(GuestAddress(e + 4)).unwrap();
+        let (id, len) = self.rings.used_elem(mem, self.last_used);
         self.last_used = self.last_used.wrapping_add(1);
         Some((id as u16, len))
     }
@@ -411,9 +373,9 @@ fn blk_broken_chain_sets_needs_reset_and_reset_recovers() {
     vm.start();
     let d = Blk::new(&vm, a, 0x1000);
     // A descriptor loop: 0 -> 1 -> 0.
-    d.q.set_desc(&vm.mem, 0, HDR, 16, 1, 1);
-    d.q.set_desc(&vm.mem, 1, DATA, 512, 3, 0);
-    d.q.push_avail(&vm.mem, 0);
+    d.q.rings.write_desc(&vm.mem, 0, HDR, 16, 1, 1);
+    d.q.rings.write_desc(&vm.mem, 1, DATA, 512, 3, 0);
+    d.q.rings.push_avail(&vm.mem, 0);
     d.d.notify(0);
     let t = Instant::now();
     while d.d.rd(regs::REG_STATUS) & status::NEEDS_RESET == 0 {
