@@ -17,6 +17,7 @@ pub mod event_loop;
 pub mod lifecycle;
 pub mod logging;
 pub mod machine;
+pub mod persist;
 pub mod reboot;
 pub mod snapshot;
 pub mod threads;

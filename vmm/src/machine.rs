@@ -11,6 +11,7 @@ use crate::devices::acpi::AcpiPmDevice;
 use crate::devices::legacy::i8042::I8042Device;
 use crate::devices::legacy::serial::SerialDevice;
 use crate::devices::virtio::persist::AttachedDevice;
+use crate::persist::Persist;
 use crate::snapshot::host::HostFacts;
 use crate::snapshot::state::{MachineInfo, MicrovmState};
 use crate::snapshot::{overlay_file_name, write_state, SnapshotSummary, SnapshotWriter};
@@ -202,14 +203,14 @@ impl Machine {
             machine: self.info.clone(),
             vm,
             vcpus: vcpu_states,
-            serial: self.serial.lock().expect("serial lock").state(),
-            i8042: self.i8042.lock().expect("i8042 lock").state(),
+            serial: self.serial.lock().expect("serial lock").save(),
+            i8042: self.i8042.lock().expect("i8042 lock").save(),
             devices,
             memory,
             acpi_pm: self
                 .acpi_pm
                 .as_ref()
-                .map(|pm| pm.lock().expect("ACPI lock").state()),
+                .map(|pm| pm.lock().expect("ACPI lock").save()),
         };
         let state_bytes =
             write_state(&mut w.state, &state).map_err(|e| format!("state file: {e}"))?;
