@@ -18,7 +18,6 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::mmio::QueueSnapshot;
 use super::notify;
-use super::persist_error::PersistError;
 use super::{ActivateError, VirtioDevice, VirtioError, INT_CONFIG, INT_VRING};
 use crate::devices::interrupt::IrqLine;
 use crate::vstate::memory::GuestMemoryMmap;
@@ -122,6 +121,16 @@ pub struct CommonState {
     pub needs_reset: bool,
 }
 
+/// A saved state whose acked features the restored device does not offer (its backend lacks
+/// an offload the guest uses).
+#[derive(Debug, thiserror::Error)]
+#[error("{what} does not offer features {acked:#x} the guest acked (offers {offered:#x})")]
+pub struct FeaturesError {
+    pub what: String,
+    pub acked: u64,
+    pub offered: u64,
+}
+
 /// Gives a freshly built `dev` the saved common state: the acked features (which `dev` must
 /// offer; `what` names it in the error) through [`VirtioDevice::set_acked_features`], so a
 /// device that configures its backend from them does so, and the broken flag. The offered
@@ -130,7 +139,7 @@ pub fn restore_state<D: VirtioDevice + ?Sized>(
     dev: &mut D,
     what: &str,
     saved: CommonState,
-) -> Result<(), PersistError> {
+) -> Result<(), FeaturesError> {
     dev.common()
         .check_saved_features(what, saved.acked_features)?;
     dev.set_acked_features(saved.acked_features);
@@ -309,9 +318,9 @@ impl VirtioCommon {
 
     /// Restore: the saved acked features must be offered by this device (`what` names it in
     /// the error).
-    fn check_saved_features(&self, what: &str, acked: u64) -> Result<(), PersistError> {
+    fn check_saved_features(&self, what: &str, acked: u64) -> Result<(), FeaturesError> {
         if acked & !self.avail_features != 0 {
-            return Err(PersistError::Features {
+            return Err(FeaturesError {
                 what: what.to_string(),
                 acked,
                 offered: self.avail_features,

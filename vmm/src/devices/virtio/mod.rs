@@ -28,7 +28,6 @@ pub mod mmio;
 pub mod net;
 pub mod notify;
 pub mod persist;
-pub mod persist_error;
 pub mod rng;
 pub mod testing;
 
@@ -43,6 +42,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::device_manager::mmio::{MmioDeviceManager, MmioError, MmioSlot};
 use crate::devices::bus::{Bus, BusError};
 use crate::devices::interrupt::IrqLine;
+use crate::persist::Persist;
 use crate::vstate::memory::GuestMemoryMmap;
 
 pub use block::{BlockConfig, BlockConfigError};
@@ -351,8 +351,14 @@ pub(crate) fn attach_device<D: VirtioSubscriberDevice + 'static>(
     let vdev: Arc<Mutex<dyn VirtioDevice>> = dev.clone();
     let transport = match restore {
         None => mmio::MmioTransport::new(ctx.mem.clone(), vdev),
-        Some(state) => mmio::MmioTransport::restore(ctx.mem.clone(), vdev, state)
-            .map_err(|e| VirtioError::Restore(format!("{name}: {e}")))?,
+        Some(state) => {
+            let args = mmio::TransportArgs {
+                mem: ctx.mem.clone(),
+                device: vdev,
+            };
+            mmio::MmioTransport::restore(args, state)
+                .map_err(|e| VirtioError::Restore(format!("{name}: {e}")))?
+        }
     };
     let transport = Arc::new(Mutex::new(transport));
     ctx.mmio_bus

@@ -7,19 +7,19 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use super::block::persist::BlockState;
+use super::block::persist::{BlockArgs, BlockRestoreError, BlockState};
 use super::block::{BlockConfig, BlockDevice, IoThreadOptions};
 use super::mmio::{MmioTransport, MmioTransportState};
-use super::net::persist::NetState;
+use super::net::persist::{NetArgs, NetRestoreError, NetState};
 use super::net::{NetConfig, NetDevice};
-pub use super::persist_error::PersistError;
-use super::rng::persist::RngState;
+use super::rng::persist::{RngRestoreError, RngState};
 use super::rng::RngDevice;
 use super::{
     attach_device, block_name, net_name, AttachContext, VirtioDevice, VirtioError, RNG_NAME,
 };
 use crate::device_manager::mmio::MmioSlot;
 use crate::devices::interrupt::IrqLine;
+use crate::persist::Persist;
 
 /// One device's kind-specific state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,10 +101,10 @@ impl AttachedDevice {
                 device,
             } => VirtioDeviceState {
                 slot: *slot,
-                transport: transport.lock().expect("transport lock").state(),
+                transport: transport.lock().expect("transport lock").save(),
                 device: DeviceState::Block(BlockState {
                     config: config.clone(),
-                    device: device.lock().expect("virtio-blk lock").state(),
+                    device: device.lock().expect("virtio-blk lock").save(),
                     overlay_file,
                 }),
             },
@@ -115,8 +115,11 @@ impl AttachedDevice {
                 device,
             } => VirtioDeviceState {
                 slot: *slot,
-                transport: transport.lock().expect("transport lock").state(),
-                device: DeviceState::Net(device.lock().expect("virtio-net lock").save(config)),
+                transport: transport.lock().expect("transport lock").save(),
+                device: DeviceState::Net(NetState {
+                    config: config.clone(),
+                    saved: device.lock().expect("virtio-net lock").save(),
+                }),
             },
             AttachedDevice::Rng {
                 slot,
@@ -124,7 +127,7 @@ impl AttachedDevice {
                 device,
             } => VirtioDeviceState {
                 slot: *slot,
-                transport: transport.lock().expect("transport lock").state(),
+                transport: transport.lock().expect("transport lock").save(),
                 device: DeviceState::Rng(device.lock().expect("virtio-rng lock").save()),
             },
         }
@@ -213,7 +216,13 @@ pub fn restore_device(
                     return Err(PersistError::NoOverlayCopy(index));
                 }
             }
-            let dev = BlockDevice::restore(cfg, saved_overlay, irq, &b.device, block_io)?;
+            let args = BlockArgs {
+                config: cfg,
+                saved_overlay,
+                irq,
+                io: block_io,
+            };
+            let dev = BlockDevice::restore(args, &b.device)?;
             let a = attach_device(
                 ctx,
                 Arc::new(Mutex::new(dev)),
@@ -234,7 +243,12 @@ pub fn restore_device(
                 .iter()
                 .position(|t| t.name() == cfg.tap)
                 .map(|i| taps.swap_remove(i));
-            let dev = NetDevice::restore(cfg, irq, n, opened)?;
+            let args = NetArgs {
+                config: cfg,
+                irq,
+                opened,
+            };
+            let dev = NetDevice::restore(args, &n.saved)?;
             let a = attach_device(
                 ctx,
                 Arc::new(Mutex::new(dev)),
@@ -246,7 +260,7 @@ pub fn restore_device(
                 slot,
                 config: NetConfig {
                     tap: cfg.tap.clone(),
-                    mac: n.device.mac,
+                    mac: n.saved.device.mac,
                 },
                 transport: a.transport,
                 device: a.device,
@@ -268,4 +282,33 @@ pub fn restore_device(
             })
         }
     }
+}
+
+/// Why a device could not be saved or restored.
+#[derive(Debug, thiserror::Error)]
+pub enum PersistError {
+    #[error(transparent)]
+    Virtio(#[from] VirtioError),
+    #[error(transparent)]
+    Block(#[from] BlockRestoreError),
+    #[error(transparent)]
+    Net(#[from] NetRestoreError),
+    #[error(transparent)]
+    Rng(#[from] RngRestoreError),
+    #[error("device {index}: the snapshot has it at {saved:#x}/GSI {saved_irq}, this VM at {here:#x}/GSI {here_irq}")]
+    Slot {
+        index: usize,
+        saved: u64,
+        saved_irq: u32,
+        here: u64,
+        here_irq: u32,
+    },
+    #[error("disk {0}: the snapshot has no copy of its overlay")]
+    NoOverlayCopy(usize),
+    #[error(
+        "disk {0} wrote to a copy-on-write overlay: the restored disk needs one too (overlay=PATH)"
+    )]
+    OverlayRequired(usize),
+    #[error("saving the overlay of {path}: {source}")]
+    SaveOverlay { path: String, source: VirtioError },
 }
