@@ -7,10 +7,10 @@ use std::time::Instant;
 use kvm_ioctls::{Kvm, VmFd};
 
 use crate::arch::x86_64::layout;
+use crate::device_manager::attach::AttachedDevice;
 use crate::devices::acpi::AcpiPmDevice;
 use crate::devices::legacy::i8042::I8042Device;
 use crate::devices::legacy::serial::SerialDevice;
-use crate::devices::virtio::persist::AttachedDevice;
 use crate::persist::Persist;
 use crate::snapshot::host::HostFacts;
 use crate::snapshot::state::{MachineInfo, MicrovmState};

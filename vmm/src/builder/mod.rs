@@ -16,6 +16,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::acpi;
 use crate::arch::x86_64::{boot, layout, mptable};
 use crate::config::SerialConfig;
+use crate::device_manager::attach::{AttachError, AttachedDevice};
+use crate::device_manager::persist::PersistError;
 use crate::devices::acpi::{AcpiPmArgs, AcpiPmDevice};
 use crate::devices::bus::Bus;
 use crate::devices::interrupt::{IrqLine, ResetLine};
@@ -25,7 +27,6 @@ use crate::devices::legacy::i8042::{I8042Args, I8042Device};
 use crate::devices::legacy::serial::{
     ConsoleIo, OutputQueue, SerialArgs, SerialConsole, SerialDevice, SerialOut, StdoutWriter,
 };
-use crate::devices::virtio::persist::{AttachedDevice, PersistError};
 use crate::devices::virtio::{self, BlockConfig, NetConfig};
 use crate::lifecycle::Lifecycle;
 use crate::machine::Machine;
@@ -85,6 +86,8 @@ pub enum VmmError {
     EventLoop(String),
     #[error(transparent)]
     Virtio(#[from] virtio::VirtioError),
+    #[error(transparent)]
+    Attach(#[from] AttachError),
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
     #[error("snapshot {dir}: {source}")]

@@ -8,9 +8,10 @@ use vm_memory::GuestAddress;
 
 use super::{block_io, legacy_devices, BuildOptions, Parts, Reboots, RestoreConfig, VmmError};
 use crate::acpi;
+use crate::device_manager::attach::AttachContext;
 use crate::device_manager::mmio::MmioDeviceManager;
-use crate::devices::virtio::persist::{restore_device, DeviceState, PersistError};
-use crate::devices::virtio::{self, AttachContext, BlockConfig, NetConfig};
+use crate::device_manager::persist::{restore_device, DeviceState, PersistError};
+use crate::devices::virtio::{self, BlockConfig, NetConfig};
 use crate::event_loop::Vmm;
 use crate::snapshot::LoadedSnapshot;
 use crate::timing::{Clock, Phases};

@@ -4,10 +4,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::host::HostFacts;
+use crate::device_manager::persist::VirtioDeviceState;
 use crate::devices::acpi::AcpiPmState;
 use crate::devices::legacy::i8042::I8042State;
 use crate::devices::legacy::serial::SerialState;
-use crate::devices::virtio::persist::VirtioDeviceState;
 use crate::vstate::memory::DumpStats;
 use crate::vstate::persist::{VcpuState, VmState};
 

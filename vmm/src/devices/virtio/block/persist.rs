@@ -16,7 +16,7 @@ use super::open::open_disk;
 use super::overlay::Overlay;
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;
-use crate::devices::virtio::common::{self, CommonState, FeaturesError};
+use crate::devices::virtio::persist::{restore_state, CommonState, FeaturesError};
 use crate::devices::virtio::VirtioError;
 use crate::persist::Persist;
 
@@ -112,7 +112,7 @@ impl Persist for BlockDevice {
             acked_features: state.acked_features,
             needs_reset: state.needs_reset,
         };
-        common::restore_state(&mut dev, &format!("virtio-blk {path}"), saved)?;
+        restore_state(&mut dev, &format!("virtio-blk {path}"), saved)?;
         Ok(dev)
     }
 }

@@ -12,7 +12,7 @@ use super::device::{NetBackend, NetDevice, NetDeviceState};
 use super::tap::Tap;
 use super::NetConfig;
 use crate::devices::interrupt::IrqLine;
-use crate::devices::virtio::common::{self, CommonState, FeaturesError};
+use crate::devices::virtio::persist::{restore_state, CommonState, FeaturesError};
 use crate::devices::virtio::VirtioError;
 use crate::persist::Persist;
 use crate::snapshot::blob;
@@ -120,7 +120,7 @@ impl NetDevice {
             acked_features: state.device.acked_features,
             needs_reset: state.device.needs_reset,
         };
-        common::restore_state(&mut dev, what, saved)?;
+        restore_state(&mut dev, what, saved)?;
         dev.restore_runtime(state.device.stats, state.rx_pending.as_deref());
         Ok(dev)
     }

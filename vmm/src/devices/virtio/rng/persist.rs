@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::device::{RngDevice, RngDeviceState};
 use crate::devices::interrupt::IrqLine;
-use crate::devices::virtio::common::{self, CommonState, FeaturesError};
+use crate::devices::virtio::persist::{restore_state, CommonState, FeaturesError};
 use crate::devices::virtio::VirtioError;
 use crate::persist::Persist;
 
@@ -46,7 +46,7 @@ impl Persist for RngDevice {
             acked_features: state.device.acked_features,
             needs_reset: state.device.needs_reset,
         };
-        common::restore_state(&mut dev, "virtio-rng", saved)?;
+        restore_state(&mut dev, "virtio-rng", saved)?;
         Ok(dev)
     }
 }
