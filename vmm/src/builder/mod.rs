@@ -16,8 +16,8 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::acpi;
 use crate::arch::x86_64::{boot, layout, mptable};
 use crate::config::SerialConfig;
-use crate::device_manager::attach::{AttachError, AttachedDevice};
-use crate::device_manager::persist::PersistError;
+use crate::device_manager::attach::{AttachError, AttachedDevice, Devices};
+use crate::device_manager::persist::{DeviceStates, PersistError};
 use crate::devices::acpi::{AcpiPmArgs, AcpiPmDevice};
 use crate::devices::bus::Bus;
 use crate::devices::interrupt::{IrqLine, ResetLine};
@@ -250,7 +250,7 @@ fn legacy_devices(
     serial_cfg: &SerialConfig,
     start: Clock,
     acpi: bool,
-    saved: Option<&crate::snapshot::state::MicrovmState>,
+    saved: Option<&DeviceStates>,
 ) -> Result<Legacy, VmmError> {
     let vm = p.vm.clone();
     let irq = |gsi: u32| -> Result<IrqLine, VmmError> {
@@ -401,10 +401,12 @@ impl Vmm {
             kvm: p.kvm,
             vm: p.vm.clone(),
             ram: p.ram,
-            serial: legacy.serial,
-            i8042: legacy.i8042,
-            acpi_pm: legacy.acpi_pm,
-            virtio: p.virtio,
+            devices: Devices {
+                serial: legacy.serial,
+                i8042: legacy.i8042,
+                acpi_pm: legacy.acpi_pm,
+                virtio: p.virtio,
+            },
             info,
             save_spec,
         };

@@ -2,7 +2,7 @@
 //! [`MmioDeviceManager`], its irqfd and queue ioeventfds are registered with KVM, its transport
 //! goes on the MMIO bus and the device into the event loop. [`AttachedDevice`] is a virtio
 //! device as the VMM then holds it. The devices themselves (`devices/virtio/`) know nothing of
-//! slots.
+//! slots. [`Devices`] are all the devices a snapshot saves.
 
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
@@ -11,8 +11,11 @@ use event_manager::{MutEventSubscriber, SubscriberOps};
 use kvm_ioctls::{IoEventAddress, VmFd};
 
 use super::mmio::{MmioDeviceManager, MmioError, MmioSlot};
+use crate::devices::acpi::AcpiPmDevice;
 use crate::devices::bus::Bus;
 use crate::devices::interrupt::IrqLine;
+use crate::devices::legacy::i8042::I8042Device;
+use crate::devices::legacy::serial::SerialDevice;
 use crate::devices::virtio::block::{BlockConfig, BlockDevice};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::net::{NetConfig, NetDevice};
@@ -211,6 +214,16 @@ pub fn attach_device<D: VirtioSubscriberDevice + 'static>(
         transport,
         device: dev,
     })
+}
+
+/// The devices of a VM whose state a snapshot saves (`persist.rs`), as the VMM holds them.
+pub struct Devices {
+    pub serial: Arc<Mutex<SerialDevice>>,
+    pub i8042: Arc<Mutex<I8042Device>>,
+    /// The ACPI registers, when the VM has ACPI.
+    pub acpi_pm: Option<Arc<Mutex<AcpiPmDevice>>>,
+    /// virtio devices in slot order.
+    pub virtio: Vec<AttachedDevice>,
 }
 
 /// A virtio device as the VMM holds it.
