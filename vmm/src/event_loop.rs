@@ -216,6 +216,7 @@ impl Control {
                     ));
                 }
                 self.machine
+                    .devices
                     .i8042
                     .lock()
                     .expect("i8042 lock")
@@ -228,7 +229,7 @@ impl Control {
                         self.lifecycle.state()
                     ));
                 }
-                let Some(pm) = &self.machine.acpi_pm else {
+                let Some(pm) = &self.machine.devices.acpi_pm else {
                     return Err("the VM has no ACPI, so no power button".into());
                 };
                 pm.lock()
@@ -243,7 +244,7 @@ impl Control {
                 }
                 log::info!(
                     "asking the guest to shut down: Ctrl-Alt-Del ({})",
-                    if self.machine.acpi_pm.is_some() {
+                    if self.machine.devices.acpi_pm.is_some() {
                         "the guest has not armed the ACPI power button"
                     } else {
                         "the VM has no ACPI"

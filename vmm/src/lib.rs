@@ -2,8 +2,9 @@
 //!
 //! Layout follows one directory per concern: `arch/` (x86_64 boot and CPU setup),
 //! `vstate/` (KVM VM, vCPUs, guest memory), `acpi/` (the ACPI tables), `devices/` (buses, legacy and virtio
-//! devices), `device_manager/` (assigns addresses and IRQs), `snapshot/` (snapshot format,
-//! save and restore; `docs/snapshot.md`).
+//! devices), `device_manager/` (assigns addresses and IRQs, attaches the devices, saves and
+//! restores them), `snapshot/` (snapshot format, save and restore; `docs/snapshot.md`);
+//! `persist.rs` is the one shape of every saved piece ([`persist::Persist`]).
 
 pub mod acpi;
 pub mod actions;
@@ -17,6 +18,7 @@ pub mod event_loop;
 pub mod lifecycle;
 pub mod logging;
 pub mod machine;
+pub mod persist;
 pub mod reboot;
 pub mod snapshot;
 pub mod threads;

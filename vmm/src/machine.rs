@@ -1,16 +1,13 @@
 //! The parts of a built VM that a snapshot reads: KVM VM, guest RAM, devices and what the VM
 //! was configured as. Owned by the VMM thread's control subscriber.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use kvm_ioctls::{Kvm, VmFd};
 
 use crate::arch::x86_64::layout;
-use crate::devices::acpi::AcpiPmDevice;
-use crate::devices::legacy::i8042::I8042Device;
-use crate::devices::legacy::serial::SerialDevice;
-use crate::devices::virtio::persist::AttachedDevice;
+use crate::device_manager::attach::Devices;
 use crate::snapshot::host::HostFacts;
 use crate::snapshot::state::{MachineInfo, MicrovmState};
 use crate::snapshot::{overlay_file_name, write_state, SnapshotSummary, SnapshotWriter};
@@ -27,12 +24,8 @@ pub struct Machine {
     pub kvm: Kvm,
     pub vm: Arc<VmFd>,
     pub ram: GuestRam,
-    pub serial: Arc<Mutex<SerialDevice>>,
-    pub i8042: Arc<Mutex<I8042Device>>,
-    /// The ACPI registers, when the VM has ACPI.
-    pub acpi_pm: Option<Arc<Mutex<AcpiPmDevice>>>,
-    /// virtio devices in slot order.
-    pub virtio: Vec<AttachedDevice>,
+    /// The devices a snapshot saves.
+    pub devices: Devices,
     pub info: MachineInfo,
     /// Shared with the vCPUs: what they read for a snapshot.
     pub save_spec: Arc<OnceLock<SaveSpec>>,
@@ -45,7 +38,7 @@ impl Machine {
     /// may not be in the saved interrupt controllers; an extra edge is harmless (the drivers
     /// check their device's status; the GED's `_EVT` reads no event).
     pub fn raise_pending_interrupts(&self) {
-        for d in &self.virtio {
+        for d in &self.devices.virtio {
             let i = d.interrupt();
             if i.status() != 0 {
                 if let Err(e) = i.irq().trigger() {
@@ -53,9 +46,17 @@ impl Machine {
                 }
             }
         }
-        self.serial.lock().expect("serial lock").raise_if_pending();
-        self.i8042.lock().expect("i8042 lock").raise_if_pending();
-        if let Some(pm) = &self.acpi_pm {
+        self.devices
+            .serial
+            .lock()
+            .expect("serial lock")
+            .raise_if_pending();
+        self.devices
+            .i8042
+            .lock()
+            .expect("i8042 lock")
+            .raise_if_pending();
+        if let Some(pm) = &self.devices.acpi_pm {
             pm.lock().expect("ACPI lock").raise_if_pending();
         }
     }
@@ -66,7 +67,7 @@ impl Machine {
     /// (the shipped guest kernel) leaves the pin masked as the IOAPIC resets it, and a button
     /// press would go unnoticed.
     pub fn power_button_armed(&self) -> bool {
-        if self.acpi_pm.is_none() {
+        if self.devices.acpi_pm.is_none() {
             return false;
         }
         let mut chip = kvm_bindings::kvm_irqchip {
@@ -119,16 +120,17 @@ impl Machine {
     /// (a disk's request in flight is waited for; disks, overlays and TAPs stay open), the
     /// UART, the i8042 and the ACPI registers.
     pub fn reset_devices(&self) -> Result<(), String> {
-        for d in &self.virtio {
+        for d in &self.devices.virtio {
             d.reset();
         }
-        self.serial
+        self.devices
+            .serial
             .lock()
             .expect("serial lock")
             .reset()
             .map_err(|e| e.to_string())?;
-        self.i8042.lock().expect("i8042 lock").reset();
-        if let Some(pm) = &self.acpi_pm {
+        self.devices.i8042.lock().expect("i8042 lock").reset();
+        if let Some(pm) = &self.devices.acpi_pm {
             pm.lock().expect("ACPI lock").reset();
         }
         Ok(())
@@ -136,7 +138,8 @@ impl Machine {
 
     /// Indices of the virtio devices that are disks with a copy-on-write overlay.
     pub fn overlay_devices(&self) -> Vec<usize> {
-        self.virtio
+        self.devices
+            .virtio
             .iter()
             .enumerate()
             .filter(|(_, d)| d.has_overlay())
@@ -168,7 +171,7 @@ impl Machine {
         let host = HostFacts::probe(&self.kvm, caps).map_err(|e| format!("host facts: {e}"))?;
         self.ensure_save_spec(caps)?;
         // Complete what the guest already queued; flush disks.
-        for d in &self.virtio {
+        for d in &self.devices.virtio {
             d.quiesce().map_err(|e| format!("quiescing devices: {e}"))?;
         }
         // The interrupt sources before the vCPUs: an interrupt the in-kernel PIT raises while
@@ -179,20 +182,10 @@ impl Machine {
         for v in vcpus.iter_mut() {
             vcpu_states.push(v.save_state().map_err(|e| e.to_string())?);
         }
-        let mut overlay_bytes = 0;
-        let mut devices = Vec::with_capacity(self.virtio.len());
-        for (i, d) in self.virtio.iter().enumerate() {
-            let overlay = if d.has_overlay() {
-                let out = w
-                    .overlay(i)
-                    .ok_or_else(|| format!("no file for the overlay of device {i}"))?;
-                overlay_bytes += d.save_overlay(out).map_err(|e| e.to_string())?;
-                Some(overlay_file_name(i))
-            } else {
-                None
-            };
-            devices.push(d.save(overlay));
-        }
+        let (devices, overlay_bytes) = self
+            .devices
+            .save(|i| w.overlay(i).map(|f| (f, overlay_file_name(i))))
+            .map_err(|e| e.to_string())?;
         let memory = self
             .ram
             .dump(&w.memory)
@@ -202,14 +195,8 @@ impl Machine {
             machine: self.info.clone(),
             vm,
             vcpus: vcpu_states,
-            serial: self.serial.lock().expect("serial lock").state(),
-            i8042: self.i8042.lock().expect("i8042 lock").state(),
             devices,
             memory,
-            acpi_pm: self
-                .acpi_pm
-                .as_ref()
-                .map(|pm| pm.lock().expect("ACPI lock").state()),
         };
         let state_bytes =
             write_state(&mut w.state, &state).map_err(|e| format!("state file: {e}"))?;

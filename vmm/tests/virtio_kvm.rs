@@ -17,6 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
+use vmm::device_manager::attach::{self, AttachError};
 use vmm::device_manager::mmio::MmioDeviceManager;
 use vmm::devices::bus::Bus;
 use vmm::devices::virtio::testing::Rings;
@@ -57,19 +58,19 @@ impl TestVm {
         }
     }
 
-    fn attach_block(&mut self, cfg: &str) -> Result<u64, virtio::VirtioError> {
+    fn attach_block(&mut self, cfg: &str) -> Result<u64, AttachError> {
         let cfg: BlockConfig = cfg.parse().unwrap();
         let mut bus = self.bus.lock().unwrap();
         let ev = self.evmgr.as_mut().expect("attach before start");
         let io = Default::default();
-        virtio::attach_block(&self.vm, &self.mem, &mut bus, &mut self.mgr, ev, &cfg, io)
+        attach::attach_block(&self.vm, &self.mem, &mut bus, &mut self.mgr, ev, &cfg, io)
             .map(|a| a.slot.addr)
     }
 
     fn attach_net(&mut self, cfg: &NetConfig) -> u64 {
         let mut bus = self.bus.lock().unwrap();
         let ev = self.evmgr.as_mut().expect("attach before start");
-        virtio::attach_net(&self.vm, &self.mem, &mut bus, &mut self.mgr, ev, cfg, None)
+        attach::attach_net(&self.vm, &self.mem, &mut bus, &mut self.mgr, ev, cfg, None)
             .unwrap()
             .slot
             .addr

@@ -9,9 +9,8 @@ use super::{block_io, legacy_devices, BuildOptions, Parts, Reboots, VmmError, DE
 use crate::acpi;
 use crate::arch::x86_64::{boot, cpuid, mptable};
 use crate::config::{RebootPolicy, SerialConfig, VmConfig};
+use crate::device_manager::attach::{self, AttachedDevice};
 use crate::device_manager::mmio::MmioDeviceManager;
-use crate::devices::virtio;
-use crate::devices::virtio::persist::AttachedDevice;
 use crate::event_loop::Vmm;
 use crate::reboot::{BootImage, Loaded};
 use crate::snapshot::state::MachineInfo;
@@ -108,7 +107,7 @@ impl Vmm {
         // virtio devices: the device manager assigns slots and IRQs, in config order.
         let mut mmio_mgr = MmioDeviceManager::new();
         for (i, disk) in cfg.disks.iter().enumerate() {
-            let a = virtio::attach_block(
+            let a = attach::attach_block(
                 &p.vm,
                 &mem,
                 &mut p.mmio,
@@ -130,7 +129,7 @@ impl Vmm {
                 .iter()
                 .position(|t| t.name() == net.tap)
                 .map(|i| taps.swap_remove(i));
-            let a = virtio::attach_net(
+            let a = attach::attach_net(
                 &p.vm,
                 &mem,
                 &mut p.mmio,
@@ -147,7 +146,7 @@ impl Vmm {
             });
         }
         if cfg.rng.is_some() {
-            let a = virtio::attach_rng(
+            let a = attach::attach_rng(
                 &p.vm,
                 &mem,
                 &mut p.mmio,

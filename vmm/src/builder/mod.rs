@@ -16,19 +16,21 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::acpi;
 use crate::arch::x86_64::{boot, layout, mptable};
 use crate::config::SerialConfig;
-use crate::devices::acpi::AcpiPmDevice;
+use crate::device_manager::attach::{AttachError, AttachedDevice, Devices};
+use crate::device_manager::persist::{DeviceStates, PersistError};
+use crate::devices::acpi::{AcpiPmArgs, AcpiPmDevice};
 use crate::devices::bus::Bus;
 use crate::devices::interrupt::{IrqLine, ResetLine};
 use crate::devices::legacy::boot_timer::{BootTime, BootTimer};
 use crate::devices::legacy::debug_port::DebugPort;
-use crate::devices::legacy::i8042::I8042Device;
+use crate::devices::legacy::i8042::{I8042Args, I8042Device};
 use crate::devices::legacy::serial::{
-    ConsoleIo, OutputQueue, SerialConsole, SerialDevice, SerialOut, StdoutWriter,
+    ConsoleIo, OutputQueue, SerialArgs, SerialConsole, SerialDevice, SerialOut, StdoutWriter,
 };
-use crate::devices::virtio::persist::{AttachedDevice, PersistError};
 use crate::devices::virtio::{self, BlockConfig, NetConfig};
 use crate::lifecycle::Lifecycle;
 use crate::machine::Machine;
+use crate::persist::Persist;
 use crate::reboot::BootImage;
 use crate::snapshot::host::HostError;
 use crate::snapshot::state::MachineInfo;
@@ -84,6 +86,8 @@ pub enum VmmError {
     EventLoop(String),
     #[error(transparent)]
     Virtio(#[from] virtio::VirtioError),
+    #[error(transparent)]
+    Attach(#[from] AttachError),
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
     #[error("snapshot {dir}: {source}")]
@@ -246,7 +250,7 @@ fn legacy_devices(
     serial_cfg: &SerialConfig,
     start: Clock,
     acpi: bool,
-    saved: Option<&crate::snapshot::state::MicrovmState>,
+    saved: Option<&DeviceStates>,
 ) -> Result<Legacy, VmmError> {
     let vm = p.vm.clone();
     let irq = |gsi: u32| -> Result<IrqLine, VmmError> {
@@ -257,11 +261,19 @@ fn legacy_devices(
     };
     let (serial_out, console_io, console_queue) = serial_io(&opts.serial_out, serial_cfg)?;
     let line = irq(layout::SERIAL_IRQ)?;
+    let serial_err = |e: &dyn std::fmt::Display| VmmError::Device(format!("serial: {e}"));
     let (serial, drained) = match saved {
-        Some(s) => SerialDevice::from_state(line, serial_out, &s.serial),
-        None => SerialDevice::new(line, serial_out),
-    }
-    .map_err(|e| VmmError::Device(format!("serial: {e}")))?;
+        Some(s) => {
+            let args = SerialArgs {
+                irq: line,
+                out: serial_out,
+            };
+            let d = SerialDevice::restore(args, &s.serial).map_err(|e| serial_err(&e))?;
+            let drained = d.fifo_drained();
+            (d, drained)
+        }
+        None => SerialDevice::new(line, serial_out).map_err(|e| serial_err(&e))?,
+    };
     let serial = Arc::new(Mutex::new(serial));
     let bus_err = |e: crate::devices::bus::BusError| VmmError::Device(e.to_string());
     p.pio
@@ -276,10 +288,18 @@ fn legacy_devices(
         ))));
 
     let reset = ResetLine::new().map_err(|e| VmmError::Device(format!("eventfd: {e}")))?;
-    let mut i8042 = I8042Device::new(reset.clone(), irq(layout::I8042_IRQ)?);
-    if let Some(s) = saved {
-        i8042.restore_state(&s.i8042);
-    }
+    let i8042_irq = irq(layout::I8042_IRQ)?;
+    let i8042 = match saved {
+        Some(s) => {
+            let args = I8042Args {
+                reset: reset.clone(),
+                irq: i8042_irq,
+            };
+            let Ok(d) = I8042Device::restore(args, &s.i8042);
+            d
+        }
+        None => I8042Device::new(reset.clone(), i8042_irq),
+    };
     let i8042 = Arc::new(Mutex::new(i8042));
     p.pio
         .insert_named(i8042.clone(), u64::from(layout::I8042_PORT), 5, "i8042")
@@ -288,14 +308,18 @@ fn legacy_devices(
     // i8042: see devices/acpi.rs.
     let poweroff_evt = event_fd()?;
     let acpi_pm = if acpi {
-        let mut pm = AcpiPmDevice::new(
-            irq(layout::ACPI_GED_IRQ)?,
-            reset.clone(),
-            poweroff_evt.clone(),
-        );
-        if let Some(st) = saved.and_then(|s| s.acpi_pm.as_ref()) {
-            pm.restore_state(st);
-        }
+        let args = AcpiPmArgs {
+            ged_irq: irq(layout::ACPI_GED_IRQ)?,
+            reset: reset.clone(),
+            poweroff_evt: poweroff_evt.clone(),
+        };
+        let pm = match saved.and_then(|s| s.acpi_pm.as_ref()) {
+            Some(st) => {
+                let Ok(pm) = AcpiPmDevice::restore(args, st);
+                pm
+            }
+            None => AcpiPmDevice::new(args.ged_irq, args.reset, args.poweroff_evt),
+        };
         let pm = Arc::new(Mutex::new(pm));
         p.pio
             .insert_named(
@@ -377,10 +401,12 @@ impl Vmm {
             kvm: p.kvm,
             vm: p.vm.clone(),
             ram: p.ram,
-            serial: legacy.serial,
-            i8042: legacy.i8042,
-            acpi_pm: legacy.acpi_pm,
-            virtio: p.virtio,
+            devices: Devices {
+                serial: legacy.serial,
+                i8042: legacy.i8042,
+                acpi_pm: legacy.acpi_pm,
+                virtio: p.virtio,
+            },
             info,
             save_spec,
         };

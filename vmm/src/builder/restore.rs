@@ -8,9 +8,9 @@ use vm_memory::GuestAddress;
 
 use super::{block_io, legacy_devices, BuildOptions, Parts, Reboots, RestoreConfig, VmmError};
 use crate::acpi;
+use crate::device_manager::attach::AttachContext;
 use crate::device_manager::mmio::MmioDeviceManager;
-use crate::devices::virtio::persist::{restore_device, DeviceState, PersistError};
-use crate::devices::virtio::{self, AttachContext, BlockConfig, NetConfig};
+use crate::device_manager::persist::PlanError;
 use crate::event_loop::Vmm;
 use crate::snapshot::LoadedSnapshot;
 use crate::timing::{Clock, Phases};
@@ -59,47 +59,16 @@ impl Vmm {
             dir: dir.clone(),
             source,
         })?;
-        let (n_disks, n_nets) = st.devices.iter().fold((0, 0), |(b, n), d| match d.device {
-            DeviceState::Block(_) => (b + 1, n),
-            DeviceState::Net(_) => (b, n + 1),
-            DeviceState::Rng(_) => (b, n),
-        });
-        if rc.disks.len() > n_disks || rc.nets.len() > n_nets {
-            return Err(mismatch(format!(
-                "{} disk and {} NIC replacements given; the snapshot has {n_disks} disk(s) and {n_nets} NIC(s)",
-                rc.disks.len(),
-                rc.nets.len()
-            )));
-        }
         // Which configuration each device gets; every disk image must exist before anything
         // is built.
-        let mut plan: Vec<(Option<&BlockConfig>, Option<&NetConfig>)> = Vec::new();
-        let (mut bi, mut ni) = (0, 0);
-        for (i, d) in st.devices.iter().enumerate() {
-            match &d.device {
-                DeviceState::Block(b) => {
-                    let over = rc.disks.get(bi);
-                    bi += 1;
-                    let path = &over.unwrap_or(&b.config).path;
-                    if let Err(e) = std::fs::metadata(path) {
-                        return Err(VmmError::RestoreDevice {
-                            dir: dir.clone(),
-                            index: i,
-                            source: PersistError::Virtio(virtio::VirtioError::OpenImage {
-                                path: path.display().to_string(),
-                                source: e,
-                            }),
-                        });
-                    }
-                    plan.push((over, None));
-                }
-                DeviceState::Net(_) => {
-                    plan.push((None, rc.nets.get(ni)));
-                    ni += 1;
-                }
-                DeviceState::Rng(_) => plan.push((None, None)),
-            }
-        }
+        let plan = st.devices.plan(&rc.disks, &rc.nets).map_err(|e| match e {
+            PlanError::Count { .. } => mismatch(e.to_string()),
+            PlanError::Device { index, source } => VmmError::RestoreDevice {
+                dir: dir.clone(),
+                index,
+                source,
+            },
+        })?;
 
         let regions: Vec<(GuestAddress, usize)> = st
             .machine
@@ -128,40 +97,36 @@ impl Vmm {
         // Overlays written for this VM are removed again if the restore fails.
         let mut written_overlays = OverlayCleanup(Vec::new());
         let mut mmio_mgr = MmioDeviceManager::new();
-        for (i, (d, (block, net))) in st.devices.iter().zip(plan).enumerate() {
-            let saved_overlay = snap.overlay(i);
-            let mut ctx = AttachContext {
-                vm: &p.vm,
-                mem: &mem,
-                mmio_bus: &mut p.mmio,
-                mgr: &mut mmio_mgr,
-                evmgr: &mut p.event_manager,
-            };
-            let target_overlay = match &d.device {
-                DeviceState::Block(b) => block.unwrap_or(&b.config).overlay.clone(),
-                DeviceState::Net(_) | DeviceState::Rng(_) => None,
-            };
-            if let Some(o) = target_overlay.filter(|o| !o.exists()) {
-                written_overlays.0.push(o);
-            }
-            let a = restore_device(
+        let mut ctx = AttachContext {
+            vm: &p.vm,
+            mem: &mem,
+            mmio_bus: &mut p.mmio,
+            mgr: &mut mmio_mgr,
+            evmgr: &mut p.event_manager,
+        };
+        p.virtio = st
+            .devices
+            .restore_virtio(
+                plan,
                 &mut ctx,
-                i,
-                d,
-                block,
-                saved_overlay,
-                net,
-                block_io(i),
+                |i| snap.overlay(i),
+                block_io,
                 &mut opts.taps,
+                &mut written_overlays.0,
             )
-            .map_err(|source| VmmError::RestoreDevice {
+            .map_err(|(index, source)| VmmError::RestoreDevice {
                 dir: dir.clone(),
-                index: i,
+                index,
                 source,
             })?;
-            p.virtio.push(a);
-        }
-        let legacy = legacy_devices(&mut p, &opts, &rc.serial, start, st.machine.acpi, Some(st))?;
+        let legacy = legacy_devices(
+            &mut p,
+            &opts,
+            &rc.serial,
+            start,
+            st.machine.acpi,
+            Some(&st.devices),
+        )?;
         phases.mark("devices");
         // Every restore is a possible copy: a new VM generation ID before any vCPU runs, and
         // the GED event that notifies the guest, raised once the vCPUs' interrupt controllers

@@ -15,6 +15,7 @@
 //! Every access of any width at any offset is accepted: a read returns the register bytes it
 //! covers (0 past the end), a write acts byte by byte on the registers it covers.
 
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -22,6 +23,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::devices::bus::BusDevice;
 use crate::devices::interrupt::{IrqLine, ResetLine};
+use crate::persist::Persist;
 
 pub const REG_GED_EVENT: u64 = 0;
 pub const REG_SLEEP_CONTROL: u64 = 1;
@@ -57,6 +59,34 @@ pub struct AcpiPmDevice {
     poweroff_evt: Arc<EventFd>,
 }
 
+/// What restored registers get from the new VM: as [`AcpiPmDevice::new`].
+pub struct AcpiPmArgs {
+    pub ged_irq: IrqLine,
+    pub reset: ResetLine,
+    pub poweroff_evt: Arc<EventFd>,
+}
+
+impl Persist for AcpiPmDevice {
+    type State = AcpiPmState;
+    type Args<'a> = AcpiPmArgs;
+    /// Any pending events are taken.
+    type Error = Infallible;
+
+    fn save(&self) -> AcpiPmState {
+        AcpiPmState {
+            ged_pending: self.ged_pending,
+        }
+    }
+
+    /// Registers with the saved pending events; the interrupt is raised again by
+    /// [`AcpiPmDevice::raise_if_pending`].
+    fn restore(args: AcpiPmArgs, s: &AcpiPmState) -> Result<Self, Infallible> {
+        let mut d = Self::new(args.ged_irq, args.reset, args.poweroff_evt);
+        d.ged_pending = s.ged_pending;
+        Ok(d)
+    }
+}
+
 impl AcpiPmDevice {
     /// `ged_irq`: the GED's interrupt; `reset` is raised and `poweroff_evt` written when the
     /// guest resets / powers off through the registers.
@@ -83,19 +113,9 @@ impl AcpiPmDevice {
         self.ged_pending |= EVENT_VMGENID;
     }
 
-    pub fn state(&self) -> AcpiPmState {
-        AcpiPmState {
-            ged_pending: self.ged_pending,
-        }
-    }
-
     /// No event pending (an in-place reboot).
     pub fn reset(&mut self) {
         self.ged_pending = 0;
-    }
-
-    pub fn restore_state(&mut self, s: &AcpiPmState) {
-        self.ged_pending = s.ged_pending;
     }
 
     /// After a restore: raises the GED interrupt again while an event waits to be read (the
@@ -191,7 +211,7 @@ mod tests {
         assert_eq!(b, [0]);
         d.press_power_button().unwrap();
         assert_eq!(irq.eventfd().read().unwrap(), 1);
-        assert_eq!(d.state().ged_pending, EVENT_POWER_BUTTON);
+        assert_eq!(d.save().ged_pending, EVENT_POWER_BUTTON);
         d.read(REG_GED_EVENT, &mut b);
         assert_eq!(b, [EVENT_POWER_BUTTON]);
         d.read(REG_GED_EVENT, &mut b);
@@ -266,10 +286,15 @@ mod tests {
         let (mut d, irq, _, _) = dev();
         d.press_power_button().unwrap();
         let _ = irq.eventfd().read();
-        let st = d.state();
-        let (mut r, irq2, _, _) = dev();
-        r.restore_state(&st);
-        assert_eq!(r.state(), st);
+        let st = d.save();
+        let (_, irq2, reset, poweroff_evt) = dev();
+        let args = AcpiPmArgs {
+            ged_irq: irq2.clone(),
+            reset,
+            poweroff_evt,
+        };
+        let Ok(mut r) = AcpiPmDevice::restore(args, &st);
+        assert_eq!(r.save(), st);
         r.raise_if_pending();
         assert_eq!(irq2.eventfd().read().unwrap(), 1);
         let mut b = [0u8];

@@ -313,8 +313,8 @@ impl LoadedSnapshot {
             });
         }
         let mut overlays = Vec::new();
-        for (i, dev) in state.devices.iter().enumerate() {
-            if let crate::devices::virtio::persist::DeviceState::Block(b) = &dev.device {
+        for (i, dev) in state.devices.virtio.iter().enumerate() {
+            if let crate::device_manager::persist::DeviceState::Block(b) = &dev.device {
                 if let Some(name) = &b.overlay_file {
                     // A plain name inside the directory (an empty one would open the
                     // directory itself).

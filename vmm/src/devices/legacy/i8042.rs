@@ -6,9 +6,11 @@
 //! port (0x60) and offset 4 the status/command port (0x64).
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
 
 use crate::devices::bus::BusDevice;
 use crate::devices::interrupt::{IrqLine, ResetLine};
+use crate::persist::Persist;
 
 const OFS_DATA: u64 = 0;
 const OFS_STATUS: u64 = 4;
@@ -82,9 +84,21 @@ pub struct I8042State {
     pub kbd_param_for: Option<u8>,
 }
 
-impl I8042Device {
+/// What a restored controller gets from the new VM: the line its reset command raises and its
+/// interrupt line.
+pub struct I8042Args {
+    pub reset: ResetLine,
+    pub irq: IrqLine,
+}
+
+impl Persist for I8042Device {
+    type State = I8042State;
+    type Args<'a> = I8042Args;
+    /// Any saved state is taken (the output buffer bounded as always).
+    type Error = Infallible;
+
     /// The registers and pending output bytes.
-    pub fn state(&self) -> I8042State {
+    fn save(&self) -> I8042State {
         I8042State {
             status: self.status,
             ctr: self.ctr,
@@ -95,16 +109,20 @@ impl I8042Device {
         }
     }
 
-    /// Takes the saved registers and output buffer (bounded as always).
-    pub fn restore_state(&mut self, s: &I8042State) {
-        self.status = s.status;
-        self.ctr = s.ctr;
-        self.cmd = s.cmd;
-        self.outp = s.outp;
-        self.buf = s.buf.iter().copied().take(OUT_BUF_MAX).collect();
-        self.kbd_param_for = s.kbd_param_for;
+    /// A controller with the saved registers and output buffer.
+    fn restore(args: I8042Args, s: &I8042State) -> Result<Self, Infallible> {
+        let mut d = Self::new(args.reset, args.irq);
+        d.status = s.status;
+        d.ctr = s.ctr;
+        d.cmd = s.cmd;
+        d.outp = s.outp;
+        d.buf = s.buf.iter().copied().take(OUT_BUF_MAX).collect();
+        d.kbd_param_for = s.kbd_param_for;
+        Ok(d)
     }
+}
 
+impl I8042Device {
     /// Back to the power-on registers, nothing buffered (an in-place reboot).
     pub fn reset(&mut self) {
         self.status = SB_KBD_ENABLED;
@@ -341,10 +359,10 @@ mod tests {
         let (mut d, _, _) = dev();
         d.write(OFS_DATA, &[KBD_CMD_SETLEDS]);
         d.write(OFS_STATUS, &[CMD_WRITE_CTR]);
-        let st = d.state();
-        let (mut r, _, _) = dev();
-        r.restore_state(&st);
-        assert_eq!(r.state(), st);
+        let st = d.save();
+        let (_, reset, irq) = dev();
+        let Ok(mut r) = I8042Device::restore(I8042Args { reset, irq }, &st);
+        assert_eq!(r.save(), st);
         // Bytes waiting (the SETLEDS ack) with keyboard interrupts on: raised again.
         r.raise_if_pending();
         assert_eq!(r.irq.eventfd().read().unwrap(), 1);

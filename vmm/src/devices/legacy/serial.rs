@@ -25,6 +25,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::devices::bus::BusDevice;
 use crate::devices::interrupt::IrqLine;
+use crate::persist::Persist;
 
 /// How much recent output a newly attached socket client is shown.
 pub const REPLAY_BYTES: usize = 16 * 1024;
@@ -222,41 +223,28 @@ pub struct SerialState {
     pub in_buffer: Vec<u8>,
 }
 
-impl SerialDevice {
-    /// A UART raising `irq`, writing to `out`. Returns the device and the eventfd
-    /// that fires when the receive FIFO drains (for [`SerialConsole`]).
-    pub fn new(irq: IrqLine, out: SerialOut) -> io::Result<(Self, Arc<EventFd>)> {
-        let drained = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
-        let serial = Serial::with_events(irq, FifoDrained(drained.clone()), out);
-        Ok((Self { serial }, drained))
-    }
+/// What a restored UART gets from the new VM: its interrupt line and where its output goes.
+pub struct SerialArgs {
+    pub irq: IrqLine,
+    pub out: SerialOut,
+}
 
-    /// A UART in the saved `state`.
-    pub fn from_state(
-        irq: IrqLine,
-        out: SerialOut,
-        state: &SerialState,
-    ) -> io::Result<(Self, Arc<EventFd>)> {
-        let drained = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
-        let s = vm_superio::serial::SerialState {
-            baud_divisor_low: state.baud_divisor_low,
-            baud_divisor_high: state.baud_divisor_high,
-            interrupt_enable: state.interrupt_enable,
-            interrupt_identification: state.interrupt_identification,
-            line_control: state.line_control,
-            line_status: state.line_status,
-            modem_control: state.modem_control,
-            modem_status: state.modem_status,
-            scratch: state.scratch,
-            in_buffer: state.in_buffer.clone(),
-        };
-        let serial = Serial::from_state(&s, irq, FifoDrained(drained.clone()), out)
-            .map_err(|e| io::Error::other(format!("serial state: {e:?}")))?;
-        Ok((Self { serial }, drained))
-    }
+/// Why a UART could not be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum SerialRestoreError {
+    #[error(transparent)]
+    EventFd(io::Error),
+    #[error("serial state: {0}")]
+    State(String),
+}
+
+impl Persist for SerialDevice {
+    type State = SerialState;
+    type Args<'a> = SerialArgs;
+    type Error = SerialRestoreError;
 
     /// The registers and the receive FIFO.
-    pub fn state(&self) -> SerialState {
+    fn save(&self) -> SerialState {
         let s = self.serial.state();
         SerialState {
             baud_divisor_low: s.baud_divisor_low,
@@ -272,11 +260,47 @@ impl SerialDevice {
         }
     }
 
+    /// A UART in the saved `state` ([`SerialDevice::fifo_drained`] is a new eventfd).
+    fn restore(args: SerialArgs, state: &SerialState) -> Result<Self, SerialRestoreError> {
+        let drained =
+            Arc::new(EventFd::new(libc::EFD_NONBLOCK).map_err(SerialRestoreError::EventFd)?);
+        let s = vm_superio::serial::SerialState {
+            baud_divisor_low: state.baud_divisor_low,
+            baud_divisor_high: state.baud_divisor_high,
+            interrupt_enable: state.interrupt_enable,
+            interrupt_identification: state.interrupt_identification,
+            line_control: state.line_control,
+            line_status: state.line_status,
+            modem_control: state.modem_control,
+            modem_status: state.modem_status,
+            scratch: state.scratch,
+            in_buffer: state.in_buffer.clone(),
+        };
+        let serial = Serial::from_state(&s, args.irq, FifoDrained(drained), args.out)
+            .map_err(|e| SerialRestoreError::State(format!("{e:?}")))?;
+        Ok(Self { serial })
+    }
+}
+
+impl SerialDevice {
+    /// A UART raising `irq`, writing to `out`. Returns the device and the eventfd
+    /// that fires when the receive FIFO drains (for [`SerialConsole`]).
+    pub fn new(irq: IrqLine, out: SerialOut) -> io::Result<(Self, Arc<EventFd>)> {
+        let drained = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
+        let serial = Serial::with_events(irq, FifoDrained(drained.clone()), out);
+        Ok((Self { serial }, drained))
+    }
+
+    /// The eventfd that fires when the receive FIFO drains (for [`SerialConsole`]).
+    pub fn fifo_drained(&self) -> Arc<EventFd> {
+        self.serial.events().0.clone()
+    }
+
     /// Back to the power-on registers with an empty receive FIFO (an in-place reboot); the
     /// output and the console input stay connected.
     pub fn reset(&mut self) -> io::Result<()> {
         let irq = self.serial.interrupt_evt().clone();
-        let drained = FifoDrained(self.serial.events().0.clone());
+        let drained = FifoDrained(self.fifo_drained());
         let out = self.serial.writer().clone();
         self.serial = Serial::from_state(
             &vm_superio::serial::SerialState::default(),
@@ -716,12 +740,16 @@ mod tests {
         dev.write(7, &[0x5a]); // scratch
         dev.write(1, &[0x01]); // IER: data available
         assert_eq!(dev.enqueue(b"ab"), 2);
-        let st = dev.state();
+        let st = dev.save();
         let json = serde_json::to_string(&st).unwrap();
         let back: SerialState = serde_json::from_str(&json).unwrap();
         assert_eq!(back, st);
-        let (mut r, _) =
-            SerialDevice::from_state(IrqLine::new(4).unwrap(), SerialOut::Sink, &back).unwrap();
+        let args = SerialArgs {
+            irq: IrqLine::new(4).unwrap(),
+            out: SerialOut::Sink,
+        };
+        let mut r = SerialDevice::restore(args, &back).unwrap();
+        assert_eq!(r.save(), st);
         let mut b = [0u8];
         r.read(7, &mut b);
         assert_eq!(b[0], 0x5a);

@@ -19,8 +19,8 @@
 //! `virtio_queue` chains so it can be unit-tested and fuzzed without KVM. Disk I/O runs on a
 //! per-disk I/O thread (`block::io_thread`), never on the event loop.
 //!
-//! The builder calls one function per device kind: [`attach_block`], [`attach_net`] and
-//! [`attach_rng`].
+//! The devices know nothing of where they sit in the VM: the device manager
+//! (`device_manager/attach.rs`) gives each its MMIO slot and GSI and wires it in.
 
 pub mod block;
 pub mod common;
@@ -28,21 +28,16 @@ pub mod mmio;
 pub mod net;
 pub mod notify;
 pub mod persist;
-pub mod persist_error;
 pub mod rng;
 pub mod testing;
 
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 
-use event_manager::{EventManager, MutEventSubscriber, SubscriberOps};
-use kvm_ioctls::{IoEventAddress, VmFd};
+use event_manager::{EventManager, MutEventSubscriber};
 use virtio_queue::Queue;
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::device_manager::mmio::{MmioDeviceManager, MmioError, MmioSlot};
-use crate::devices::bus::{Bus, BusError};
-use crate::devices::interrupt::IrqLine;
+use crate::devices::bus::BusError;
 use crate::vstate::memory::GuestMemoryMmap;
 
 pub use block::{BlockConfig, BlockConfigError};
@@ -76,7 +71,7 @@ pub const INT_VRING: u32 = 1;
 /// Interrupt status bit: configuration (or NEEDS_RESET) changed.
 pub const INT_CONFIG: u32 = 2;
 
-/// Errors of the virtio devices and their attach functions.
+/// Errors of the virtio devices (and of wiring them into a VM: `device_manager/attach.rs`).
 #[derive(Debug, thiserror::Error)]
 pub enum VirtioError {
     #[error("cannot open disk image {path}: {source}")]
@@ -98,8 +93,6 @@ pub enum VirtioError {
         queue: usize,
         source: kvm_ioctls::Error,
     },
-    #[error("MMIO slot allocation: {0}")]
-    Slot(#[from] MmioError),
     #[error("MMIO bus: {0}")]
     Bus(#[from] BusError),
     #[error("cannot add the device to the event loop: {0}")]
@@ -194,179 +187,6 @@ impl<T: VirtioDevice + MutEventSubscriber> VirtioSubscriberDevice for T {}
 
 /// The event manager type the VMM event-loop thread runs.
 pub type VmmEventManager = EventManager<Arc<Mutex<dyn MutEventSubscriber + Send>>>;
-
-/// A device attached to the VM: its slot, its transport on the MMIO bus and the device.
-pub struct Attached<D> {
-    pub slot: MmioSlot,
-    pub transport: Arc<Mutex<mmio::MmioTransport>>,
-    pub device: Arc<Mutex<D>>,
-}
-
-/// What attaching a device touches.
-pub struct AttachContext<'a> {
-    pub vm: &'a VmFd,
-    pub mem: &'a GuestMemoryMmap,
-    pub mmio_bus: &'a mut Bus,
-    pub mgr: &'a mut MmioDeviceManager,
-    pub evmgr: &'a mut VmmEventManager,
-}
-
-/// Attach one virtio-blk disk (see [`BlockConfig`]).
-///
-/// Opens the image (read-only when `ro`, with a copy-on-write overlay when
-/// `overlay=` is set), creates the device (its I/O thread starts as `io` says) and its
-/// MMIO transport, takes the
-/// next MMIO slot and GSI from `mgr`, registers the irqfd and the queue
-/// ioeventfds with KVM, inserts the transport into `mmio_bus` and adds the
-/// device to the event loop. Nothing is committed to `mgr` (and so to the
-/// kernel command line) unless every step succeeded.
-pub fn attach_block(
-    vm: &VmFd,
-    mem: &GuestMemoryMmap,
-    mmio_bus: &mut Bus,
-    mgr: &mut MmioDeviceManager,
-    evmgr: &mut VmmEventManager,
-    cfg: &BlockConfig,
-    io: block::IoThreadOptions,
-) -> Result<Attached<block::BlockDevice>, VirtioError> {
-    let ctx = AttachContext {
-        vm,
-        mem,
-        mmio_bus,
-        mgr,
-        evmgr,
-    };
-    attach_new(ctx, block_name(cfg), |irq| {
-        block::BlockDevice::from_config(cfg, irq, io)
-    })
-}
-
-/// Attach one virtio-net device over a TAP interface (see [`NetConfig`]).
-///
-/// Uses `opened` when the embedder opened the TAP already (before giving up the privileges to
-/// open it), else opens `/dev/net/tun` for `tap=NAME` with IFF_TAP | IFF_NO_PI |
-/// IFF_VNET_HDR; probes which offloads the TAP supports (they are offered to the guest), then
-/// proceeds like [`attach_block`].
-pub fn attach_net(
-    vm: &VmFd,
-    mem: &GuestMemoryMmap,
-    mmio_bus: &mut Bus,
-    mgr: &mut MmioDeviceManager,
-    evmgr: &mut VmmEventManager,
-    cfg: &NetConfig,
-    opened: Option<net::tap::Tap>,
-) -> Result<Attached<net::NetDevice>, VirtioError> {
-    let ctx = AttachContext {
-        vm,
-        mem,
-        mmio_bus,
-        mgr,
-        evmgr,
-    };
-    attach_new(ctx, net_name(cfg), |irq| match opened {
-        Some(tap) => net::NetDevice::new(Box::new(tap), cfg.mac, irq),
-        None => net::NetDevice::from_config(cfg, irq),
-    })
-}
-
-/// Attach the virtio-rng device (entropy from the host's `getrandom`), like
-/// [`attach_block`].
-pub fn attach_rng(
-    vm: &VmFd,
-    mem: &GuestMemoryMmap,
-    mmio_bus: &mut Bus,
-    mgr: &mut MmioDeviceManager,
-    evmgr: &mut VmmEventManager,
-) -> Result<Attached<rng::RngDevice>, VirtioError> {
-    let ctx = AttachContext {
-        vm,
-        mem,
-        mmio_bus,
-        mgr,
-        evmgr,
-    };
-    attach_new(ctx, RNG_NAME.into(), rng::RngDevice::new)
-}
-
-/// Creates a device with `make` on the IRQ line of `ctx.mgr`'s next slot and attaches it there
-/// ([`attach_device`]).
-fn attach_new<D: VirtioSubscriberDevice + 'static>(
-    mut ctx: AttachContext<'_>,
-    name: String,
-    make: impl FnOnce(IrqLine) -> Result<D, VirtioError>,
-) -> Result<Attached<D>, VirtioError> {
-    let slot = ctx.mgr.peek_next()?;
-    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
-    let dev = make(irq)?;
-    attach_device(&mut ctx, Arc::new(Mutex::new(dev)), slot, name, None)
-}
-
-/// Device-manager name of the virtio-rng device.
-pub(crate) const RNG_NAME: &str = "virtio-rng";
-
-pub(crate) fn block_name(cfg: &BlockConfig) -> String {
-    format!("virtio-blk({})", cfg.path.display())
-}
-
-pub(crate) fn net_name(cfg: &NetConfig) -> String {
-    format!("virtio-net({})", cfg.tap)
-}
-
-/// Wires `dev` into the VM at `slot` (which must be `ctx.mgr`'s next one): irqfd, queue
-/// ioeventfds, a transport on the MMIO bus — fresh, or in the snapshot's `restore` state — and
-/// the event loop.
-pub(crate) fn attach_device<D: VirtioSubscriberDevice + 'static>(
-    ctx: &mut AttachContext<'_>,
-    dev: Arc<Mutex<D>>,
-    slot: MmioSlot,
-    name: String,
-    restore: Option<&mmio::MmioTransportState>,
-) -> Result<Attached<D>, VirtioError> {
-    {
-        let d = dev.lock().expect("fresh device lock");
-        let irq = d.interrupt().irq();
-        ctx.vm
-            .register_irqfd(irq.eventfd(), slot.irq)
-            .map_err(|source| VirtioError::Irqfd {
-                gsi: slot.irq,
-                source,
-            })?;
-        let notify = slot.addr + mmio::REG_QUEUE_NOTIFY;
-        for (i, evt) in d.queue_events().iter().enumerate() {
-            ctx.vm
-                .register_ioevent(evt, &IoEventAddress::Mmio(notify), i as u32)
-                .map_err(|source| VirtioError::Ioeventfd {
-                    addr: notify,
-                    queue: i,
-                    source,
-                })?;
-        }
-        log::debug!(
-            "{name}: irqfd {} -> GSI {}, {} queue ioeventfds at {notify:#x}",
-            irq.eventfd().as_raw_fd(),
-            slot.irq,
-            d.queue_events().len()
-        );
-    }
-    let vdev: Arc<Mutex<dyn VirtioDevice>> = dev.clone();
-    let transport = match restore {
-        None => mmio::MmioTransport::new(ctx.mem.clone(), vdev),
-        Some(state) => mmio::MmioTransport::restore(ctx.mem.clone(), vdev, state)
-            .map_err(|e| VirtioError::Restore(format!("{name}: {e}")))?,
-    };
-    let transport = Arc::new(Mutex::new(transport));
-    ctx.mmio_bus
-        .insert_named(transport.clone(), slot.addr, slot.len, name.clone())?;
-    let sub: Arc<Mutex<dyn MutEventSubscriber + Send>> = dev.clone();
-    ctx.evmgr.add_subscriber(sub);
-    // Cannot fail: `slot` came from `peek_next` and nothing was allocated since.
-    ctx.mgr.commit(slot, name)?;
-    Ok(Attached {
-        slot,
-        transport,
-        device: dev,
-    })
-}
 
 /// Collect the descriptors of a chain, detecting chains the iterator cut
 /// short (descriptor loops, chains longer than the queue, next index out of

@@ -1,271 +1,88 @@
-//! Snapshot state of the virtio devices: per device its MMIO slot, the transport registers and
-//! queues (`mmio/persist.rs`), and the device's own state (`block/persist.rs`, `net/persist.rs`,
-//! `rng/persist.rs`).
+//! What every virtio device's snapshot shares: the common part of its state ([`CommonState`]),
+//! how a freshly built device takes it ([`restore_state`]), and the error every device's restore
+//! can meet ([`FeaturesError`]). Each device's `persist.rs` holds the rest, the transport's is
+//! `mmio/persist.rs`; the device manager (`device_manager/persist.rs`) puts them together.
 
-use std::fs::File;
-use std::sync::{Arc, Mutex};
+use super::VirtioDevice;
 
-use serde::{Deserialize, Serialize};
-
-use super::block::persist::BlockState;
-use super::block::{BlockConfig, BlockDevice, IoThreadOptions};
-use super::mmio::{MmioTransport, MmioTransportState};
-use super::net::persist::NetState;
-use super::net::{NetConfig, NetDevice};
-pub use super::persist_error::PersistError;
-use super::rng::persist::RngState;
-use super::rng::RngDevice;
-use super::{
-    attach_device, block_name, net_name, AttachContext, VirtioDevice, VirtioError, RNG_NAME,
-};
-use crate::device_manager::mmio::MmioSlot;
-use crate::devices::interrupt::IrqLine;
-
-/// One device's kind-specific state.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum DeviceState {
-    Block(BlockState),
-    Net(NetState),
-    Rng(RngState),
+/// What every device saves of its common part in a snapshot. (The devices' saved structs carry
+/// these fields in their own places: the snapshot format 1.x fixes their JSON layout.) Queue
+/// positions and the interrupt status are the transport's part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommonState {
+    pub avail_features: u64,
+    pub acked_features: u64,
+    /// The broken flag (the driver sees DEVICE_NEEDS_RESET).
+    pub needs_reset: bool,
 }
 
-/// One virtio device in a snapshot.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VirtioDeviceState {
-    pub slot: MmioSlot,
-    pub transport: MmioTransportState,
-    pub device: DeviceState,
+/// A saved state whose acked features the restored device does not offer (its backend lacks
+/// an offload the guest uses).
+#[derive(Debug, thiserror::Error)]
+#[error("{what} does not offer features {acked:#x} the guest acked (offers {offered:#x})")]
+pub struct FeaturesError {
+    pub what: String,
+    pub acked: u64,
+    pub offered: u64,
 }
 
-/// A virtio device as the VMM holds it.
-pub enum AttachedDevice {
-    Block {
-        slot: MmioSlot,
-        config: BlockConfig,
-        transport: Arc<Mutex<MmioTransport>>,
-        device: Arc<Mutex<BlockDevice>>,
-    },
-    Net {
-        slot: MmioSlot,
-        config: NetConfig,
-        transport: Arc<Mutex<MmioTransport>>,
-        device: Arc<Mutex<NetDevice>>,
-    },
-    Rng {
-        slot: MmioSlot,
-        transport: Arc<Mutex<MmioTransport>>,
-        device: Arc<Mutex<RngDevice>>,
-    },
-}
-
-impl AttachedDevice {
-    /// Finishes the guest's outstanding work so the rings hold nothing half done: every
-    /// request already queued is completed (a disk's requests in flight on its I/O thread are
-    /// waited for), written data is flushed to the disk, queued frames are sent. virtio-rng
-    /// completes requests as it takes them: chains the rate limit holds back stay available.
-    /// Runs on the VMM thread with the vCPUs paused.
-    pub fn quiesce(&self) -> Result<(), VirtioError> {
-        match self {
-            AttachedDevice::Block { device, .. } => {
-                device.lock().expect("virtio-blk lock").quiesce()?;
-            }
-            AttachedDevice::Net { device, .. } => {
-                let mut d = device.lock().expect("virtio-net lock");
-                d.process_tx();
-                d.process_rx();
-            }
-            AttachedDevice::Rng { .. } => {}
-        }
-        Ok(())
-    }
-
-    /// Resets the device and its transport (an in-place reboot): a disk's request in flight is
-    /// waited for, queued work is dropped; the disk, overlay and TAP stay open.
-    pub fn reset(&self) {
-        let transport = match self {
-            AttachedDevice::Block { transport, .. }
-            | AttachedDevice::Net { transport, .. }
-            | AttachedDevice::Rng { transport, .. } => transport,
-        };
-        transport.lock().expect("virtio-mmio lock").reset_device();
-    }
-
-    /// The device's state. `overlay_file` names the snapshot's copy of a disk overlay.
-    pub fn save(&self, overlay_file: Option<String>) -> VirtioDeviceState {
-        match self {
-            AttachedDevice::Block {
-                slot,
-                config,
-                transport,
-                device,
-            } => VirtioDeviceState {
-                slot: *slot,
-                transport: transport.lock().expect("transport lock").state(),
-                device: DeviceState::Block(BlockState {
-                    config: config.clone(),
-                    device: device.lock().expect("virtio-blk lock").state(),
-                    overlay_file,
-                }),
-            },
-            AttachedDevice::Net {
-                slot,
-                config,
-                transport,
-                device,
-            } => VirtioDeviceState {
-                slot: *slot,
-                transport: transport.lock().expect("transport lock").state(),
-                device: DeviceState::Net(device.lock().expect("virtio-net lock").save(config)),
-            },
-            AttachedDevice::Rng {
-                slot,
-                transport,
-                device,
-            } => VirtioDeviceState {
-                slot: *slot,
-                transport: transport.lock().expect("transport lock").state(),
-                device: DeviceState::Rng(device.lock().expect("virtio-rng lock").save()),
-            },
-        }
-    }
-
-    /// A disk with a copy-on-write overlay: writes the overlay to `out`.
-    pub fn save_overlay(&self, out: &File) -> Result<u64, PersistError> {
-        match self {
-            AttachedDevice::Block { config, device, .. } => device
-                .lock()
-                .expect("virtio-blk lock")
-                .save_overlay(out)
-                .map_err(|source| PersistError::SaveOverlay {
-                    path: config.path.display().to_string(),
-                    source,
-                }),
-            AttachedDevice::Net { .. } | AttachedDevice::Rng { .. } => Err(PersistError::Virtio(
-                VirtioError::Disk(super::block::DiskError::NotAnOverlay),
-            )),
-        }
-    }
-
-    /// The interrupt state shared by the device and its transport.
-    pub fn interrupt(&self) -> Arc<super::VirtioInterrupt> {
-        match self {
-            AttachedDevice::Block { device, .. } => {
-                device.lock().expect("virtio-blk lock").interrupt().clone()
-            }
-            AttachedDevice::Net { device, .. } => {
-                device.lock().expect("virtio-net lock").interrupt().clone()
-            }
-            AttachedDevice::Rng { device, .. } => {
-                device.lock().expect("virtio-rng lock").interrupt().clone()
-            }
-        }
-    }
-
-    pub fn slot(&self) -> MmioSlot {
-        match self {
-            AttachedDevice::Block { slot, .. }
-            | AttachedDevice::Net { slot, .. }
-            | AttachedDevice::Rng { slot, .. } => *slot,
-        }
-    }
-
-    /// Whether this is a disk with a copy-on-write overlay.
-    pub fn has_overlay(&self) -> bool {
-        matches!(self, AttachedDevice::Block { config, .. } if config.overlay.is_some())
-    }
-}
-
-/// Re-creates device `index` of a snapshot in `state`, at the same slot, with its saved
-/// configuration or the override (`block` for a disk, `net` for a NIC). `saved_overlay` is the
-/// snapshot's copy of a disk's overlay; a disk's I/O thread starts as `block_io` says.
-/// A NIC whose TAP is among `taps` (opened by the embedder) takes it.
-#[allow(clippy::too_many_arguments)]
-pub fn restore_device(
-    ctx: &mut AttachContext<'_>,
-    index: usize,
-    state: &VirtioDeviceState,
-    block: Option<&BlockConfig>,
-    saved_overlay: Option<&File>,
-    net: Option<&NetConfig>,
-    block_io: IoThreadOptions,
-    taps: &mut Vec<crate::devices::virtio::net::tap::Tap>,
-) -> Result<AttachedDevice, PersistError> {
-    let slot = ctx.mgr.peek_next().map_err(VirtioError::Slot)?;
-    if slot != state.slot {
-        return Err(PersistError::Slot {
-            index,
-            saved: state.slot.addr,
-            saved_irq: state.slot.irq,
-            here: slot.addr,
-            here_irq: slot.irq,
+/// Gives a freshly built `dev` the saved common state: the acked features (which `dev` must
+/// offer; `what` names it in the error) through [`VirtioDevice::set_acked_features`], so a
+/// device that configures its backend from them does so, and the broken flag. The offered
+/// features are the new backend's, not the saved ones.
+pub fn restore_state<D: VirtioDevice + ?Sized>(
+    dev: &mut D,
+    what: &str,
+    saved: CommonState,
+) -> Result<(), FeaturesError> {
+    let offered = dev.common().avail_features();
+    if saved.acked_features & !offered != 0 {
+        return Err(FeaturesError {
+            what: what.to_string(),
+            acked: saved.acked_features,
+            offered,
         });
     }
-    let irq = IrqLine::new(slot.irq).map_err(VirtioError::EventFd)?;
-    match &state.device {
-        DeviceState::Block(b) => {
-            let cfg = block.unwrap_or(&b.config);
-            if b.config.overlay.is_some() {
-                if cfg.overlay.is_none() {
-                    return Err(PersistError::OverlayRequired(index));
-                }
-                if saved_overlay.is_none() {
-                    return Err(PersistError::NoOverlayCopy(index));
-                }
-            }
-            let dev = BlockDevice::restore(cfg, saved_overlay, irq, &b.device, block_io)?;
-            let a = attach_device(
-                ctx,
-                Arc::new(Mutex::new(dev)),
-                slot,
-                block_name(cfg),
-                Some(&state.transport),
-            )?;
-            Ok(AttachedDevice::Block {
-                slot,
-                config: cfg.clone(),
-                transport: a.transport,
-                device: a.device,
-            })
-        }
-        DeviceState::Net(n) => {
-            let cfg = net.unwrap_or(&n.config);
-            let opened = taps
-                .iter()
-                .position(|t| t.name() == cfg.tap)
-                .map(|i| taps.swap_remove(i));
-            let dev = NetDevice::restore(cfg, irq, n, opened)?;
-            let a = attach_device(
-                ctx,
-                Arc::new(Mutex::new(dev)),
-                slot,
-                net_name(cfg),
-                Some(&state.transport),
-            )?;
-            Ok(AttachedDevice::Net {
-                slot,
-                config: NetConfig {
-                    tap: cfg.tap.clone(),
-                    mac: n.device.mac,
-                },
-                transport: a.transport,
-                device: a.device,
-            })
-        }
-        DeviceState::Rng(r) => {
-            let dev = RngDevice::restore(irq, r)?;
-            let a = attach_device(
-                ctx,
-                Arc::new(Mutex::new(dev)),
-                slot,
-                RNG_NAME.into(),
-                Some(&state.transport),
-            )?;
-            Ok(AttachedDevice::Rng {
-                slot,
-                transport: a.transport,
-                device: a.device,
-            })
-        }
+    dev.set_acked_features(saved.acked_features);
+    dev.common_mut().set_broken(saved.needs_reset);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::virtio::VIRTIO_F_VERSION_1;
+
+    #[test]
+    fn restore_takes_offered_acked_features_and_the_broken_flag() {
+        use crate::devices::virtio::test_utils::DummyDevice;
+        let mut d = DummyDevice::new(&[8]);
+        let saved = CommonState {
+            avail_features: 0,
+            acked_features: 1 << VIRTIO_F_VERSION_1,
+            needs_reset: true,
+        };
+        restore_state(&mut d, "dev", saved).unwrap();
+        let st = d.common.state();
+        assert_eq!(st.acked_features, 1 << VIRTIO_F_VERSION_1);
+        assert!(st.needs_reset);
+        // The offered features are the device's own.
+        assert_eq!(st.avail_features, (1 << VIRTIO_F_VERSION_1) | (1 << 3));
+        let e = restore_state(
+            &mut DummyDevice::new(&[8]),
+            "dev",
+            CommonState {
+                acked_features: 2,
+                ..saved
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "dev does not offer features 0x2 the guest acked (offers {:#x})",
+                (1u64 << VIRTIO_F_VERSION_1) | (1 << 3)
+            )
+        );
     }
 }

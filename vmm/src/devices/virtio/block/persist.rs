@@ -16,9 +16,9 @@ use super::open::open_disk;
 use super::overlay::Overlay;
 use super::BlockConfig;
 use crate::devices::interrupt::IrqLine;
-use crate::devices::virtio::common::{self, CommonState};
-use crate::devices::virtio::persist_error::PersistError;
+use crate::devices::virtio::persist::{restore_state, CommonState, FeaturesError};
 use crate::devices::virtio::VirtioError;
+use crate::persist::Persist;
 
 /// A virtio-blk device in a snapshot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,17 +37,54 @@ impl BlockDevice {
         disk.flush()?;
         Ok(disk.save_overlay(out)?)
     }
+}
 
-    /// Opens the backend `cfg` names — for an overlay disk, the overlay becomes a copy of
-    /// `saved_overlay` — and gives the device the saved `state`. The disk must have the saved
-    /// capacity and read-only setting. The I/O thread starts as `io` says.
-    pub fn restore(
-        cfg: &BlockConfig,
-        saved_overlay: Option<&File>,
-        irq: IrqLine,
-        state: &BlockDeviceState,
-        io: IoThreadOptions,
-    ) -> Result<Self, PersistError> {
+/// What a restored disk gets from the new VM: the configuration to open (the snapshot's or its
+/// replacement), the snapshot's copy of its overlay, its interrupt line and how its I/O thread
+/// starts.
+pub struct BlockArgs<'a> {
+    pub config: &'a BlockConfig,
+    pub saved_overlay: Option<&'a File>,
+    pub irq: IrqLine,
+    pub io: IoThreadOptions,
+}
+
+/// Why a disk could not be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum BlockRestoreError {
+    #[error(transparent)]
+    Virtio(#[from] VirtioError),
+    #[error("disk {path} has {actual} bytes, the snapshot's disk had {expected}")]
+    Capacity {
+        path: String,
+        actual: u64,
+        expected: u64,
+    },
+    #[error("disk {path}: the snapshot's disk was {}", if *expected { "read-only" } else { "writable" })]
+    ReadOnly { path: String, expected: bool },
+    #[error(transparent)]
+    Features(#[from] FeaturesError),
+}
+
+impl Persist for BlockDevice {
+    type State = BlockDeviceState;
+    type Args<'a> = BlockArgs<'a>;
+    type Error = BlockRestoreError;
+
+    fn save(&self) -> BlockDeviceState {
+        self.state()
+    }
+
+    /// Opens the backend `args.config` names — for an overlay disk, the overlay becomes a copy of
+    /// `args.saved_overlay` — and gives the device the saved `state`. The disk must have the saved
+    /// capacity and read-only setting. The I/O thread starts as `args.io` says.
+    fn restore(args: BlockArgs<'_>, state: &BlockDeviceState) -> Result<Self, BlockRestoreError> {
+        let BlockArgs {
+            config: cfg,
+            saved_overlay,
+            irq,
+            io,
+        } = args;
         let disk: Box<dyn DiskBackend> = match (&cfg.overlay, saved_overlay) {
             (Some(o), Some(saved)) => {
                 Box::new(Overlay::restore(&cfg.path, o, saved).map_err(VirtioError::Disk)?)
@@ -57,14 +94,14 @@ impl BlockDevice {
         };
         let path = cfg.path.display().to_string();
         if disk.capacity() != state.capacity {
-            return Err(PersistError::DiskCapacity {
+            return Err(BlockRestoreError::Capacity {
                 path,
                 actual: disk.capacity(),
                 expected: state.capacity,
             });
         }
         if disk.read_only() != state.read_only {
-            return Err(PersistError::DiskReadOnly {
+            return Err(BlockRestoreError::ReadOnly {
                 path,
                 expected: state.read_only,
             });
@@ -75,7 +112,7 @@ impl BlockDevice {
             acked_features: state.acked_features,
             needs_reset: state.needs_reset,
         };
-        common::restore_state(&mut dev, &format!("virtio-blk {path}"), saved)?;
+        restore_state(&mut dev, &format!("virtio-blk {path}"), saved)?;
         Ok(dev)
     }
 }

@@ -25,7 +25,7 @@ mod regs;
 #[cfg(test)]
 mod tests;
 
-pub use persist::{MmioTransportState, QueueSnapshot, RestoreError};
+pub use persist::{MmioTransportState, QueueSnapshot, RestoreError, TransportArgs};
 pub use regs::*;
 
 /// Is a driver write moving the device status from `from` to `to` allowed?
@@ -93,105 +93,6 @@ impl MmioTransport {
             config_generation: 0,
             queues,
         }
-    }
-
-    /// Snapshot of the register state. Once the device is active its own copies of the queues
-    /// are the live ones (ring positions advance there), so those are reported.
-    pub fn state(&self) -> MmioTransportState {
-        let live = self.device().live_queues();
-        let queues = match live {
-            Some(l) if l.len() == self.queues.len() => l,
-            _ => self.queues.iter().map(QueueSnapshot::from).collect(),
-        };
-        MmioTransportState {
-            device_status: self.device_status,
-            device_features_sel: self.device_features_sel,
-            driver_features_sel: self.driver_features_sel,
-            queue_sel: self.queue_sel,
-            acked_features: self.driver_features,
-            config_generation: self.config_generation,
-            queues,
-            interrupt_status: self.interrupt.status(),
-            needs_reset: self.interrupt.needs_reset(),
-        }
-    }
-
-    /// A transport for `device` in the saved `state` (the device's own state already restored).
-    /// When the driver had set DRIVER_OK, the device is activated with the saved queues, ring
-    /// positions included, and processes whatever the guest queued meanwhile.
-    pub fn restore(
-        mem: GuestMemoryMmap,
-        device: Arc<Mutex<dyn VirtioDevice>>,
-        state: &MmioTransportState,
-    ) -> Result<Self, RestoreError> {
-        let mut t = Self::new(mem, device);
-        if state.queues.len() != t.queues.len() {
-            return Err(RestoreError::QueueCount {
-                saved: state.queues.len(),
-                device: t.queues.len(),
-            });
-        }
-        let mut queues = Vec::with_capacity(state.queues.len());
-        for (i, (saved, q)) in state.queues.iter().zip(&t.queues).enumerate() {
-            if saved.max_size != q.max_size() {
-                return Err(RestoreError::Queue {
-                    index: i,
-                    reason: format!(
-                        "max size {} in the snapshot, {} here",
-                        saved.max_size,
-                        q.max_size()
-                    ),
-                });
-            }
-            let qs = virtio_queue::QueueState {
-                max_size: saved.max_size,
-                next_avail: saved.next_avail,
-                next_used: saved.next_used,
-                event_idx_enabled: saved.event_idx,
-                size: saved.size,
-                ready: saved.ready,
-                desc_table: saved.desc_table,
-                avail_ring: saved.avail_ring,
-                used_ring: saved.used_ring,
-            };
-            queues.push(Queue::try_from(qs).map_err(|e| RestoreError::Queue {
-                index: i,
-                reason: e.to_string(),
-            })?);
-        }
-        t.queues = queues;
-        t.device_status = state.device_status;
-        t.device_features_sel = state.device_features_sel;
-        t.driver_features_sel = state.driver_features_sel;
-        t.queue_sel = state.queue_sel;
-        t.driver_features = state.acked_features;
-        t.config_generation = state.config_generation;
-        let active = state.device_status & status::DRIVER_OK != 0 && !state.needs_reset;
-        if active {
-            if let Some((i, _)) = t
-                .queues
-                .iter()
-                .enumerate()
-                .find(|(_, q)| !q.is_valid(&t.mem))
-            {
-                return Err(RestoreError::Queue {
-                    index: i,
-                    reason: "not ready or outside guest memory".into(),
-                });
-            }
-            let queues: Vec<Queue> = t
-                .queues
-                .iter()
-                .map(|q| Queue::try_from(q.state()).expect("a valid queue's state converts back"))
-                .collect();
-            let mem = t.mem.clone();
-            t.device()
-                .activate(mem, queues)
-                .map_err(|e| RestoreError::Activate(e.to_string()))?;
-        }
-        t.interrupt
-            .restore(state.interrupt_status, state.needs_reset);
-        Ok(t)
     }
 
     /// Status as the driver reads it (with NEEDS_RESET when set by the device).

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::devices::virtio::test_utils::{mem, DummyDevice};
+use crate::persist::Persist;
 use status::*;
 
 #[test]
@@ -143,19 +144,19 @@ fn full_init_activates_and_reset_deactivates() {
         assert_eq!(dev.activated_queues[1].size(), 4);
         assert_eq!(dev.activated_queues[0].desc_table(), 0x10000);
     }
-    let st = t.state();
+    let st = t.save();
     assert_eq!(st.queues[1].size, 4);
     assert!(st.queues[0].ready);
     // Queue setup after DRIVER_OK is refused.
     wr(&mut t, REG_QUEUE_SEL, 0);
     wr(&mut t, REG_QUEUE_DESC_LOW, 0x5000);
-    assert_eq!(t.state().queues[0].desc_table, 0x10000);
+    assert_eq!(t.save().queues[0].desc_table, 0x10000);
     // Reset.
     wr(&mut t, REG_STATUS, 0);
     assert_eq!(rd(&mut t, REG_STATUS), 0);
     assert!(!d.lock().unwrap().active);
     assert_eq!(
-        t.state().queues[0],
+        t.save().queues[0],
         QueueSnapshot {
             max_size: 16,
             size: 16,
@@ -212,7 +213,7 @@ fn event_idx_follows_the_driver_and_is_part_of_the_queue_state() {
             assert_eq!(q.event_idx_enabled(), acked);
         }
         drop(dev);
-        let saved = t.state();
+        let saved = t.save();
         assert!(saved.queues.iter().all(|q| q.event_idx == acked));
         // A restored device gets it back: its queues suppress notifications and
         // interrupts exactly as the driver expects.
@@ -220,7 +221,11 @@ fn event_idx_follows_the_driver_and_is_part_of_the_queue_state() {
             &[16, 8],
             1 << VIRTIO_RING_F_EVENT_IDX,
         )));
-        let restored = MmioTransport::restore(mem(), d2.clone(), &saved).unwrap();
+        let args = TransportArgs {
+            mem: mem(),
+            device: d2.clone(),
+        };
+        let restored = MmioTransport::restore(args, &saved).unwrap();
         let dev2 = d2.lock().unwrap();
         assert!(dev2.active);
         assert_eq!(dev2.activated_queues.len(), 2);
@@ -228,10 +233,10 @@ fn event_idx_follows_the_driver_and_is_part_of_the_queue_state() {
             assert_eq!(q.event_idx_enabled(), acked);
         }
         drop(dev2);
-        assert_eq!(restored.state().queues, saved.queues);
+        assert_eq!(restored.save().queues, saved.queues);
         // A reset forgets it.
         wr(&mut t, REG_STATUS, 0);
-        assert!(t.state().queues.iter().all(|q| !q.event_idx));
+        assert!(t.save().queues.iter().all(|q| !q.event_idx));
     }
 }
 
@@ -263,10 +268,10 @@ fn features_refused_without_version_1_or_with_unoffered_bits() {
     wr(&mut t, REG_STATUS, ACKNOWLEDGE | DRIVER | FEATURES_OK);
     assert_eq!(rd(&mut t, REG_STATUS), ACKNOWLEDGE | DRIVER | FEATURES_OK);
     // Features are frozen after FEATURES_OK.
-    assert_eq!(t.state().acked_features, (1 << 32) | (1 << 3));
+    assert_eq!(t.save().acked_features, (1 << 32) | (1 << 3));
     wr(&mut t, REG_DRIVER_FEATURES_SEL, 0);
     wr(&mut t, REG_DRIVER_FEATURES, 0);
-    assert_eq!(t.state().acked_features, (1 << 32) | (1 << 3));
+    assert_eq!(t.save().acked_features, (1 << 32) | (1 << 3));
 }
 
 #[test]
@@ -291,16 +296,16 @@ fn queue_setup_rules_and_bad_sizes() {
     let (mut t, _) = transport();
     // Before FEATURES_OK queue writes are ignored.
     wr(&mut t, REG_QUEUE_NUM, 4);
-    assert_eq!(t.state().queues[0].size, 16);
+    assert_eq!(t.save().queues[0].size, 16);
     negotiate(&mut t);
     wr(&mut t, REG_QUEUE_NUM, 3); // not a power of two
-    assert_eq!(t.state().queues[0].size, 16);
+    assert_eq!(t.save().queues[0].size, 16);
     wr(&mut t, REG_QUEUE_NUM, 32); // above max
-    assert_eq!(t.state().queues[0].size, 16);
+    assert_eq!(t.save().queues[0].size, 16);
     wr(&mut t, REG_QUEUE_NUM, 0x10004); // does not fit u16
-    assert_eq!(t.state().queues[0].size, 16);
+    assert_eq!(t.save().queues[0].size, 16);
     wr(&mut t, REG_QUEUE_NUM, 4);
-    assert_eq!(t.state().queues[0].size, 4);
+    assert_eq!(t.save().queues[0].size, 4);
     wr(&mut t, REG_QUEUE_SEL, 9);
     wr(&mut t, REG_QUEUE_NUM, 4); // missing queue: ignored, no panic
     wr(&mut t, REG_QUEUE_READY, 1);

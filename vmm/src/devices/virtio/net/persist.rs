@@ -12,15 +12,23 @@ use super::device::{NetBackend, NetDevice, NetDeviceState};
 use super::tap::Tap;
 use super::NetConfig;
 use crate::devices::interrupt::IrqLine;
-use crate::devices::virtio::common::{self, CommonState};
-use crate::devices::virtio::persist_error::PersistError;
+use crate::devices::virtio::persist::{restore_state, CommonState, FeaturesError};
 use crate::devices::virtio::VirtioError;
+use crate::persist::Persist;
 use crate::snapshot::blob;
 
-/// A virtio-net device in a snapshot.
+/// A virtio-net device in a snapshot: the TAP it was on and what the device saves of itself
+/// (in the same JSON object).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetState {
     pub config: NetConfig,
+    #[serde(flatten)]
+    pub saved: NetSaved,
+}
+
+/// What a virtio-net device saves of itself ([`Persist::save`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetSaved {
     pub device: NetDeviceState,
     /// A frame taken from the TAP that no receive buffer has taken yet.
     #[serde(default, with = "opt_bytes")]
@@ -42,27 +50,45 @@ mod opt_bytes {
     }
 }
 
-impl NetDevice {
+/// What a restored NIC gets from the new VM: the configuration (the snapshot's or its
+/// replacement), its interrupt line, and the TAP when the embedder opened it already (else it
+/// is opened here).
+pub struct NetArgs<'a> {
+    pub config: &'a NetConfig,
+    pub irq: IrqLine,
+    pub opened: Option<Tap>,
+}
+
+/// Why a NIC could not be restored.
+#[derive(Debug, thiserror::Error)]
+pub enum NetRestoreError {
+    #[error(transparent)]
+    Virtio(#[from] VirtioError),
+    #[error("MAC {asked} asked for, but the guest's NIC has MAC {saved}")]
+    Mac { asked: String, saved: String },
+    #[error(transparent)]
+    Features(#[from] FeaturesError),
+}
+
+impl Persist for NetDevice {
+    type State = NetSaved;
+    type Args<'a> = NetArgs<'a>;
+    type Error = NetRestoreError;
+
     /// The device's part of a snapshot.
-    pub fn save(&self, config: &NetConfig) -> NetState {
-        NetState {
-            config: config.clone(),
+    fn save(&self) -> NetSaved {
+        NetSaved {
             device: self.state(),
             rx_pending: self.rx_pending_frame().map(<[u8]>::to_vec),
         }
     }
 
-    /// Attaches to the TAP `cfg` names and gives the device the saved `state`. The MAC is the
-    /// guest's (from the snapshot); `cfg.mac`, when given, must be the same.
-    /// `opened`: the TAP when the embedder opened it already (else opened here).
-    pub fn restore(
-        cfg: &NetConfig,
-        irq: IrqLine,
-        state: &NetState,
-        opened: Option<Tap>,
-    ) -> Result<Self, PersistError> {
+    /// Attaches to the TAP `args.config` names and gives the device the saved `state`. The MAC
+    /// is the guest's (from the snapshot); `args.config.mac`, when given, must be the same.
+    fn restore(args: NetArgs<'_>, state: &NetSaved) -> Result<Self, NetRestoreError> {
+        let cfg = args.config;
         if let Some(m) = cfg.mac.filter(|m| Some(*m) != state.device.mac) {
-            return Err(PersistError::Mac {
+            return Err(NetRestoreError::Mac {
                 asked: m.to_string(),
                 saved: state
                     .device
@@ -70,29 +96,31 @@ impl NetDevice {
                     .map_or_else(|| "none".to_string(), |m| m.to_string()),
             });
         }
-        let tap = match opened {
+        let tap = match args.opened {
             Some(t) => t,
             None => Tap::open(&cfg.tap).map_err(VirtioError::Tap)?,
         };
-        Self::restore_on(Box::new(tap), &format!("TAP {}", cfg.tap), irq, state)
+        Self::restore_on(Box::new(tap), &format!("TAP {}", cfg.tap), args.irq, state)
     }
+}
 
-    /// The device half of [`NetDevice::restore`] on an already opened `backend` (`what` names
+impl NetDevice {
+    /// The device half of [`Persist::restore`] on an already opened `backend` (`what` names
     /// it in errors): the saved MAC, acked features (which the backend must offer), counters,
     /// broken flag and pending frame.
     pub fn restore_on(
         backend: Box<dyn NetBackend>,
         what: &str,
         irq: IrqLine,
-        state: &NetState,
-    ) -> Result<Self, PersistError> {
+        state: &NetSaved,
+    ) -> Result<Self, NetRestoreError> {
         let mut dev = NetDevice::new(backend, state.device.mac, irq)?;
         let saved = CommonState {
             avail_features: state.device.avail_features,
             acked_features: state.device.acked_features,
             needs_reset: state.device.needs_reset,
         };
-        common::restore_state(&mut dev, what, saved)?;
+        restore_state(&mut dev, what, saved)?;
         dev.restore_runtime(state.device.stats, state.rx_pending.as_deref());
         Ok(dev)
     }
