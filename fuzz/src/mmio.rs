@@ -32,6 +32,7 @@ use vmm::devices::virtio::block::BlockDevice;
 use vmm::devices::virtio::mmio::*;
 use vmm::devices::virtio::net::{MacAddr, NetDevice};
 use vmm::devices::virtio::{status, VirtioDevice, VirtioInterrupt, INT_CONFIG, INT_VRING};
+use vmm::persist::Persist;
 use vmm::vstate::memory::GuestMemoryMmap;
 
 use crate::backend::{pair, HostEnd};
@@ -385,11 +386,11 @@ impl Run {
     }
 
     fn read(&mut self, off: u64, width: usize) {
-        let before = self.t.state();
+        let before = self.t.save();
         let nr_before = self.interrupt.needs_reset();
         let b = self.read_raw(off, width);
         assert_eq!(
-            self.t.state(),
+            self.t.save(),
             before,
             "a read at {off:#x} changed the transport state"
         );
@@ -482,11 +483,11 @@ impl Run {
         let mut bytes = v.to_le_bytes().to_vec();
         bytes.resize(width, 0);
         let nr_before = self.interrupt.needs_reset();
-        let before = self.t.state();
+        let before = self.t.save();
         self.t.write(off, &bytes);
         if off >= REG_CONFIG {
             assert_eq!(
-                self.t.state(),
+                self.t.save(),
                 before,
                 "a config write changed the transport registers"
             );
@@ -494,7 +495,7 @@ impl Run {
         }
         if width != 4 || !off.is_multiple_of(4) {
             assert_eq!(
-                self.t.state(),
+                self.t.save(),
                 before,
                 "a {width}-byte write at {off:#x} changed state"
             );
@@ -649,7 +650,7 @@ impl Run {
     }
 
     fn compare_state(&self, when: &str) {
-        let s = self.t.state();
+        let s = self.t.save();
         let m = &self.m;
         assert_eq!(s.device_status, m.status, "{when}: status");
         assert_eq!(s.device_features_sel, m.dfsel, "{when}: DeviceFeaturesSel");
@@ -787,17 +788,21 @@ impl Run {
     /// snapshot and restore do): the restored transport must report exactly the saved state,
     /// and the device is active exactly when the driver had set DRIVER_OK without NEEDS_RESET.
     fn snapshot_restore(&mut self) {
-        let saved = self.t.state();
+        let saved = self.t.save();
         let (dev, vdev, interrupt) = make_device(self.cfg);
         if saved.device_status & status::FEATURES_OK != 0 {
             vdev.lock()
                 .expect("lock")
                 .set_acked_features(saved.acked_features);
         }
-        let t = MmioTransport::restore(self.mem.clone(), vdev, &saved)
+        let args = TransportArgs {
+            mem: self.mem.clone(),
+            device: vdev,
+        };
+        let t = MmioTransport::restore(args, &saved)
             .unwrap_or_else(|e| panic!("restoring a state the transport saved: {e}\n{saved:?}"));
         assert_eq!(
-            t.state(),
+            t.save(),
             saved,
             "the restored transport differs from the saved one"
         );

@@ -50,10 +50,10 @@ fn snapshot() -> Vec<(String, Vec<u8>)> {
     let file = vmm::snapshot::format::encode(&json(false));
     let mut tampered = crate::snapshot::sample_state(false);
     // Rings moved outside guest memory and a queue that claims work it does not have.
-    if let Some(d) = tampered.devices.first_mut() {
+    if let Some(d) = tampered.devices.virtio.first_mut() {
         d.transport.queues[0].used_ring = 0xffff_ffff_0000;
     }
-    if let Some(d) = tampered.devices.get_mut(1) {
+    if let Some(d) = tampered.devices.virtio.get_mut(1) {
         d.transport.queues[1].next_avail = 7;
     }
     vec![

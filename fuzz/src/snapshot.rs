@@ -21,16 +21,18 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use vmm::device_manager::persist::{DeviceState, DeviceStates, VirtioDeviceState};
 use vmm::devices::interrupt::{IrqLine, ResetLine};
-use vmm::devices::legacy::i8042::I8042Device;
-use vmm::devices::legacy::serial::{SerialDevice, SerialOut};
+use vmm::devices::legacy::i8042::{I8042Args, I8042Device};
+use vmm::devices::legacy::serial::{SerialArgs, SerialDevice, SerialOut};
 use vmm::devices::virtio::block::device::IoThreadOptions;
+use vmm::devices::virtio::block::persist::BlockArgs;
 use vmm::devices::virtio::block::{BlockConfig, BlockDevice};
-use vmm::devices::virtio::mmio::MmioTransport;
+use vmm::devices::virtio::mmio::{MmioTransport, TransportArgs};
 use vmm::devices::virtio::net::NetDevice;
-use vmm::devices::virtio::persist::{DeviceState, VirtioDeviceState};
 use vmm::devices::virtio::rng::RngDevice;
 use vmm::devices::virtio::VirtioDevice;
+use vmm::persist::Persist;
 use vmm::snapshot::format;
 use vmm::snapshot::state::MicrovmState;
 use vmm::snapshot::LoadedSnapshot;
@@ -96,7 +98,7 @@ pub fn run(data: &[u8]) {
         memory
             .set_len(len.min(MAX_MEMORY_FILE))
             .expect("sparse memory file");
-        for d in &s.devices {
+        for d in &s.devices.virtio {
             if let DeviceState::Block(b) = &d.device {
                 if let Some(name) = b.overlay_file.as_deref().filter(|n| plain_name(n)) {
                     File::create(dir.join(name)).expect("overlay copy");
@@ -148,7 +150,7 @@ fn check_loaded(dir: &Path, l: &LoadedSnapshot) {
     let total: u64 = expected.iter().map(|r| r.1).sum();
     assert_eq!(l.memory.metadata().expect("memory file").len(), total);
     for (i, _) in &l.overlays {
-        let Some(DeviceState::Block(b)) = s.devices.get(*i).map(|d| &d.device) else {
+        let Some(DeviceState::Block(b)) = s.devices.virtio.get(*i).map(|d| &d.device) else {
             panic!("an overlay copy for device {i}, which is not a disk");
         };
         let name = b
@@ -182,17 +184,26 @@ fn restore(s: &MicrovmState, tsc_delta: u64, mode: u8) {
     }
 
     let irq = || IrqLine::new(4).expect("eventfd");
-    if let Ok((uart, _drained)) = SerialDevice::from_state(irq(), SerialOut::Sink, &s.serial) {
+    let serial = &s.devices.serial;
+    let args = SerialArgs {
+        irq: irq(),
+        out: SerialOut::Sink,
+    };
+    if let Ok(uart) = SerialDevice::restore(args, serial) {
         assert_eq!(
-            uart.state(),
-            s.serial,
+            uart.save(),
+            *serial,
             "the UART does not read back its state"
         );
     }
-    let mut kbd = I8042Device::new(ResetLine::new().expect("eventfd"), irq());
-    kbd.restore_state(&s.i8042);
-    let back = kbd.state();
-    assert!(s.i8042.buf.starts_with(&back.buf), "i8042 buffer");
+    let i8042 = &s.devices.i8042;
+    let args = I8042Args {
+        reset: ResetLine::new().expect("eventfd"),
+        irq: irq(),
+    };
+    let Ok(kbd) = I8042Device::restore(args, i8042);
+    let back = kbd.save();
+    assert!(i8042.buf.starts_with(&back.buf), "i8042 buffer");
     assert_eq!(
         (
             back.status,
@@ -202,17 +213,17 @@ fn restore(s: &MicrovmState, tsc_delta: u64, mode: u8) {
             back.kbd_param_for
         ),
         (
-            s.i8042.status,
-            s.i8042.ctr,
-            s.i8042.cmd,
-            s.i8042.outp,
-            s.i8042.kbd_param_for
+            i8042.status,
+            i8042.ctr,
+            i8042.cmd,
+            i8042.outp,
+            i8042.kbd_param_for
         ),
         "i8042 registers"
     );
 
     let mem = guest_memory();
-    for (i, d) in s.devices.iter().enumerate() {
+    for (i, d) in s.devices.virtio.iter().enumerate() {
         restore_device(&mem, i, d, mode);
     }
 }
@@ -234,7 +245,13 @@ fn restore_device(mem: &GuestMemoryMmap, index: usize, d: &VirtioDeviceState, mo
                 id: b.config.id.clone(),
                 overlay: None,
             };
-            let r = BlockDevice::restore(&cfg, None, irq, &b.device, IoThreadOptions::default());
+            let args = BlockArgs {
+                config: &cfg,
+                saved_overlay: None,
+                irq,
+                io: IoThreadOptions::default(),
+            };
+            let r = BlockDevice::restore(args, &b.device);
             trace!("device {index}: virtio-blk restore: {:?}", r.as_ref().err());
             if let Ok(dev) = r {
                 assert_eq!(
@@ -267,10 +284,14 @@ fn restore_device(mem: &GuestMemoryMmap, index: usize, d: &VirtioDeviceState, mo
         }
         DeviceState::Net(n) => {
             let (backend, host) = pair(u32::from(mode >> 1 & 7));
-            let r = NetDevice::restore_on(Box::new(backend), "fake TAP", irq, n);
+            let r = NetDevice::restore_on(Box::new(backend), "fake TAP", irq, &n.saved);
             trace!("device {index}: virtio-net restore: {:?}", r.as_ref().err());
             if let Ok(dev) = r {
-                assert_eq!(dev.state().stats, n.device.stats, "counters after restore");
+                assert_eq!(
+                    dev.state().stats,
+                    n.saved.device.stats,
+                    "counters after restore"
+                );
                 let dev = Arc::new(Mutex::new(dev));
                 if transport(mem, index, dev.clone(), d) {
                     host.send(&[0x5a; 60]);
@@ -293,10 +314,14 @@ fn transport(
     dev: Arc<Mutex<dyn VirtioDevice>>,
     d: &VirtioDeviceState,
 ) -> bool {
-    match MmioTransport::restore(mem.clone(), dev, &d.transport) {
+    let args = TransportArgs {
+        mem: mem.clone(),
+        device: dev,
+    };
+    match MmioTransport::restore(args, &d.transport) {
         Ok(t) => {
             assert_eq!(
-                t.state(),
+                t.save(),
                 d.transport,
                 "device {index}: the restored transport differs from the saved one"
             );
@@ -321,7 +346,7 @@ pub fn sample_state(overlay: bool) -> MicrovmState {
     use vmm::devices::virtio::mmio::{MmioTransportState, QueueSnapshot};
     use vmm::devices::virtio::net::device::NetDeviceState;
     use vmm::devices::virtio::net::frames::NetStats;
-    use vmm::devices::virtio::net::persist::NetState;
+    use vmm::devices::virtio::net::persist::{NetSaved, NetState};
     use vmm::devices::virtio::net::{MacAddr, NetConfig};
     use vmm::devices::virtio::rng::device::RngDeviceState;
     use vmm::devices::virtio::rng::persist::RngState;
@@ -403,90 +428,94 @@ pub fn sample_state(overlay: bool) -> MicrovmState {
             events: None,
             tsc_khz: Some(2_000_000),
         }],
-        serial: SerialState {
-            baud_divisor_low: 12,
-            baud_divisor_high: 0,
-            interrupt_enable: 1,
-            interrupt_identification: 1,
-            line_control: 3,
-            line_status: 0x60,
-            modem_control: 8,
-            modem_status: 0xb0,
-            scratch: 0,
-            in_buffer: b"ls\n".to_vec(),
+        devices: DeviceStates {
+            serial: SerialState {
+                baud_divisor_low: 12,
+                baud_divisor_high: 0,
+                interrupt_enable: 1,
+                interrupt_identification: 1,
+                line_control: 3,
+                line_status: 0x60,
+                modem_control: 8,
+                modem_status: 0xb0,
+                scratch: 0,
+                in_buffer: b"ls\n".to_vec(),
+            },
+            i8042: I8042State {
+                status: 0x10,
+                ctr: 0x61,
+                cmd: 0,
+                outp: 0,
+                buf: vec![0xfa],
+                kbd_param_for: None,
+            },
+            virtio: vec![
+                VirtioDeviceState {
+                    slot: MmioSlot {
+                        addr: 0xd000_0000,
+                        len: 0x1000,
+                        irq: 5,
+                    },
+                    transport: running(&[0x1_0000]),
+                    device: DeviceState::Block(BlockState {
+                        config: BlockConfig {
+                            path: "/var/lib/microvirt/disk.img".into(),
+                            read_only: false,
+                            id: Some("rootdisk".into()),
+                            overlay: overlay.then(|| "/run/microvirt/disk.overlay".into()),
+                        },
+                        device: BlockDeviceState {
+                            avail_features: version_1,
+                            acked_features: version_1,
+                            capacity: 1 << 20,
+                            read_only: false,
+                            id: *b"rootdisk\0\0\0\0\0\0\0\0\0\0\0\0",
+                            needs_reset: false,
+                        },
+                        overlay_file: overlay.then(|| "disk0.overlay".into()),
+                    }),
+                },
+                VirtioDeviceState {
+                    slot: MmioSlot {
+                        addr: 0xd000_1000,
+                        len: 0x1000,
+                        irq: 6,
+                    },
+                    transport: running(&[0x2_0000, 0x3_0000]),
+                    device: DeviceState::Net(NetState {
+                        config: NetConfig {
+                            tap: "tap0".into(),
+                            mac: None,
+                        },
+                        saved: NetSaved {
+                            device: NetDeviceState {
+                                avail_features: version_1,
+                                acked_features: version_1,
+                                mac: Some(MacAddr([0x52, 0x54, 0, 0x12, 0x34, 0x56])),
+                                stats: NetStats::default(),
+                                needs_reset: false,
+                            },
+                            rx_pending: Some(vec![0xff; 42]),
+                        },
+                    }),
+                },
+                VirtioDeviceState {
+                    slot: MmioSlot {
+                        addr: 0xd000_2000,
+                        len: 0x1000,
+                        irq: 7,
+                    },
+                    transport: running(&[0x4_0000]),
+                    device: DeviceState::Rng(RngState {
+                        device: RngDeviceState {
+                            acked_features: version_1,
+                            needs_reset: false,
+                        },
+                    }),
+                },
+            ],
+            acpi_pm: Some(vmm::devices::acpi::AcpiPmState { ged_pending: 1 }),
         },
-        i8042: I8042State {
-            status: 0x10,
-            ctr: 0x61,
-            cmd: 0,
-            outp: 0,
-            buf: vec![0xfa],
-            kbd_param_for: None,
-        },
-        devices: vec![
-            VirtioDeviceState {
-                slot: MmioSlot {
-                    addr: 0xd000_0000,
-                    len: 0x1000,
-                    irq: 5,
-                },
-                transport: running(&[0x1_0000]),
-                device: DeviceState::Block(BlockState {
-                    config: BlockConfig {
-                        path: "/var/lib/microvirt/disk.img".into(),
-                        read_only: false,
-                        id: Some("rootdisk".into()),
-                        overlay: overlay.then(|| "/run/microvirt/disk.overlay".into()),
-                    },
-                    device: BlockDeviceState {
-                        avail_features: version_1,
-                        acked_features: version_1,
-                        capacity: 1 << 20,
-                        read_only: false,
-                        id: *b"rootdisk\0\0\0\0\0\0\0\0\0\0\0\0",
-                        needs_reset: false,
-                    },
-                    overlay_file: overlay.then(|| "disk0.overlay".into()),
-                }),
-            },
-            VirtioDeviceState {
-                slot: MmioSlot {
-                    addr: 0xd000_1000,
-                    len: 0x1000,
-                    irq: 6,
-                },
-                transport: running(&[0x2_0000, 0x3_0000]),
-                device: DeviceState::Net(NetState {
-                    config: NetConfig {
-                        tap: "tap0".into(),
-                        mac: None,
-                    },
-                    device: NetDeviceState {
-                        avail_features: version_1,
-                        acked_features: version_1,
-                        mac: Some(MacAddr([0x52, 0x54, 0, 0x12, 0x34, 0x56])),
-                        stats: NetStats::default(),
-                        needs_reset: false,
-                    },
-                    rx_pending: Some(vec![0xff; 42]),
-                }),
-            },
-            VirtioDeviceState {
-                slot: MmioSlot {
-                    addr: 0xd000_2000,
-                    len: 0x1000,
-                    irq: 7,
-                },
-                transport: running(&[0x4_0000]),
-                device: DeviceState::Rng(RngState {
-                    device: RngDeviceState {
-                        acked_features: version_1,
-                        needs_reset: false,
-                    },
-                }),
-            },
-        ],
         memory: DumpStats::default(),
-        acpi_pm: Some(vmm::devices::acpi::AcpiPmState { ged_pending: 1 }),
     }
 }
