@@ -219,6 +219,8 @@ pub fn pod_belongs_to(pod: &Pod, vmi: &VirtualMachineInstance) -> bool {
 #[cfg(test)]
 mod golden;
 #[cfg(test)]
+mod launcher_roundtrip;
+#[cfg(test)]
 mod test_support;
 
 #[cfg(test)]
