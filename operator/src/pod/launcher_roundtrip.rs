@@ -12,14 +12,16 @@
 //!
 //! Both sides are reduced to the same flat view ([`launcher_view`], [`operator_view`]), one
 //! entry per field the launcher reads, and compared. [`every_field_is_exercised`] checks that
-//! each entry is set in some document: a field whose name drifts on one side (checked by
-//! renaming the launcher's `Interface::mac_address` to `mac` and the CRD's
-//! `PersistentVolumeClaimSource::read_only` to `readonly` with a serde rename, one at a time:
-//! both made `the_launcher_reads_what_the_operator_writes` fail) reads as absent there while
-//! the other side has a value, so the views differ.
+//! each entry is set in some document: a field whose name drifts on one side reads as absent
+//! there while the other side has a value, so the views differ. Checked by adding a serde
+//! rename, one at a time, to the launcher's `Interface::mac_address` (`mac`) and to the CRD's
+//! `PersistentVolumeClaimSource::read_only` (`readonly`): the first made
+//! `the_launcher_reads_what_the_operator_writes` fail, the second that test and
+//! `the_launcher_reads_the_fixtures_documents`.
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use launcher::vmi::VmiDocument;
 use microvirt_crds::launcher_document::{LauncherDocument, LauncherMeta, ANNOTATION_VMI_SPEC};
 use microvirt_crds::vmi::{StartStrategy, VirtualMachineInstance};
@@ -263,14 +265,13 @@ fn operator_view(d: &OperatorDocument) -> View {
     let dom = &s.domain;
     let cpu = dom.cpu.clone().unwrap_or_default();
     let res = dom.resources.clone().unwrap_or_default();
-    let quantities =
-        |m: Option<BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>| {
-            m.map(|m| {
-                m.into_iter()
-                    .map(|(k, v)| (k, v.0))
-                    .collect::<BTreeMap<_, _>>()
-            })
-        };
+    let quantities = |m: Option<BTreeMap<String, Quantity>>| {
+        m.map(|m| {
+            m.into_iter()
+                .map(|(k, v)| (k, v.0))
+                .collect::<BTreeMap<_, _>>()
+        })
+    };
     let fw = dom.firmware.clone().unwrap_or_default();
     let kb = fw.kernel_boot.clone().unwrap_or_default();
     let kc = kb.container.clone();
@@ -532,66 +533,170 @@ fn meant(vmi: &VirtualMachineInstance, cfg: &Config) -> OperatorDocument {
     )
 }
 
-/// A VMI that sets every field the launcher reads (where the operator passes it on).
+/// A VMI that sets every field the launcher reads (where the operator passes it on), built
+/// from the CRD's types rather than from JSON, so that what it means does not depend on the
+/// CRD's field names.
 fn everything() -> VirtualMachineInstance {
-    serde_json::from_value(json!({
-        "apiVersion": "microvirt.io/v1alpha1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {"name": "all", "namespace": "ns2", "uid": "uid-all"},
-        "spec": {
-            "domain": {
-                "cpu": {"cores": 2, "sockets": 2, "threads": 1},
-                "memory": {"guest": "192Mi"},
-                "resources": {
-                    "requests": {"memory": "300Mi", "cpu": "2"},
-                    "limits": {"cpu": "4"},
-                },
-                "firmware": {
-                    "uuid": "5d307ca9-b3ef-428c-8861-06e72d69f223",
-                    "kernelBoot": {
-                        "kernelArgs": "console=ttyS0 quiet",
-                        "container": {
-                            "image": "registry.example/kernel:v2",
-                            "kernelPath": "/boot/bzImage",
-                            "initrdPath": "/boot/initrd.img",
+    use microvirt_crds::vmi::*;
+    let q = |s: &str| Quantity(s.to_string());
+    let mut v = VirtualMachineInstance::new(
+        "all",
+        VirtualMachineInstanceSpec {
+            domain: DomainSpec {
+                cpu: Some(Cpu {
+                    cores: Some(2),
+                    sockets: Some(2),
+                    threads: Some(1),
+                    ..Default::default()
+                }),
+                memory: Some(Memory {
+                    guest: Some(q("192Mi")),
+                    ..Default::default()
+                }),
+                resources: Some(ResourceRequirements {
+                    requests: Some(BTreeMap::from([
+                        ("memory".to_string(), q("300Mi")),
+                        ("cpu".to_string(), q("2")),
+                    ])),
+                    limits: Some(BTreeMap::from([("cpu".to_string(), q("4"))])),
+                }),
+                firmware: Some(Firmware {
+                    uuid: Some("5d307ca9-b3ef-428c-8861-06e72d69f223".into()),
+                    kernel_boot: Some(KernelBoot {
+                        kernel_args: Some("console=ttyS0 quiet".into()),
+                        container: Some(KernelBootContainer {
+                            image: "registry.example/kernel:v2".into(),
+                            kernel_path: Some("/boot/bzImage".into()),
+                            initrd_path: Some("/boot/initrd.img".into()),
+                            ..Default::default()
+                        }),
+                    }),
+                    ..Default::default()
+                }),
+                features: Some(Features {
+                    acpi: Some(FeatureState {
+                        enabled: Some(false),
+                    }),
+                    ..Default::default()
+                }),
+                devices: Some(Devices {
+                    rng: Some(Rng {}),
+                    disks: vec![
+                        Disk {
+                            name: "root".into(),
+                            disk: Some(DiskTarget {
+                                bus: Some(DiskBus::Virtio),
+                                readonly: None,
+                            }),
+                            serial: Some("root-1".into()),
+                            boot_order: Some(1),
+                            ..Default::default()
                         },
-                    },
-                },
-                "features": {"acpi": {"enabled": false}},
-                "devices": {
-                    "rng": {},
-                    "disks": [
-                        {"name": "root", "disk": {"bus": "virtio"}, "serial": "root-1",
-                         "bootOrder": 1},
-                        {"name": "data", "disk": {"readonly": true}},
+                        Disk {
+                            name: "data".into(),
+                            disk: Some(DiskTarget {
+                                bus: None,
+                                readonly: Some(true),
+                            }),
+                            ..Default::default()
+                        },
                     ],
-                    "interfaces": [
-                        {"name": "net0", "masquerade": {}, "macAddress": "02:00:00:00:00:01",
-                         "ports": [{"port": 22}, {"name": "dns", "port": 53, "protocol": "UDP"},
-                                   {"port": 80, "protocol": "TCP"}]},
-                        {"name": "net1", "bridge": {}},
+                    interfaces: vec![
+                        Interface {
+                            name: "net0".into(),
+                            masquerade: Some(InterfaceMasquerade {}),
+                            mac_address: Some("02:00:00:00:00:01".into()),
+                            ports: vec![
+                                Port {
+                                    name: None,
+                                    protocol: None,
+                                    port: 22,
+                                },
+                                Port {
+                                    name: Some("dns".into()),
+                                    protocol: Some(Protocol::Udp),
+                                    port: 53,
+                                },
+                                Port {
+                                    name: None,
+                                    protocol: Some(Protocol::Tcp),
+                                    port: 80,
+                                },
+                            ],
+                            ..Default::default()
+                        },
+                        Interface {
+                            name: "net1".into(),
+                            bridge: Some(InterfaceBridge {}),
+                            ..Default::default()
+                        },
                     ],
-                },
+                    ..Default::default()
+                }),
+                ..Default::default()
             },
-            "networks": [{"name": "net0", "pod": {}}, {"name": "net1", "pod": {}}],
-            "volumes": [
-                {"name": "root", "containerDisk": {"image": "example/disk:2",
-                                                   "path": "/disk/root.qcow2"}},
-                {"name": "data", "persistentVolumeClaim": {"claimName": "data-claim",
-                                                           "readOnly": true}},
-                {"name": "scratch", "emptyDisk": {"capacity": "2Gi"}},
-                {"name": "seed", "cloudInitNoCloud": {
-                    "secretRef": {"name": "user-secret"},
-                    "networkDataSecretRef": {"name": "net-secret"},
-                }},
-                {"name": "inline", "cloudInitNoCloud": {"userData": "#cloud-config\n"}},
+            networks: ["net0", "net1"]
+                .map(|n| Network {
+                    name: n.into(),
+                    pod: Some(PodNetwork::default()),
+                    ..Default::default()
+                })
+                .into(),
+            volumes: vec![
+                Volume {
+                    name: "root".into(),
+                    container_disk: Some(ContainerDiskSource {
+                        image: "example/disk:2".into(),
+                        path: Some("/disk/root.qcow2".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "data".into(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimSource {
+                        claim_name: "data-claim".into(),
+                        read_only: Some(true),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "scratch".into(),
+                    empty_disk: Some(EmptyDiskSource { capacity: q("2Gi") }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "seed".into(),
+                    cloud_init_no_cloud: Some(CloudInitNoCloudSource {
+                        secret_ref: Some(SecretRef {
+                            name: "user-secret".into(),
+                        }),
+                        network_data_secret_ref: Some(SecretRef {
+                            name: "net-secret".into(),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "inline".into(),
+                    cloud_init_no_cloud: Some(CloudInitNoCloudSource {
+                        user_data: Some("#cloud-config\n".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
             ],
-            "terminationGracePeriodSeconds": 12,
-            "hostname": "all-host",
-            "startStrategy": "Paused",
+            termination_grace_period_seconds: Some(12),
+            hostname: Some("all-host".into()),
+            start_strategy: Some(StartStrategy::Paused),
+            ..Default::default()
         },
-    }))
-    .unwrap()
+    );
+    v.metadata.namespace = Some("ns2".into());
+    v.metadata.uid = Some("uid-all".into());
+    v
 }
 
 /// Every `microvirt.io/vmi-spec` annotation in the golden fixture, with its case.
