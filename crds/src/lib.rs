@@ -17,12 +17,15 @@
 //! [`quantity`] (Kubernetes quantities → bytes) and [`termination`] (the launcher's termination
 //! message); [`launcher_state`] (the launcher's state, as its control socket reports it to the
 //! node agent); [`control`], the launcher pod's control annotations that operator and node
-//! agent share; and [`mac`], the MAC address type that the VMM, `netsetup` and the launcher
-//! share (feature `serde`, which `kube` turns on, adds its serde impls).
+//! agent share; [`launcher_document`], the envelope of the VMI document the operator writes
+//! for the launcher and the launcher reads; and [`mac`], the MAC address type that the VMM,
+//! `netsetup` and the launcher share (feature `serde`, which `kube` turns on, adds their serde
+//! impls).
 
 pub mod control;
 #[cfg(feature = "kube")]
 pub mod instancetype;
+pub mod launcher_document;
 pub mod launcher_state;
 pub mod mac;
 #[cfg(feature = "kube")]

@@ -13,6 +13,7 @@ use launcher::launch::{self, Console, Options};
 use launcher::runner::{self, exit_code, Outcome};
 use launcher::vmi::VmiDocument;
 use launcher::{caps, console, control, paths, seccomp, teardown};
+use microvirt_crds::launcher_document;
 use microvirt_crds::termination::Reason;
 use vmm::timing::Clock;
 
@@ -391,9 +392,9 @@ fn launcher_user() -> Result<Option<(u32, u32)>, String> {
 
 fn cmd_pod(start: Clock) -> ExitCode {
     let root = root_dir();
-    let vmi_file = std::env::var_os("MICROVIRT_VMI_FILE")
+    let vmi_file = std::env::var_os(launcher_document::DOCUMENT_FILE_ENV)
         .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("vmi/vmi.json"));
+        .unwrap_or_else(|| root.join("vmi").join(launcher_document::DOCUMENT_FILE));
     let term_log = std::env::var_os("MICROVIRT_TERMINATION_LOG")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/dev/termination-log"));

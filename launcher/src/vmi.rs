@@ -2,8 +2,11 @@
 //! manifest (YAML or JSON, `virt-launcher run`) or from the operator's VMI document
 //! (`vmi.json`, `virt-launcher pod`, see docs/launcher-pod.md).
 //!
-//! Field names are the CRD's (`crds/src/vmi/`, KubeVirt's names). The launcher keeps its own
-//! small serde view instead of the CRD types so that the per-VM process carries no Kubernetes
+//! The envelope (identity, `guestMemoryBytes`, `vcpus`, `defaultKernel`) is the operator's own
+//! type, `microvirt_crds::launcher_document::LauncherDocument`. The spec's field names are the
+//! CRD's (`crds/src/vmi/`, KubeVirt's names); the operator's test `pod::launcher_roundtrip`
+//! parses what the operator renders with [`VmiDocument::parse`]. The launcher keeps its own
+//! small serde view of the spec instead of the CRD types so that the per-VM process carries no Kubernetes
 //! client code (kube, k8s-openapi, tokio): it never talks to the API server. It uses only the
 //! kube-free part of `microvirt-crds` (no default features): quantities are parsed by the same
 //! code as in the operator. Unknown fields are ignored, as the operator may add fields the
@@ -11,6 +14,7 @@
 
 use std::path::Path;
 
+pub use microvirt_crds::launcher_document::{DefaultKernel, LauncherDocument, LauncherMeta};
 use microvirt_crds::quantity::{parse_bytes, QuantityError};
 use serde::Deserialize;
 
@@ -46,47 +50,18 @@ pub enum VmiError {
     },
 }
 
-/// A VMI manifest or the operator's VMI document.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VmiDocument {
-    #[serde(default)]
-    pub kind: Option<String>,
-    #[serde(default)]
-    pub metadata: Metadata,
-    #[serde(default)]
-    pub spec: Spec,
-    /// Set by the operator (pod mode): guest memory after defaulting.
-    #[serde(default)]
-    pub guest_memory_bytes: Option<u64>,
-    /// Set by the operator (pod mode): vCPU count after defaulting.
-    #[serde(default)]
-    pub vcpus: Option<u64>,
-    /// Set by the operator when `spec.domain.firmware.kernelBoot.container` is its default
-    /// kernel image, not the user's choice: a fallback for a boot disk without a kernel of its
-    /// own (docs/launcher-pod.md, "The guest kernel").
-    #[serde(default)]
-    pub default_kernel: Option<DefaultKernel>,
-}
+/// A VMI manifest or the operator's VMI document: the envelope the operator writes
+/// ([`LauncherDocument`], shared with it through `microvirt-crds`) around the launcher's own
+/// [`Spec`]. Its fields are the envelope's (`doc.spec`, `doc.metadata`, `doc.vcpus`...).
+#[derive(Clone, Debug, Default)]
+pub struct VmiDocument(pub LauncherDocument<Spec>);
 
-/// The operator's default kernel (the document's `defaultKernel`).
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DefaultKernel {
-    /// The operator's `--default-kernel-args` (`root=/dev/vda rw`), used when the VMI gives
-    /// no `kernelArgs`; its `root=` is replaced on a partitioned boot disk.
-    #[serde(default)]
-    pub kernel_args: Option<String>,
-}
+impl std::ops::Deref for VmiDocument {
+    type Target = LauncherDocument<Spec>;
 
-#[derive(Clone, Debug, Default, Deserialize)]
-pub struct Metadata {
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub namespace: Option<String>,
-    #[serde(default)]
-    pub uid: Option<String>,
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -341,7 +316,7 @@ impl Quantity {
 impl VmiDocument {
     /// Parses a VMI manifest; JSON when it starts with `{`, else YAML.
     pub fn parse(text: &str, origin: &str) -> Result<Self, VmiError> {
-        let doc: VmiDocument = if text.trim_start().starts_with('{') {
+        let doc: LauncherDocument<Spec> = if text.trim_start().starts_with('{') {
             serde_json::from_str(text).map_err(|e| VmiError::Json {
                 path: origin.to_string(),
                 detail: e.to_string(),
@@ -352,15 +327,13 @@ impl VmiDocument {
                 detail: e.to_string(),
             })?
         };
-        match doc.kind.as_deref() {
-            None | Some("VirtualMachineInstance") => {}
-            Some(k) => {
-                return Err(VmiError::Kind {
-                    path: origin.to_string(),
-                    kind: k.to_string(),
-                })
-            }
+        if !doc.kind_is_vmi() {
+            return Err(VmiError::Kind {
+                path: origin.to_string(),
+                kind: doc.kind.unwrap_or_default(),
+            });
         }
+        let doc = VmiDocument(doc);
         doc.check_names(origin)?;
         Ok(doc)
     }

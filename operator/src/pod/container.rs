@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{
     SeccompProfile, SecurityContext, TCPSocketAction, VolumeDevice, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use microvirt_crds::launcher_document::DOCUMENT_FILE_ENV;
 use microvirt_crds::vmi::{self, VirtualMachineInstanceSpec};
 
 use super::{COMPUTE_CONTAINER, LAUNCHER_GID, LAUNCHER_UID, TERMINATION_LOG, VMI_DIR, VMI_FILE};
@@ -78,7 +79,7 @@ fn pod_probe(p: &vmi::Probe) -> Probe {
 fn env() -> Vec<EnvVar> {
     vec![
         EnvVar {
-            name: "MICROVIRT_VMI_FILE".into(),
+            name: DOCUMENT_FILE_ENV.into(),
             value: Some(format!("{VMI_DIR}/{VMI_FILE}")),
             ..Default::default()
         },

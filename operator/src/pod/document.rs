@@ -1,79 +1,35 @@
 //! The document renderer: the VMI document the launcher reads from the pod's
-//! `microvirt.io/vmi-spec` annotation, its spec with the defaults the operator applies (as
-//! KubeVirt's virt-controller and webhooks do).
+//! `microvirt.io/vmi-spec` annotation (the envelope `microvirt_crds::launcher_document`), its
+//! spec with the defaults the operator applies (as KubeVirt's virt-controller and webhooks do).
 
 use std::collections::BTreeSet;
 
+use microvirt_crds::launcher_document::{DefaultKernel, LauncherDocument, LauncherMeta};
 use microvirt_crds::quantity;
 use microvirt_crds::vmi::{
     Disk, KernelBootContainer, VirtualMachineInstance, VirtualMachineInstanceSpec,
 };
-use serde::Serialize;
 
 use super::network::with_default_pod_interface;
 use super::PodError;
 use crate::config::{Config, DEFAULT_KERNEL_PATH};
 
-/// The document handed to the launcher at `/var/run/microvirt/vmi/vmi.json`.
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LauncherDocument<'a> {
-    /// `microvirt.io/v1alpha1`.
-    pub api_version: &'static str,
-    /// `VirtualMachineInstance`.
-    pub kind: &'static str,
-    /// name, namespace, uid.
-    pub metadata: LauncherMeta<'a>,
-    /// The VMI spec (presets already applied).
-    pub spec: &'a microvirt_crds::VirtualMachineInstanceSpec,
-    /// Guest memory in bytes after defaulting.
-    pub guest_memory_bytes: u64,
-    /// vCPU count after defaulting.
-    pub vcpus: u32,
-    /// Present when `spec.domain.firmware.kernelBoot.container` is the operator's default
-    /// kernel image, filled in because the VMI names none: the launcher boots the boot disk's
-    /// own kernel when it has one, and this one only as a fallback.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub default_kernel: Option<DefaultKernel>,
-}
-
-/// The document's `defaultKernel`.
-#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct DefaultKernel {
-    /// `--default-kernel-args`: the default kernel's command line when the VMI gives no
-    /// `kernelArgs` (never written into the spec).
-    pub kernel_args: String,
-}
-
-/// Identity of the VMI inside [`LauncherDocument`].
-#[derive(Serialize)]
-pub struct LauncherMeta<'a> {
-    /// VMI name.
-    pub name: &'a str,
-    /// VMI namespace.
-    pub namespace: &'a str,
-    /// VMI uid.
-    pub uid: &'a str,
-}
-
-/// The document as the pod's annotation carries it (JSON).
+/// The document as the pod's annotation carries it (JSON): the shared envelope
+/// ([`LauncherDocument`], which the launcher parses too) around the CRD's spec.
 pub(super) fn document_json(
-    metadata: LauncherMeta<'_>,
+    metadata: LauncherMeta,
     spec: &VirtualMachineInstanceSpec,
     guest_memory_bytes: u64,
     vcpus: u32,
     default_kernel: Option<DefaultKernel>,
 ) -> Result<String, PodError> {
-    let doc = LauncherDocument {
-        api_version: "microvirt.io/v1alpha1",
-        kind: "VirtualMachineInstance",
+    let doc = LauncherDocument::new(
         metadata,
         spec,
         guest_memory_bytes,
-        vcpus,
+        u64::from(vcpus),
         default_kernel,
-    };
+    );
     Ok(serde_json::to_string(&doc)?)
 }
 
@@ -174,7 +130,7 @@ pub fn names_kernel(spec: &microvirt_crds::VirtualMachineInstanceSpec) -> bool {
 /// ([`launcher_spec`]).
 pub fn default_kernel(vmi: &VirtualMachineInstance, cfg: &Config) -> Option<DefaultKernel> {
     (!names_kernel(&vmi.spec) && cfg.default_kernel_image.is_some()).then(|| DefaultKernel {
-        kernel_args: cfg.default_kernel_args.clone(),
+        kernel_args: Some(cfg.default_kernel_args.clone()),
     })
 }
 

@@ -52,7 +52,7 @@ fn root_disk() -> serde_json::Value {
 }
 
 /// `(case, VMI, config, block volumes)`.
-fn cases() -> Vec<(&'static str, VirtualMachineInstance, Config, BlockVolumes)> {
+pub(super) fn cases() -> Vec<(&'static str, VirtualMachineInstance, Config, BlockVolumes)> {
     let none = BlockVolumes::new;
     let d = Config::default;
     vec![

@@ -18,6 +18,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
+use microvirt_crds::launcher_document::LauncherMeta;
 use microvirt_crds::quantity::QuantityError;
 use microvirt_crds::refusals;
 use microvirt_crds::vmi::{VirtualMachineInstance, ANNOTATION_VMI_UID};
@@ -35,7 +36,7 @@ mod volumes;
 pub use cloud_init::{cloud_init_secret, cloud_init_secret_name, CLOUD_INIT_DIR};
 pub use document::{
     default_kernel, disks_in_boot_order, guest_memory_bytes, launcher_spec, names_kernel,
-    with_default_volume_disks, DefaultKernel, LauncherDocument, LauncherMeta,
+    with_default_volume_disks,
 };
 pub use network::{default_pod_interface, with_default_pod_interface};
 pub use podspec::pod_hostname;
@@ -45,7 +46,7 @@ pub use volumes::{
 };
 
 /// Annotation carrying the VMI document the launcher reads (through the downward API).
-pub const ANNOTATION_VMI_SPEC: &str = "microvirt.io/vmi-spec";
+pub use microvirt_crds::launcher_document::ANNOTATION_VMI_SPEC;
 /// Optional pod annotation with the guest boot time in ms (set by the node agent, never by the
 /// launcher, which has no API credentials).
 pub use microvirt_crds::vmi::ANNOTATION_BOOT_TIME_MS;
@@ -54,9 +55,9 @@ pub const COMPUTE_CONTAINER: &str = "compute";
 /// Directory holding runtime files of the launcher.
 pub const RUNTIME_DIR: &str = "/var/run/microvirt";
 /// Where the VMI document is mounted.
-pub const VMI_DIR: &str = "/var/run/microvirt/vmi";
+pub use microvirt_crds::launcher_document::DOCUMENT_DIR as VMI_DIR;
 /// File name of the VMI document inside [`VMI_DIR`].
-pub const VMI_FILE: &str = "vmi.json";
+pub use microvirt_crds::launcher_document::DOCUMENT_FILE as VMI_FILE;
 /// Termination message path of the launcher container.
 pub const TERMINATION_LOG: &str = "/dev/termination-log";
 /// Label on every launcher pod.
@@ -145,11 +146,7 @@ pub fn desired_pod(
     let vcpus = vmi.spec.vcpus().max(1);
     let spec = cloud_init::spec_without_cloud_init_data(&launcher_spec(vmi, cfg));
     let doc_json = document::document_json(
-        LauncherMeta {
-            name,
-            namespace,
-            uid: &owner.uid,
-        },
+        LauncherMeta::new(name, namespace, &owner.uid),
         &spec,
         guest_memory,
         vcpus,
@@ -221,6 +218,8 @@ pub fn pod_belongs_to(pod: &Pod, vmi: &VirtualMachineInstance) -> bool {
 
 #[cfg(test)]
 mod golden;
+#[cfg(test)]
+mod launcher_roundtrip;
 #[cfg(test)]
 mod test_support;
 
