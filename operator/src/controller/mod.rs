@@ -1,9 +1,11 @@
-//! The controllers (VMI, VM, VMIRS, VM pool), their shared context, and [`run`].
+//! The controllers' shared machinery: their context, the reconcile pipeline, and [`run`].
 //!
-//! Each reconciler is small and idempotent: read the object and the caches, compute the desired
-//! state with the pure functions of [`crate::pod`], [`crate::status`], [`crate::replicaset`],
-//! [`crate::virtualmachine`] and [`crate::preset`], then write only what differs (server-side
-//! apply with field manager `microvirt-operator`; status through the status subresource).
+//! Each kind has its folder (KubeVirt's `pkg/virt-controller/watch/<kind>`): [`crate::vmi`],
+//! [`crate::vmirs`], [`crate::vm`], [`crate::pool`], each with its pure `plan` and its I/O
+//! `reconcile`. Each reconciler is small and idempotent: read the object and the caches,
+//! compute the desired state with the pure functions of its `plan` (and [`crate::pod`]), then
+//! write only what differs (server-side apply with field manager `microvirt-operator`; status
+//! through the status subresource).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,20 +30,19 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::config::Config;
-use crate::expectations::Expectations;
 use crate::metrics::Metrics;
 use crate::pod::{PodError, APP_NAME, LABEL_APP};
 use crate::pool::PoolState;
-use crate::preset::PresetError;
-use crate::replicaset::VmiRef;
+use crate::vmi::preset::PresetError;
+use crate::vmirs::plan::VmiRef;
+use crate::vmirs::reconcile as vmirs;
+use crate::{pool::reconcile as pool, vm::reconcile as vm, vmi::reconcile as vmi};
+use expectations::Expectations;
 use filled::{mark_filled, Filled};
 
+pub mod expectations;
 pub mod fanout;
 pub mod filled;
-pub mod pool;
-pub mod vm;
-pub mod vmi;
-pub mod vmirs;
 
 /// Errors of a reconcile.
 #[derive(Debug, thiserror::Error)]
