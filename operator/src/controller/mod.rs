@@ -28,7 +28,7 @@ use crate::metrics::Metrics;
 use crate::pod::PodError;
 use crate::pool::PoolState;
 use crate::vmi::preset::PresetError;
-use crate::vmirs::plan::VmiRef;
+use crate::vmi::VmiRef;
 use expectations::Expectations;
 use filled::Filled;
 

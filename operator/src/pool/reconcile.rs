@@ -33,7 +33,7 @@ use crate::pool::members::{self, EffectiveTemplate};
 use crate::pool::plan::{self, Inputs, Step};
 use crate::pool::snapshot::NodeView;
 use crate::pool::PoolExpectations;
-use crate::vmirs::plan::VmiRef;
+use crate::vmi::VmiRef;
 
 /// Finalizer on every pool: its VMIs and warm/builder pods are deleted with it.
 pub const FINALIZER: &str = "microvirt.io/pool-members";

@@ -36,7 +36,7 @@ use crate::vm::plan::{
     new_vmi_with, owned_by, plan, with_failure, without_condition, VmAction, VmPlan,
     CONDITION_FAILURE,
 };
-use crate::vmirs::plan::VmiRef;
+use crate::vmi::VmiRef;
 
 /// Finalizer on every VM: its VMI is deleted with it (also without a garbage collector).
 pub const FINALIZER: &str = "microvirt.io/vmi";

@@ -18,7 +18,8 @@ use crate::config::FIELD_MANAGER;
 use crate::controller::{
     apply_status, delete_vmi, is_conflict, name_ns, reconcile_with_finalizer, Context, Error,
 };
-use crate::vmirs::plan::{new_replica, owned_by, plan, VmiRef};
+use crate::vmi::VmiRef;
+use crate::vmirs::plan::{new_replica, owned_by, plan};
 
 /// Finalizer on every VMIRS: its VMIs are deleted with it (also without a garbage collector).
 pub const FINALIZER: &str = "microvirt.io/replicas";
