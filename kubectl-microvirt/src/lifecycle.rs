@@ -11,7 +11,7 @@
 //!
 //! The run strategy is written where the VM has it: `spec.runStrategy`, or the deprecated
 //! `spec.running` (true / false). Requests go to `status.stateChangeRequests` (the status
-//! subresource), which the operator works through (operator/src/virtualmachine.rs). Every
+//! subresource), which the operator works through (operator/src/vm/plan.rs). Every
 //! write carries the resourceVersion that was read, so a concurrent change makes it fail with
 //! a conflict instead of being overwritten.
 

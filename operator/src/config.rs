@@ -55,7 +55,7 @@ pub struct Config {
     pub default_network_interface: DefaultBinding,
     /// First wait before a VM's next VMI after one failed before it ran (KubeVirt's 10 s);
     /// the n-th failure in a row waits n² times this plus up to half again, at most 30 times
-    /// this (KubeVirt's 300 s). See `crate::virtualmachine::start_backoff`.
+    /// this (KubeVirt's 300 s). See `crate::vm::plan::start_backoff`.
     pub vm_start_backoff: std::time::Duration,
 }
 

@@ -60,7 +60,7 @@ impl Health {
         Self::default()
     }
 
-    /// The flag the controllers set once their caches are filled (see `controller::run`).
+    /// The flag the controllers set once their caches are filled (see `controller::run::run`).
     pub fn caches_filled(&self) -> Arc<AtomicBool> {
         self.caches_filled.clone()
     }

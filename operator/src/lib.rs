@@ -2,17 +2,14 @@
 
 pub mod config;
 pub mod controller;
-pub mod expectations;
 pub mod health;
 pub mod http;
-pub mod instancetype;
 pub mod leader;
 pub mod metrics;
 pub mod pod;
 pub mod pool;
-pub mod preset;
-pub mod replicaset;
 pub mod selector;
 pub mod shutdown;
-pub mod status;
-pub mod virtualmachine;
+pub mod vm;
+pub mod vmi;
+pub mod vmirs;

@@ -17,7 +17,7 @@ use microvirt_operator::config::{
     Config, DefaultBinding, KvmMode, DEFAULT_KERNEL_ARGS, DEFAULT_KERNEL_IMAGE,
     DEFAULT_LAUNCHER_IMAGE,
 };
-use microvirt_operator::controller::{run, RunOptions};
+use microvirt_operator::controller::run::{run, RunOptions};
 use microvirt_operator::health::{Health, Role};
 use microvirt_operator::leader::{LeaderConfig, LeaderElector};
 use microvirt_operator::metrics::Metrics;

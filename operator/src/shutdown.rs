@@ -2,7 +2,7 @@
 //! the process at once.
 //!
 //! The orderly shutdown (see `main.rs`): the controllers take no new work, reconciles already
-//! running get [`crate::controller::DEFAULT_DRAIN_TIMEOUT`], the Lease is released if the API
+//! running get [`crate::controller::run::DEFAULT_DRAIN_TIMEOUT`], the Lease is released if the API
 //! server answers within [`RELEASE_TIMEOUT`], and the process exits 0. A watchdog thread ends
 //! the process with status 1 should that ever take longer than [`HARD_DEADLINE`].
 

@@ -31,14 +31,15 @@ use microvirt_crds::{
     VirtualMachineInstanceReplicaSet, VirtualMachinePool,
 };
 use microvirt_operator::config::Config;
+use microvirt_operator::controller::expectations::Expectations;
 use microvirt_operator::controller::filled::filled;
-use microvirt_operator::controller::{pool, vm, vmirs, CachesFilled, Context};
-use microvirt_operator::expectations::Expectations;
+use microvirt_operator::controller::{CachesFilled, Context};
 use microvirt_operator::metrics::Metrics;
 use microvirt_operator::pool::members::{effective_template, replica_vmi};
 use microvirt_operator::pool::PoolState;
-use microvirt_operator::replicaset::new_replica;
-use microvirt_operator::virtualmachine::new_vmi;
+use microvirt_operator::vm::plan::new_vmi;
+use microvirt_operator::vmirs::plan::new_replica;
+use microvirt_operator::{pool::reconcile as pool, vm::reconcile as vm, vmirs::reconcile as vmirs};
 use serde_json::json;
 
 /// Replace the whole content of a store, as a relist would.

@@ -30,7 +30,7 @@ use crate::config::{Config, FIELD_MANAGER};
 use crate::pod::{
     desired_pod, BlockVolumes, PodError, APP_NAME, COMPUTE_CONTAINER, LABEL_APP, LABEL_MANAGED_BY,
 };
-use crate::preset::{self, PresetError};
+use crate::vmi::preset::{self, PresetError};
 
 pub use microvirt_crds::pool::{SNAPSHOT_MOUNT, SNAPSHOT_ROOT};
 /// Name of the snapshot volume in builder and warm pods.

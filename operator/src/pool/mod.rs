@@ -15,7 +15,7 @@
 //! - [`expectations`]: writes the caches have not shown yet;
 //! - [`latency`]: claim latency for `status.claimLatency`.
 //!
-//! The reconciler that makes the API calls is `crate::controller::pool`; user documentation is
+//! The reconciler that makes the API calls is [`reconcile`]; user documentation is
 //! `docs/pools.md`.
 
 use std::collections::HashMap;
@@ -25,6 +25,7 @@ pub mod expectations;
 pub mod latency;
 pub mod members;
 pub mod plan;
+pub mod reconcile;
 pub mod snapshot;
 
 pub use expectations::PoolExpectations;

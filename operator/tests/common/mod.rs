@@ -17,7 +17,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, ResourceExt};
 use microvirt_operator::config::Config;
-use microvirt_operator::controller::{run, RunOptions};
+use microvirt_operator::controller::run::{run, RunOptions};
 use microvirt_operator::metrics::Metrics;
 use microvirt_testsupport::{Cluster, ClusterOptions};
 use serde_json::json;

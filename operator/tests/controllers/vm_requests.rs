@@ -109,7 +109,7 @@ async fn vm_start_stop_restart_requests() -> Result<()> {
     let uuid1 = firmware_uuid(vmis.get("always").await?);
     assert_eq!(
         uuid1.as_deref(),
-        Some(microvirt_operator::virtualmachine::stable_firmware_uuid("always").as_str())
+        Some(microvirt_operator::vm::plan::stable_firmware_uuid("always").as_str())
     );
     request(
         &env,

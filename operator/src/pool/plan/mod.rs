@@ -27,8 +27,8 @@ use microvirt_crds::{VirtualMachineInstance, VirtualMachinePool};
 use super::expectations::PoolExpectations;
 use super::members::{pod_of_pool, role, shuffle_key, vmi_name_of_pod, vmi_of_pool, POD_PREFIX};
 use super::snapshot::{self, NodeView, Note, SnapshotInputs};
-use crate::replicaset::VmiRef;
 use crate::selector;
+use crate::vmi::VmiRef;
 
 /// Exit code of a launcher whose setup failed (a snapshot it could not restore, among others).
 pub const EXIT_SETUP_FAILED: i32 = 3;

@@ -23,7 +23,7 @@ use microvirt_crds::{
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::virtualmachine::LABEL_VM_NAME;
+use crate::vm::plan::LABEL_VM_NAME;
 
 /// The fields of a VM's template that an instancetype sets; the template must leave them unset
 /// (KubeVirt's conflict rule). Returns the paths that are set, from the VM's `spec`.

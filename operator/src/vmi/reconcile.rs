@@ -16,12 +16,12 @@ use microvirt_crds::vmi::ANNOTATION_PRESETS_APPLIED;
 use microvirt_crds::VirtualMachineInstance;
 use serde_json::json;
 
-use super::{
+use crate::config::FIELD_MANAGER;
+use crate::controller::{
     apply_status, is_conflict, is_not_found, name_ns, reconcile_with_finalizer, Context, Error,
 };
-use crate::config::FIELD_MANAGER;
 use crate::pod::{cloud_init_secret, desired_pod, pod_belongs_to, pod_name, BlockVolumes};
-use crate::{preset, status};
+use crate::vmi::{plan, preset};
 
 /// Creates the VMI's cloud-init Secret, or rewrites its data when an earlier reconcile of this
 /// VMI made it. A Secret of that name that belongs to anything else is never changed (nor
@@ -153,7 +153,7 @@ async fn apply(
                 match pods.delete(&p.name_any(), &dp).await {
                     Ok(_) => {}
                     Err(e) if is_not_found(&e) => {}
-                    Err(e) if super::is_conflict(&e) => {}
+                    Err(e) if crate::controller::is_conflict(&e) => {}
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -334,7 +334,7 @@ async fn write_status(
 ) -> Result<(), Error> {
     let (name, _) = name_ns(vmi)?;
     let now = Time(Timestamp::now());
-    let desired = status::desired_status(vmi, pod, &now);
+    let desired = plan::desired_status(vmi, pod, &now);
     if vmi.status.as_ref() != Some(&desired) {
         let old_phase = vmi.phase();
         // The read resourceVersion is a precondition: a reconcile that runs on a VMI from a
@@ -344,7 +344,7 @@ async fn write_status(
             "apiVersion": "microvirt.io/v1alpha1",
             "kind": "VirtualMachineInstance",
             "metadata": {"resourceVersion": vmi.metadata.resource_version},
-            "status": status::operator_owned(&desired),
+            "status": plan::operator_owned(&desired),
         });
         match api
             .patch_status(
@@ -406,7 +406,7 @@ async fn fail(
 ) -> Result<Action, Error> {
     let (name, _) = name_ns(vmi)?;
     let now = Time(Timestamp::now());
-    let st = status::failed_status(vmi, reason, message, &now);
+    let st = plan::failed_status(vmi, reason, message, &now);
     apply_status(api, &name, &st).await?;
     ctx.event(
         vmi,

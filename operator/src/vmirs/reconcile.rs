@@ -1,7 +1,7 @@
 //! VMIRS reconciler: converge the number of VMIs to `replicas`, report status.
 //!
 //! Creates and deletes wait for the VMI cache to show the previous ones
-//! ([`crate::expectations`]), and deletes are conditioned on the uid the decision saw, so a
+//! ([`crate::controller::expectations`]), and deletes are conditioned on the uid the decision saw, so a
 //! reconcile on a cache that lags behind cannot delete more VMIs than asked, nor a newer VMI
 //! that reuses a name.
 
@@ -14,11 +14,12 @@ use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use microvirt_crds::{VirtualMachineInstance, VirtualMachineInstanceReplicaSet};
 
-use super::{
+use crate::config::FIELD_MANAGER;
+use crate::controller::{
     apply_status, delete_vmi, is_conflict, name_ns, reconcile_with_finalizer, Context, Error,
 };
-use crate::config::FIELD_MANAGER;
-use crate::replicaset::{new_replica, owned_by, plan, VmiRef};
+use crate::vmi::VmiRef;
+use crate::vmirs::plan::{new_replica, owned_by, plan};
 
 /// Finalizer on every VMIRS: its VMIs are deleted with it (also without a garbage collector).
 pub const FINALIZER: &str = "microvirt.io/replicas";

@@ -25,15 +25,15 @@ use microvirt_crds::vmi::ANNOTATION_CONTROL_REQUEST;
 use microvirt_crds::{VirtualMachineInstance, VirtualMachinePool};
 use serde_json::json;
 
-use super::{
+use crate::config::FIELD_MANAGER;
+use crate::controller::{
     apply_status, is_conflict, is_not_found, name_ns, reconcile_with_finalizer, Context, Error,
 };
-use crate::config::FIELD_MANAGER;
 use crate::pool::members::{self, EffectiveTemplate};
 use crate::pool::plan::{self, Inputs, Step};
 use crate::pool::snapshot::NodeView;
 use crate::pool::PoolExpectations;
-use crate::replicaset::VmiRef;
+use crate::vmi::VmiRef;
 
 /// Finalizer on every pool: its VMIs and warm/builder pods are deleted with it.
 pub const FINALIZER: &str = "microvirt.io/pool-members";
@@ -390,7 +390,7 @@ impl Run<'_> {
             pool = %pool_name,
             "warm member {pod_name} could not be claimed; withdrawing VMI {vmi_name}"
         );
-        if super::delete_vmi(&vmi_api, &VmiRef::of(&vmi)).await? {
+        if crate::controller::delete_vmi(&vmi_api, &VmiRef::of(&vmi)).await? {
             expectations(ctx, self.uid, |e| {
                 e.vmis_deleted.insert(vmi_name.to_string(), Instant::now())
             });
@@ -547,7 +547,7 @@ impl Run<'_> {
     /// Deletes the VMI `r` only if its name still belongs to the uid the plan saw (a stale
     /// cache can name a VMI that was replaced meanwhile).
     async fn delete_vmi(&self, r: &VmiRef, why: &str) -> Result<(), Error> {
-        if super::delete_vmi(&self.vmi_api(), r).await? {
+        if crate::controller::delete_vmi(&self.vmi_api(), r).await? {
             expectations(self.ctx, self.uid, |e| {
                 e.vmis_deleted.insert(r.name.clone(), Instant::now())
             });

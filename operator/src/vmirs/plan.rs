@@ -9,25 +9,7 @@ use microvirt_crds::{
 };
 
 use crate::selector;
-
-/// A VMI by name and the uid the decision saw; deleting it is conditioned on that uid.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VmiRef {
-    /// Name.
-    pub name: String,
-    /// Uid (None only for objects never stored, e.g. in unit tests).
-    pub uid: Option<String>,
-}
-
-impl VmiRef {
-    /// The reference to `vmi`.
-    pub fn of(vmi: &VirtualMachineInstance) -> Self {
-        Self {
-            name: vmi.name_any(),
-            uid: vmi.metadata.uid.clone(),
-        }
-    }
-}
+use crate::vmi::VmiRef;
 
 /// What the VMIRS reconciler should do.
 #[derive(Debug, Clone, PartialEq, Default)]

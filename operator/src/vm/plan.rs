@@ -143,7 +143,7 @@ fn jitter_of(uid: &str) -> f64 {
 /// only once its domain runs; microvirt's is as soon as the launcher's container runs, which
 /// then still sets the VM up. So: a VMI that is `Running` and Ready (its VM runs), or that
 /// ended after it was `Running` (KubeVirt reads the phase transitions too) other than by a
-/// launcher that could not set its VM up ([`crate::status::failed_before_the_vm_ran`]).
+/// launcher that could not set its VM up ([`crate::vmi::plan::failed_before_the_vm_ran`]).
 fn vm_ran(vmi: &VirtualMachineInstance) -> Option<bool> {
     let Some(s) = vmi.status.as_ref() else {
         return Some(false);
@@ -160,7 +160,7 @@ fn vm_ran(vmi: &VirtualMachineInstance) -> Option<bool> {
                 && !s
                     .reason
                     .as_deref()
-                    .is_some_and(crate::status::failed_before_the_vm_ran),
+                    .is_some_and(crate::vmi::plan::failed_before_the_vm_ran),
         ),
         Some(VmiPhase::Succeeded) => Some(was_running),
         _ => Some(false),
@@ -396,7 +396,7 @@ pub fn new_vmi(vm: &VirtualMachine) -> VirtualMachineInstance {
 }
 
 /// [`new_vmi`] with `spec` (the template's, with the VM's instancetype and preference
-/// expanded: [`crate::instancetype::expand`]).
+/// expanded: [`crate::vm::instancetype::expand`]).
 pub fn new_vmi_with(
     vm: &VirtualMachine,
     mut spec: VirtualMachineInstanceSpec,

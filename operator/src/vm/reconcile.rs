@@ -3,12 +3,12 @@
 //! status.
 //!
 //! A VM that names an instancetype or preference gets them expanded into the VMI it creates
-//! ([`crate::instancetype`]), from ControllerRevisions captured at its first start; when that
+//! ([`crate::vm::instancetype`]), from ControllerRevisions captured at its first start; when that
 //! cannot be done (a missing object, a template that conflicts, a VMI the API server refuses)
 //! the VM gets the `Failure` condition and a Warning event, and is reconciled again shortly.
 //!
 //! As in the VMIRS reconciler, creates and deletes wait for the VMI cache to show the previous
-//! ones ([`crate::expectations`]) and deletes are conditioned on the uid the decision saw.
+//! ones ([`crate::controller::expectations`]) and deletes are conditioned on the uid the decision saw.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,16 +27,16 @@ use microvirt_crds::{
 };
 use serde_json::json;
 
-use super::{
+use crate::config::FIELD_MANAGER;
+use crate::controller::{
     apply_status, delete_vmi, is_conflict, name_ns, reconcile_with_finalizer, Context, Error,
 };
-use crate::config::FIELD_MANAGER;
-use crate::instancetype::{captures, expand, revision, spec_of, Which};
-use crate::replicaset::VmiRef;
-use crate::virtualmachine::{
+use crate::vm::instancetype::{captures, expand, revision, spec_of, Which};
+use crate::vm::plan::{
     new_vmi_with, owned_by, plan, with_failure, without_condition, VmAction, VmPlan,
     CONDITION_FAILURE,
 };
+use crate::vmi::VmiRef;
 
 /// Finalizer on every VM: its VMI is deleted with it (also without a garbage collector).
 pub const FINALIZER: &str = "microvirt.io/vmi";
