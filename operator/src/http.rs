@@ -152,7 +152,7 @@ mod tests {
     #[tokio::test]
     async fn serves_over_tcp() {
         let metrics = Arc::new(Metrics::new());
-        metrics.reconciled("vm", std::time::Duration::from_millis(1), false);
+        metrics.reconciled("vm", std::time::Duration::from_millis(1), None);
         let health = Arc::new(Health::new());
         let (addr, fut) = serve("127.0.0.1:0".parse().unwrap(), metrics, health.clone())
             .await

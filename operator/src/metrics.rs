@@ -15,6 +15,17 @@ pub struct ControllerLabels {
     pub controller: &'static str,
 }
 
+/// Label set of the error counter: the controller and the kind of failure
+/// (`controller::Error::kind`: `conflict`, `not_found`, `forbidden`, `invalid`, `api`,
+/// `connection`, `pod_spec`, `preset`, `json`, `missing_meta`, `finalizer`, `timeout`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// `vmi`, `vm`, `vmirs` or `pool`.
+    pub controller: &'static str,
+    /// The kind of failure.
+    pub kind: &'static str,
+}
+
 /// Label set naming a VMI phase.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
@@ -27,8 +38,8 @@ pub struct Metrics {
     registry: Registry,
     /// Reconciles started, per controller.
     pub reconciles: Family<ControllerLabels, Counter>,
-    /// Reconciles that returned an error, per controller.
-    pub errors: Family<ControllerLabels, Counter>,
+    /// Reconciles that returned an error, per controller and kind of failure.
+    pub errors: Family<ErrorLabels, Counter>,
     /// Reconcile durations in seconds, per controller.
     pub durations: Family<ControllerLabels, Histogram>,
     /// Seconds from VMI creation until the operator recorded each phase.
@@ -48,7 +59,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("microvirt_operator");
         let reconciles = Family::<ControllerLabels, Counter>::default();
-        let errors = Family::<ControllerLabels, Counter>::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
         let durations = Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0005, 2.0, 16))
         });
@@ -58,7 +69,7 @@ impl Metrics {
         registry.register("reconciles", "Reconciles started", reconciles.clone());
         registry.register(
             "reconcile_errors",
-            "Reconciles that returned an error",
+            "Reconciles that returned an error, by kind of failure",
             errors.clone(),
         );
         registry.register(
@@ -87,13 +98,20 @@ impl Metrics {
         }
     }
 
-    /// Record one finished reconcile.
-    pub fn reconciled(&self, controller: &'static str, took: Duration, failed: bool) {
+    /// Record one finished reconcile; `failed` is the kind of its error, if it failed.
+    pub fn reconciled(
+        &self,
+        controller: &'static str,
+        took: Duration,
+        failed: Option<&'static str>,
+    ) {
         let l = ControllerLabels { controller };
         self.reconciles.get_or_create(&l).inc();
         self.durations.get_or_create(&l).observe(took.as_secs_f64());
-        if failed {
-            self.errors.get_or_create(&l).inc();
+        if let Some(kind) = failed {
+            self.errors
+                .get_or_create(&ErrorLabels { controller, kind })
+                .inc();
         }
     }
 
@@ -125,8 +143,10 @@ mod tests {
     #[test]
     fn encodes_recorded_values() {
         let m = Metrics::new();
-        m.reconciled("vmi", Duration::from_millis(3), false);
-        m.reconciled("vmi", Duration::from_millis(5), true);
+        m.reconciled("vmi", Duration::from_millis(3), None);
+        m.reconciled("vmi", Duration::from_millis(5), Some("conflict"));
+        m.reconciled("vmi", Duration::from_millis(5), Some("conflict"));
+        m.reconciled("vm", Duration::from_millis(5), Some("timeout"));
         m.phase_entered("Running", Duration::from_millis(250));
         m.claimed(Duration::from_millis(30));
         let text = m.encode();
@@ -135,10 +155,21 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("microvirt_operator_reconciles_total{controller=\"vmi\"} 2"),
+            text.contains("microvirt_operator_reconciles_total{controller=\"vmi\"} 3"),
             "{text}"
         );
-        assert!(text.contains("microvirt_operator_reconcile_errors_total{controller=\"vmi\"} 1"));
+        assert!(
+            text.contains(
+                "microvirt_operator_reconcile_errors_total{controller=\"vmi\",kind=\"conflict\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "microvirt_operator_reconcile_errors_total{controller=\"vm\",kind=\"timeout\"} 1"
+            ),
+            "{text}"
+        );
         assert!(text.contains(
             "microvirt_operator_vmi_phase_transition_seconds_count{phase=\"Running\"} 1"
         ));

@@ -67,6 +67,29 @@ pub enum Error {
     Timeout(Duration),
 }
 
+impl Error {
+    /// What kind of failure this is, for the error counter's `kind` label: a small fixed set,
+    /// so a dashboard can tell conflicts (a stale cache, retried at once) from an API server
+    /// that refuses or does not answer, and both from specs the operator cannot render.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            Error::Kube(kube::Error::Api(s)) if s.code == 404 => "not_found",
+            Error::Kube(kube::Error::Api(s)) if s.code == 403 => "forbidden",
+            Error::Kube(kube::Error::Api(s)) if s.code == 422 => "invalid",
+            Error::Kube(kube::Error::Api(_)) => "api",
+            Error::Kube(_) => "connection",
+            Error::Pod(_) => "pod_spec",
+            Error::Preset(_) => "preset",
+            Error::Json(_) => "json",
+            Error::MissingMeta(_) => "missing_meta",
+            Error::PodTerminating(_) => "pod_terminating",
+            Error::Finalizer(_) => "finalizer",
+            Error::Timeout(_) => "timeout",
+        }
+    }
+}
+
 /// How long one reconcile may take. Each does a handful of API requests that answer in
 /// milliseconds; one that hangs (a connection the API server will never answer on, e.g. after
 /// it restarted) would otherwise hold that object's reconciles for minutes.
@@ -261,6 +284,35 @@ pub fn labels_of<K: ResourceExt>(obj: &K) -> &std::collections::BTreeMap<String,
 mod tests {
     use super::*;
     use microvirt_crds::{VirtualMachine, VirtualMachineInstanceReplicaSet, VirtualMachinePool};
+
+    #[test]
+    fn errors_are_counted_by_kind() {
+        let api = |code: u16| {
+            Error::Kube(kube::Error::Api(
+                kube::core::Status::failure("refused", "Reason")
+                    .with_code(code)
+                    .boxed(),
+            ))
+        };
+        let cases = [
+            (api(409), "conflict"),
+            (api(404), "not_found"),
+            (api(403), "forbidden"),
+            (api(422), "invalid"),
+            (api(500), "api"),
+            (
+                Error::Kube(kube::Error::LinesCodecMaxLineLengthExceeded),
+                "connection",
+            ),
+            (Error::MissingMeta("name"), "missing_meta"),
+            (Error::PodTerminating("p".into()), "pod_terminating"),
+            (Error::Finalizer("f".into()), "finalizer"),
+            (Error::Timeout(RECONCILE_TIMEOUT), "timeout"),
+        ];
+        for (e, kind) in cases {
+            assert_eq!(e.kind(), kind, "{e}");
+        }
+    }
 
     #[test]
     fn status_patches_name_the_kind_and_carry_only_the_status() {

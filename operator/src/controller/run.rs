@@ -112,6 +112,41 @@ fn error_policy_for<K: Resource>(
     }
 }
 
+/// Drops `metadata.managedFields` from a watched object before it is cached: the API server's
+/// record of which field manager owns which field, often the largest part of an object's
+/// metadata, which no controller here reads (server-side apply sends its own field manager).
+/// Every cache of the operator holds objects without it.
+pub fn strip_managed_fields<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
+/// A controller's main watch (what `Controller::new` builds, with this operator's back-off and
+/// without `managedFields`): the objects of `api` into a cache the controller reads, and the
+/// stream of objects added or changed, each a reconcile trigger.
+fn main_watch<K>(
+    api: Api<K>,
+) -> (
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    reflector::Store<K>,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (cache, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .backoff(WatchBackoff::new())
+        .modify(strip_managed_fields)
+        .reflect(writer)
+        .applied_objects();
+    (stream, cache)
+}
+
 fn obj_name<K: Resource>(obj: &K) -> String {
     format!(
         "{}/{}",
@@ -134,7 +169,11 @@ where
         Ok(res) => res,
         Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
     };
-    let failed = matches!(&res, Err(e) if !matches!(e, Error::PodTerminating(_)));
+    // Waiting for a launcher pod to go is not a failure.
+    let failed = match &res {
+        Err(Error::PodTerminating(_)) | Ok(_) => None,
+        Err(e) => Some(e.kind()),
+    };
     ctx.metrics.reconciled(controller, start.elapsed(), failed);
     res
 }
@@ -173,6 +212,7 @@ pub async fn run(
                 watcher::Config::default().labels(&format!("{LABEL_APP}={APP_NAME}")),
             )
             .backoff(WatchBackoff::new())
+            .modify(strip_managed_fields)
             .reflect(pod_writer),
             mark_pods,
         ),
@@ -185,6 +225,7 @@ pub async fn run(
     let preset_stream = mark_filled(
         watcher(preset_api, watcher::Config::default())
             .backoff(WatchBackoff::new())
+            .modify(strip_managed_fields)
             .reflect(preset_writer),
         mark_presets,
     )
@@ -195,6 +236,7 @@ pub async fn run(
         mark_filled(
             watcher(vmi_api.clone(), watcher::Config::default())
                 .backoff(WatchBackoff::new())
+                .modify(strip_managed_fields)
                 .reflect(vmi_writer),
             mark_vmis,
         ),
@@ -209,6 +251,7 @@ pub async fn run(
     let (nodes, node_writer) = reflector::store();
     let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .backoff(WatchBackoff::new())
+        .modify(strip_managed_fields)
         .reflect(node_writer)
         .touched_objects();
     let (pools, pool_writer) = reflector::store::<VirtualMachinePool>();
@@ -244,7 +287,8 @@ pub async fn run(
         vmi_watch,
     );
 
-    let vmi_ctrl = Controller::new(vmi_api, watcher::Config::default())
+    let (vmi_main, vmi_cache) = main_watch(vmi_api);
+    let vmi_ctrl = Controller::for_stream(vmi_main, vmi_cache)
         .owns_stream(pods_for_vmi)
         .trigger_backoff(WatchBackoff::new())
         .graceful_shutdown_on(shutdown.clone())
@@ -262,7 +306,8 @@ pub async fn run(
             }
             future::ready(())
         });
-    let rs_ctrl = Controller::new(rs_api, watcher::Config::default())
+    let (rs_main, rs_cache) = main_watch(rs_api);
+    let rs_ctrl = Controller::for_stream(rs_main, rs_cache)
         .owns_stream(vmis_for_rs)
         .trigger_backoff(WatchBackoff::new())
         .graceful_shutdown_on(shutdown.clone())
@@ -280,7 +325,8 @@ pub async fn run(
             }
             future::ready(())
         });
-    let vm_ctrl = Controller::new(vm_api, watcher::Config::default())
+    let (vm_main, vm_cache) = main_watch(vm_api);
+    let vm_ctrl = Controller::for_stream(vm_main, vm_cache)
         .owns_stream(vmis_for_vm)
         .trigger_backoff(WatchBackoff::new())
         .graceful_shutdown_on(shutdown.clone())
@@ -303,6 +349,7 @@ pub async fn run(
     let pool_ctrl = Controller::for_stream(
         watcher(pool_api, watcher::Config::default())
             .backoff(WatchBackoff::new())
+            .modify(strip_managed_fields)
             .reflect(pool_writer)
             .touched_objects(),
         pools,
@@ -394,5 +441,48 @@ mod tests {
         assert_eq!(v, vec![250, 500, 1000, 2000, 4000, 4000, 4000]);
         b.reset();
         assert_eq!(b.next(), Some(Duration::from_millis(250)));
+    }
+
+    #[tokio::test]
+    async fn cached_objects_carry_no_managed_fields() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+        use kube::api::ObjectMeta;
+        use kube::runtime::watcher::Event;
+
+        let pod = |name: &str| Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                managed_fields: Some(vec![ManagedFieldsEntry {
+                    manager: Some("kubectl".into()),
+                    operation: Some("Apply".into()),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let (cache, writer) = reflector::store::<Pod>();
+        let events = futures::stream::iter(vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(pod("a"))),
+            Ok(Event::InitDone),
+            Ok(Event::Apply(pod("b"))),
+        ]);
+        let seen: Vec<Pod> = events
+            .modify(strip_managed_fields)
+            .reflect(writer)
+            .applied_objects()
+            .map(|r| r.expect("no errors"))
+            .collect()
+            .await;
+        assert_eq!(seen.len(), 2);
+        assert!(seen.iter().all(|p| p.metadata.managed_fields.is_none()));
+        for name in ["a", "b"] {
+            let cached = cache
+                .get(&ObjectRef::new(name).within("ns"))
+                .expect("cached");
+            assert_eq!(cached.metadata.managed_fields, None, "{name}");
+        }
     }
 }
