@@ -4,18 +4,14 @@
 //! VMI document has none of it, and a `secretRef` Secret is mounted as it is (KubeVirt's
 //! behaviour). The CRD refuses conflicting or malformed references at `kubectl apply`.
 
-mod common;
-
-use std::path::Path;
 use std::time::Duration;
 
+use crate::common::*;
 use anyhow::Result;
-use common::*;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use microvirt_crds::VirtualMachineInstance;
 
-const SA: &str = "system:serviceaccount:microvirt:virt-operator";
 const WAIT: Duration = Duration::from_secs(30);
 
 fn vmi_with_seed(name: &str, seed: &str) -> String {
@@ -41,13 +37,8 @@ spec:
 async fn inline_cloud_init_data_goes_to_a_secret_the_pod_mounts() -> Result<()> {
     let cluster = shared_cluster();
     let kc = cluster.kubeconfig_path();
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-    for f in ["namespace.yaml", "rbac.yaml"] {
-        let p = deploy.join(f).display().to_string();
-        let (ok, out, err) = kubectl(kc, &["apply", "-f", &p], None)?;
-        assert!(ok, "kubectl apply -f {p}: {out}{err}");
-    }
-    let op = impersonating_client(kc, SA).await?;
+    apply_operator_rbac(kc)?;
+    let op = impersonating_client(kc, OPERATOR_SA).await?;
     let mut env = Env::start_with(kc, "t-cloudinit", Some(op)).await?;
 
     let inline = vmi_with_seed(

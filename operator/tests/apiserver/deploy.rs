@@ -2,13 +2,10 @@
 //! is enough for the controllers (the operator runs impersonating its ServiceAccount), the
 //! examples are valid, and leader election hands the Lease over.
 
-mod common;
-
-use std::path::Path;
 use std::time::Duration;
 
+use crate::common::*;
 use anyhow::Result;
-use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -17,23 +14,14 @@ use microvirt_crds::{VirtualMachineInstance, VirtualMachineInstanceReplicaSet};
 use microvirt_operator::leader::{LeaderConfig, LeaderElector};
 use serde_json::json;
 
-const SA: &str = "system:serviceaccount:microvirt:virt-operator";
-
-fn deploy_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deploy_manifests_rbac_is_sufficient_and_leader_election_hands_over() -> Result<()> {
-    let cluster = tokio::task::block_in_place(start_cluster);
-    let kc = cluster.kubeconfig_path();
-    install_crds(kc)?;
+    let kc = tokio::task::block_in_place(shared_cluster).kubeconfig_path();
+    apply_operator_rbac(kc)?;
     let d = deploy_dir();
-    for f in ["namespace.yaml", "rbac.yaml", "operator.yaml"] {
-        let path = d.join(f).display().to_string();
-        let (ok, out, err) = kubectl(kc, &["apply", "-f", &path], None)?;
-        assert!(ok, "kubectl apply -f deploy/{f}: {out}{err}");
-    }
+    let path = d.join("operator.yaml").display().to_string();
+    let (ok, out, err) = kubectl(kc, &["apply", "-f", &path], None)?;
+    assert!(ok, "kubectl apply -f deploy/operator.yaml: {out}{err}");
     // The examples are valid manifests.
     let (ok, _, err) = kubectl(kc, &["create", "namespace", "examples"], None)?;
     assert!(ok, "{err}");
@@ -42,7 +30,7 @@ async fn deploy_manifests_rbac_is_sufficient_and_leader_election_hands_over() ->
     assert!(ok, "kubectl apply -f deploy/examples: {out}{err}");
 
     // The operator with exactly the ServiceAccount's permissions.
-    let op = impersonating_client(kc, SA).await?;
+    let op = impersonating_client(kc, OPERATOR_SA).await?;
     let env = Env::start_with(kc, "t-rbac", Some(op.clone())).await?;
     let manifest = r#"apiVersion: microvirt.io/v1alpha1
 kind: VirtualMachineInstanceReplicaSet
@@ -246,9 +234,7 @@ spec:
 /// which this API server runs without).
 #[test]
 fn user_roles_edit_creates_vmis_view_only_reads() -> Result<()> {
-    let cluster = start_cluster();
-    let kc = cluster.kubeconfig_path();
-    install_crds(kc)?;
+    let kc = shared_cluster().kubeconfig_path();
     let roles = deploy_dir().join("user-roles.yaml").display().to_string();
     let (ok, out, err) = kubectl(kc, &["apply", "-f", &roles], None)?;
     assert!(ok, "kubectl apply -f deploy/user-roles.yaml: {out}{err}");

@@ -4,10 +4,8 @@
 //! instancetype sets is refused with a `Failure` condition naming the field, and a missing
 //! instancetype is waited for.
 
-mod common;
-
+use crate::common::*;
 use anyhow::{Context as _, Result};
-use common::*;
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams};

@@ -7,12 +7,10 @@
 //! KubeVirt's own examples are counted by `cargo run -p microvirt-operator --example
 //! count_kubevirt_examples -- DIR` (tests never read files outside the repository).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
+use crate::common::*;
 use anyhow::{Context as _, Result};
-use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use microvirt_crds::refusals;

@@ -4,10 +4,8 @@
 //! their image. The same holds in the VirtualMachine and VirtualMachineInstanceReplicaSet
 //! templates.
 
-mod common;
-
+use crate::common::{kubectl, shared_cluster, vmi_yaml};
 use anyhow::Result;
-use common::{kubectl, shared_cluster, vmi_yaml};
 
 const NS: &str = "t-names";
 

@@ -3,15 +3,13 @@
 //! (`virt-handler`) would. Real launchers, snapshots and the real agent are exercised by the
 //! whole-system tests on a real node (`tests/e2e`).
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::*;
 use anyhow::Result;
-use common::*;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};

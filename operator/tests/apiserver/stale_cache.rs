@@ -13,13 +13,11 @@
 //! 3. both again for a VirtualMachinePool (its own expectations, the shared uid-conditioned
 //!    delete).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::common::*;
 use anyhow::{Context as _, Result};
-use common::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
@@ -40,6 +38,11 @@ use microvirt_operator::pool::PoolState;
 use microvirt_operator::replicaset::new_replica;
 use microvirt_operator::virtualmachine::new_vmi;
 use serde_json::json;
+
+/// The namespaces of the two tests (each has the shared control plane to itself there: no
+/// operator runs in them).
+const NS_RS: &str = "t-stale-cache";
+const NS_POOL: &str = "t-stale-cache-pool";
 
 /// Replace the whole content of a store, as a relist would.
 fn relist<K>(w: &mut Writer<K>, objs: impl IntoIterator<Item = K>)
@@ -160,15 +163,14 @@ async fn replica_set(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcilers_on_a_stale_cache_never_delete_more_or_other_vmis() -> Result<()> {
-    let cluster = tokio::task::block_in_place(start_cluster);
+    let cluster = tokio::task::block_in_place(shared_cluster);
     let kc = cluster.kubeconfig_path();
-    install_crds(kc)?;
-    let (ok, _, err) = kubectl(kc, &["create", "namespace", "race"], None)?;
+    let (ok, _, err) = kubectl(kc, &["create", "namespace", NS_RS], None)?;
     assert!(ok, "{err}");
     let client = client_for(kc).await?;
-    let rss: Api<VirtualMachineInstanceReplicaSet> = Api::namespaced(client.clone(), "race");
-    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "race");
-    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), "race");
+    let rss: Api<VirtualMachineInstanceReplicaSet> = Api::namespaced(client.clone(), NS_RS);
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NS_RS);
+    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), NS_RS);
     let pp = PostParams::default();
 
     // 1. Scale-in racing the cache. Three Ready replicas; web-2 is the newest.
@@ -350,14 +352,13 @@ async fn vm_pool(
 /// reconcile from deleting another replica, and its deletes carry the uid the decision saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_reconciler_on_a_stale_cache_never_deletes_more_or_other_vmis() -> Result<()> {
-    let cluster = tokio::task::block_in_place(start_cluster);
+    let cluster = tokio::task::block_in_place(shared_cluster);
     let kc = cluster.kubeconfig_path();
-    install_crds(kc)?;
-    let (ok, _, err) = kubectl(kc, &["create", "namespace", "race"], None)?;
+    let (ok, _, err) = kubectl(kc, &["create", "namespace", NS_POOL], None)?;
     assert!(ok, "{err}");
     let client = client_for(kc).await?;
-    let pools: Api<VirtualMachinePool> = Api::namespaced(client.clone(), "race");
-    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "race");
+    let pools: Api<VirtualMachinePool> = Api::namespaced(client.clone(), NS_POOL);
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NS_POOL);
     let pp = PostParams::default();
 
     // 1. Scale-in 3 → 2, then a second reconcile on a cache that does not show the deletion.

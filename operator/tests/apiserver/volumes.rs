@@ -4,20 +4,14 @@
 //! of the launcher container, a file system claim a mount; a VMI whose claim does not exist yet
 //! waits for it; the pod requests and limits the local disk it may use.
 
-mod common;
-
-use std::path::Path;
-
+use crate::common::*;
 use anyhow::Result;
-use common::*;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use microvirt_crds::VirtualMachineInstance;
 use microvirt_operator::pod::ANNOTATION_VMI_SPEC;
 use serde_json::json;
-
-const SA: &str = "system:serviceaccount:microvirt:virt-operator";
 
 fn claim(name: &str, mode: &str) -> Result<PersistentVolumeClaim> {
     Ok(serde_json::from_value(json!({
@@ -68,13 +62,8 @@ fn container(pod: &Pod) -> &k8s_openapi::api::core::v1::Container {
 async fn rng_block_claims_and_local_disk_reach_the_launcher_pod() -> Result<()> {
     let cluster = shared_cluster();
     let kc = cluster.kubeconfig_path();
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-    for f in ["namespace.yaml", "rbac.yaml"] {
-        let path = deploy.join(f).display().to_string();
-        let (ok, out, err) = kubectl(kc, &["apply", "-f", &path], None)?;
-        assert!(ok, "kubectl apply -f deploy/{f}: {out}{err}");
-    }
-    let op = impersonating_client(kc, SA).await?;
+    apply_operator_rbac(kc)?;
+    let op = impersonating_client(kc, OPERATOR_SA).await?;
     let env = Env::start_with(kc, "t-volumes", Some(op)).await?;
     let claims = env.api::<PersistentVolumeClaim>();
     claims
