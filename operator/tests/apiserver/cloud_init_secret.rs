@@ -35,21 +35,15 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inline_cloud_init_data_goes_to_a_secret_the_pod_mounts() -> Result<()> {
-    let cluster = shared_cluster();
-    let kc = cluster.kubeconfig_path();
-    apply_operator_rbac(kc)?;
-    let op = impersonating_client(kc, OPERATOR_SA).await?;
-    let mut env = Env::start_with(kc, "t-cloudinit", Some(op)).await?;
+    let mut env = Env::start_as_operator_sa("t-cloudinit").await?;
 
     let inline = vmi_with_seed(
         "ci",
         "      userData: \"#cloud-config\\npassword: hunter2\\n\"\n      networkData: \"version: 2\\n\"\n",
     );
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&inline))?;
-    assert!(ok, "{err}");
+    env.apply(&inline)?;
     let by_ref = vmi_with_seed("byref", "      secretRef: {name: my-user-data}\n");
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&by_ref))?;
-    assert!(ok, "{err}");
+    env.apply(&by_ref)?;
 
     let pods = env.api::<Pod>();
     let pod = wait_for("the launcher pod", WAIT, || async {
@@ -126,8 +120,7 @@ async fn inline_cloud_init_data_goes_to_a_secret_the_pod_mounts() -> Result<()> 
         "b64",
         "      userDataBase64: I2Nsb3VkLWNvbmZpZwo=\n      networkDataBase64: dmVyc2lvbjogMgo=\n",
     );
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&b64))?;
-    assert!(ok, "{err}");
+    env.apply(&b64)?;
     let s = wait_for("the base64 cloud-init Secret", WAIT, || async {
         Ok(secrets.get_opt("virt-launcher-b64-cloud-init").await?)
     })
@@ -147,8 +140,7 @@ async fn inline_cloud_init_data_goes_to_a_secret_the_pod_mounts() -> Result<()> 
     }))?;
     secrets.create(&Default::default(), &foreign).await?;
     let taken = vmi_with_seed("taken", "      userData: \"#cloud-config\\n\"\n");
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&taken))?;
-    assert!(ok, "{err}");
+    env.apply(&taken)?;
     let vmis = env.api::<VirtualMachineInstance>();
     let v = wait_for(
         "the VMI whose Secret name is taken to fail",
@@ -177,8 +169,7 @@ async fn inline_cloud_init_data_goes_to_a_secret_the_pod_mounts() -> Result<()> 
     // then) is rewritten, and the pod follows.
     env.stop_operator();
     let again = vmi_with_seed("again", "      userData: \"#cloud-config\\nnew: 1\\n\"\n");
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&again))?;
-    assert!(ok, "{err}");
+    env.apply(&again)?;
     let uid = vmis.get("again").await?.metadata.uid.expect("uid");
     let ours: Secret = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
@@ -240,9 +231,7 @@ async fn inline_cloud_init_data_goes_to_a_secret_the_pod_mounts() -> Result<()> 
         ),
     ] {
         let yaml = vmi_with_seed("refused", seed).replace("    cloudInitNoCloud:\n      {}", "    cloudInitNoCloud: {}");
-        let (ok, out, err) = env.kubectl(&["apply", "-f", "-"], Some(&yaml))?;
-        assert!(!ok, "{what}: accepted: {out}");
-        assert!(err.contains(want), "{what}: {err}");
+        env.apply_refused(what, &yaml, &[want])?;
     }
     Ok(())
 }

@@ -56,6 +56,44 @@ where
     w.apply_watcher_event(&watcher::Event::InitDone);
 }
 
+/// `listed` with the object of the same name as `changed` replaced by it: a cache that shows
+/// that change and nothing after it.
+fn with_replaced(
+    listed: &[VirtualMachineInstance],
+    changed: VirtualMachineInstance,
+) -> Vec<VirtualMachineInstance> {
+    listed
+        .iter()
+        .map(|v| {
+            if v.name_any() == changed.name_any() {
+                changed.clone()
+            } else {
+                v.clone()
+            }
+        })
+        .collect()
+}
+
+/// The VMIs labelled `app: app` as listed now, but `name` an older, Failed object of the same
+/// name (another uid): what a lagging cache shows while the API server has the newer one.
+async fn listed_with_an_earlier_failed(
+    api: &Api<VirtualMachineInstance>,
+    app: &str,
+    name: &str,
+) -> Result<Vec<VirtualMachineInstance>> {
+    let mut listed = api
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await?
+        .items;
+    let old = listed
+        .iter_mut()
+        .find(|v| v.name_any() == name)
+        .context(name.to_string())?;
+    old.metadata.uid = Some(format!("uid-of-an-earlier-{name}"));
+    old.status.get_or_insert_with(Default::default).phase = Some(microvirt_crds::VmiPhase::Failed);
+    Ok(listed)
+}
+
 /// A reconciler context whose VMI cache the test controls (a fresh operator: no expectations).
 fn context(client: &Client) -> (Arc<Context>, Writer<VirtualMachineInstance>) {
     let (pods, mut pw) = reflector::store::<Pod>();
@@ -130,19 +168,7 @@ async fn replicated<K>(
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
 {
-    let obj: K = serde_json::from_value(json!({
-        "apiVersion": "microvirt.io/v1alpha1",
-        "kind": kind,
-        "metadata": {"name": name, "finalizers": [finalizer]},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"domain": {"memory": {"guest": "32Mi"}}},
-            },
-        },
-    }))?;
+    let obj: K = serde_json::from_value(replicated_json(kind, finalizer, name, replicas))?;
     Ok(api.create(&PostParams::default(), &obj).await?)
 }
 
@@ -203,19 +229,7 @@ async fn reconcilers_on_a_stale_cache_never_delete_more_or_other_vmis() -> Resul
     );
     // The cache now shows web-0's change, which happened before the deletion, but not the
     // deletion itself: it still counts three active replicas, one of them not Ready.
-    relist(
-        &mut cache,
-        listed
-            .iter()
-            .map(|v| {
-                if v.name_any() == "web-0" {
-                    web0_not_ready.clone()
-                } else {
-                    v.clone()
-                }
-            })
-            .collect::<Vec<_>>(),
-    );
+    relist(&mut cache, with_replaced(&listed, web0_not_ready));
     vmirs::reconcile(rs2.clone(), ctx.clone()).await?;
     assert_eq!(
         live(&vmis).await?,
@@ -236,16 +250,7 @@ async fn reconcilers_on_a_stale_cache_never_delete_more_or_other_vmis() -> Resul
         set_ready(&vmis, &name, true).await?;
     }
     let before = live(&vmis).await?;
-    let mut stale: Vec<VirtualMachineInstance> = vmis
-        .list(&ListParams::default().labels("app=db"))
-        .await?
-        .items;
-    let old = stale
-        .iter_mut()
-        .find(|v| v.name_any() == "db-1")
-        .context("db-1")?;
-    old.metadata.uid = Some("uid-of-an-earlier-db-1".into());
-    old.status.get_or_insert_with(Default::default).phase = Some(microvirt_crds::VmiPhase::Failed);
+    let stale = listed_with_an_earlier_failed(&vmis, "db", "db-1").await?;
     let (ctx, mut cache) = context(&client);
     relist(&mut cache, stale);
     vmirs::reconcile(Arc::new(rss.get("db").await?), ctx).await?;
@@ -389,19 +394,7 @@ async fn the_pool_reconciler_on_a_stale_cache_never_deletes_more_or_other_vmis()
     let survivor = after_first.keys().next().context("a survivor")?.clone();
     set_ready(&vmis, &survivor, false).await?;
     let survivor_not_ready = vmis.get(&survivor).await?;
-    relist(
-        &mut cache,
-        listed
-            .iter()
-            .map(|v| {
-                if v.name_any() == survivor {
-                    survivor_not_ready.clone()
-                } else {
-                    v.clone()
-                }
-            })
-            .collect::<Vec<_>>(),
-    );
+    relist(&mut cache, with_replaced(&listed, survivor_not_ready));
     pool::reconcile(p2.clone(), ctx.clone()).await?;
     assert_eq!(
         live(&vmis).await?,
@@ -423,16 +416,7 @@ async fn the_pool_reconciler_on_a_stale_cache_never_deletes_more_or_other_vmis()
         set_ready(&vmis, &name, true).await?;
     }
     let before = live(&vmis).await?;
-    let mut stale: Vec<VirtualMachineInstance> = vmis
-        .list(&ListParams::default().labels("app=db"))
-        .await?
-        .items;
-    let old = stale
-        .iter_mut()
-        .find(|v| v.name_any() == "db-1")
-        .context("db-1")?;
-    old.metadata.uid = Some("uid-of-an-earlier-db-1".into());
-    old.status.get_or_insert_with(Default::default).phase = Some(microvirt_crds::VmiPhase::Failed);
+    let mut stale = listed_with_an_earlier_failed(&vmis, "db", "db-1").await?;
     // A fourth replica already on the API server covers the one the stale cache counts as
     // ended, so the plan's only write is the delete of "db-1".
     vmis.create(&pp, &replica_vmi(&p, &tmpl, Some("db-3"), None))

@@ -60,11 +60,7 @@ fn container(pod: &Pod) -> &k8s_openapi::api::core::v1::Container {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rng_block_claims_and_local_disk_reach_the_launcher_pod() -> Result<()> {
-    let cluster = shared_cluster();
-    let kc = cluster.kubeconfig_path();
-    apply_operator_rbac(kc)?;
-    let op = impersonating_client(kc, OPERATOR_SA).await?;
-    let env = Env::start_with(kc, "t-volumes", Some(op)).await?;
+    let env = Env::start_as_operator_sa("t-volumes").await?;
     let claims = env.api::<PersistentVolumeClaim>();
     claims
         .create(&PostParams::default(), &claim("fast-claim", "Block")?)
@@ -74,8 +70,7 @@ async fn rng_block_claims_and_local_disk_reach_the_launcher_pod() -> Result<()> 
         .await?;
 
     // kubectl's strict field validation accepts `rng: {}` and the API server keeps it.
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&vmi_with_volumes("v1")))?;
-    assert!(ok, "kubectl apply refused the VMI: {err}");
+    env.apply(&vmi_with_volumes("v1"))?;
     let vmis = env.api::<VirtualMachineInstance>();
     let stored = vmis.get("v1").await?;
     assert!(
@@ -134,8 +129,7 @@ async fn rng_block_claims_and_local_disk_reach_the_launcher_pod() -> Result<()> 
 
     // A VMI whose claim does not exist yet gets no pod; once the claim appears, it does.
     let waiting = vmi_with_volumes("v2").replace("claimName: files-claim", "claimName: later");
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&waiting))?;
-    assert!(ok, "{err}");
+    env.apply(&waiting)?;
     let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
     wait_for("a PVCNotFound event", WAIT, || async {
         let l = events.list(&ListParams::default()).await?;
@@ -156,15 +150,6 @@ async fn rng_block_claims_and_local_disk_reach_the_launcher_pod() -> Result<()> 
         pods.get_opt("virt-launcher-v2").await.map_err(Into::into)
     })
     .await?;
-    assert_eq!(
-        env.metrics
-            .encode()
-            .lines()
-            .filter(|l| l.starts_with("microvirt_operator_reconcile_errors_total"))
-            .count(),
-        0,
-        "reconcile errors under the ServiceAccount:\n{}",
-        env.metrics.encode()
-    );
+    env.assert_no_reconcile_errors();
     Ok(())
 }

@@ -23,6 +23,11 @@ use microvirt_operator::metrics::Metrics;
 use microvirt_testsupport::{Cluster, ClusterOptions};
 use serde_json::json;
 
+mod fixtures;
+// The examples (`operator/examples/`) include this module too and use none of the builders.
+#[allow(unused_imports)]
+pub use fixtures::*;
+
 /// API server flags the tests need: image volumes (containerDisk) are beta and off in 1.34.
 pub fn cluster_options() -> ClusterOptions {
     ClusterOptions {
