@@ -2,8 +2,8 @@
 //!
 //! One parser for the operator (pod resources, flags) and the launcher (guest memory, emptyDisk
 //! capacity); the CRD's CEL rules use the API server's `isQuantity`/`quantity`, and
-//! `operator/tests/quantities.rs` checks that the API server and this parser accept the same
-//! strings and order them the same way.
+//! `operator/tests/apiserver/quantities.rs` checks that the API server and this parser accept the
+//! same strings and order them the same way.
 //!
 //! The grammar is apimachinery's `resource.ParseQuantity` (v0.34):
 //!

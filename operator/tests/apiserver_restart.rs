@@ -59,18 +59,7 @@ async fn controllers_converge_across_an_apiserver_restart_without_duplicate_pods
     let mut cluster = tokio::task::block_in_place(start_cluster);
     install_crds(cluster.kubeconfig_path())?;
     let mut env = Env::start(cluster.kubeconfig_path(), "t-restart").await?;
-    let manifest = r#"apiVersion: microvirt.io/v1alpha1
-kind: VirtualMachineInstanceReplicaSet
-metadata: {name: pool}
-spec:
-  replicas: 5
-  selector: {matchLabels: {app: pool}}
-  template:
-    metadata: {labels: {app: pool}}
-    spec: {domain: {memory: {guest: 32Mi}}}
-"#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(manifest))?;
-    assert!(ok, "{err}");
+    env.apply(&vmirs_yaml("pool", 5, "32Mi"))?;
     wait_for("5 VMIs with one pod each", WAIT, || async {
         let (c, orphans) = census(&env).await?;
         Ok((c.len() == 5 && c.values().all(|(_, n)| *n == 1) && orphans.is_empty()).then_some(()))

@@ -15,8 +15,7 @@ async fn vmi_with_container_disk_fails_clearly_without_image_volumes() -> Result
     let cluster = tokio::task::block_in_place(|| Cluster::start(ClusterOptions::default()))?;
     install_crds(cluster.kubeconfig_path())?;
     let env = Env::start(cluster.kubeconfig_path(), "t-nogate").await?;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&vmi_yaml("cd", "")))?;
-    assert!(ok, "{err}");
+    env.apply(&vmi_yaml("cd", ""))?;
     let vmis = env.api::<VirtualMachineInstance>();
     let v = wait_for("VMI Failed", WAIT, || async {
         let v = vmis.get("cd").await?;
@@ -47,8 +46,7 @@ async fn vmi_with_container_disk_fails_clearly_without_image_volumes() -> Result
         "    containerDisk:\n      image: quay.io/containerdisks/fedora:latest\n",
         "    emptyDisk: {capacity: 1Gi}\n",
     );
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&yaml))?;
-    assert!(ok, "{err}");
+    env.apply(&yaml)?;
     let v = wait_for("plain VMI Failed", WAIT, || async {
         let v = vmis.get("plain").await?;
         Ok((v.phase() == Some(VmiPhase::Failed)).then_some(v))

@@ -5,10 +5,11 @@
 
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
@@ -21,6 +22,11 @@ use microvirt_operator::controller::run::{run, RunOptions};
 use microvirt_operator::metrics::Metrics;
 use microvirt_testsupport::{Cluster, ClusterOptions};
 use serde_json::json;
+
+mod fixtures;
+// The examples (`operator/examples/`) include this module too and use none of the builders.
+#[allow(unused_imports)]
+pub use fixtures::*;
 
 /// API server flags the tests need: image volumes (containerDisk) are beta and off in 1.34.
 pub fn cluster_options() -> ClusterOptions {
@@ -106,6 +112,39 @@ pub fn shared_cluster() -> &'static Cluster {
         install_crds(c.kubeconfig_path()).expect("installing CRDs");
         c
     })
+}
+
+/// `deploy/`: the manifests a cluster installs microvirt from.
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// The operator's ServiceAccount (`deploy/rbac.yaml`), for [`impersonating_client`].
+pub const OPERATOR_SA: &str = "system:serviceaccount:microvirt:virt-operator";
+
+/// The clusters (by kubeconfig) that [`apply_operator_rbac`] has set up.
+static OPERATOR_RBAC: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+
+/// `kubectl apply` of `deploy/namespace.yaml` and `deploy/rbac.yaml`, once per cluster: the
+/// tests of one binary that run the operator as its ServiceAccount share these cluster-wide
+/// objects, and two `kubectl apply` of the same new object at once can both try to create it
+/// (one fails with AlreadyExists), so the first caller applies them while the others wait.
+pub fn apply_operator_rbac(kubeconfig: &Path) -> Result<()> {
+    let mut done = OPERATOR_RBAC
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if done.contains(kubeconfig) {
+        return Ok(());
+    }
+    for f in ["namespace.yaml", "rbac.yaml"] {
+        let path = deploy_dir().join(f).display().to_string();
+        let (ok, out, err) = kubectl(kubeconfig, &["apply", "-f", &path], None)?;
+        if !ok {
+            bail!("kubectl apply -f deploy/{f}: {out}{err}");
+        }
+    }
+    done.insert(kubeconfig.to_path_buf());
+    Ok(())
 }
 
 /// A kube client for a kubeconfig file.

@@ -4,34 +4,23 @@
 //! their image. The same holds in the VirtualMachine and VirtualMachineInstanceReplicaSet
 //! templates.
 
-mod common;
-
+use crate::common::{apply_in, apply_refused_in, kubectl, shared_cluster, vmi_yaml};
 use anyhow::Result;
-use common::{kubectl, shared_cluster, vmi_yaml};
 
 const NS: &str = "t-names";
-
-fn apply(yaml: &str) -> Result<(bool, String, String)> {
-    kubectl(
-        shared_cluster().kubeconfig_path(),
-        &["-n", NS, "apply", "-f", "-"],
-        Some(yaml),
-    )
-}
 
 #[test]
 fn path_bearing_names_and_paths_are_refused_at_apply() -> Result<()> {
     let kc = shared_cluster().kubeconfig_path();
     let _ = kubectl(kc, &["create", "namespace", NS], None)?;
     let good = vmi_yaml("names", "");
-    let (ok, _, err) = apply(&good)?;
-    assert!(ok, "the valid VMI is refused: {err}");
+    apply_in(kc, NS, &good)?;
     // Paths that only look like `..` are fine.
-    let (ok, _, err) = apply(&vmi_yaml("dots", "").replace(
+    let dots = vmi_yaml("dots", "").replace(
         "      image: quay.io/containerdisks/fedora:latest\n",
         "      image: quay.io/containerdisks/fedora:latest\n      path: disk/a..b.img\n",
-    ))?;
-    assert!(ok, "a path with '..' inside a name is refused: {err}");
+    );
+    apply_in(kc, NS, &dots)?;
 
     let volume_msg = "a volume name must be a DNS label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters): it becomes a directory name in the launcher pod";
     let disk_msg = "a disk name must be a DNS label";
@@ -88,14 +77,7 @@ fn path_bearing_names_and_paths_are_refused_at_apply() -> Result<()> {
         ),
     ];
     for (what, yaml, wants) in &cases {
-        let (ok, out, err) = apply(yaml)?;
-        assert!(!ok, "{what}: accepted: {out}");
-        for want in wants {
-            assert!(
-                err.contains(want),
-                "{what}: kubectl said {err:?}, wanted {want:?}"
-            );
-        }
+        apply_refused_in(kc, NS, what, yaml, wants)?;
     }
 
     // The templates of VirtualMachine and VirtualMachineInstanceReplicaSet have the same rules.
@@ -121,13 +103,16 @@ fn path_bearing_names_and_paths_are_refused_at_apply() -> Result<()> {
         ("VirtualMachine", vm),
         ("VirtualMachineInstanceReplicaSet", rs),
     ] {
-        let (ok, out, err) = apply(&yaml)?;
-        assert!(!ok, "{what}: accepted: {out}");
-        assert!(
-            err.contains("spec.template.spec.volumes[0].name: Invalid value")
-                && err.contains(volume_msg),
-            "{what}: {err}"
-        );
+        apply_refused_in(
+            kc,
+            NS,
+            what,
+            &yaml,
+            &[
+                "spec.template.spec.volumes[0].name: Invalid value",
+                volume_msg,
+            ],
+        )?;
     }
     Ok(())
 }

@@ -3,15 +3,13 @@
 //! (`virt-handler`) would. Real launchers, snapshots and the real agent are exercised by the
 //! whole-system tests on a real node (`tests/e2e`).
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::*;
 use anyhow::Result;
-use common::*;
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, Pod};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -129,36 +127,34 @@ impl Drop for Sim {
     }
 }
 
-fn start_fake_node(env: &Env, node: &str, log: Arc<NodeLog>) -> Sim {
-    Sim {
+/// The Node object `node` (with [`FACTS`]) and its simulated kubelet and node agent for the
+/// pods of `env`'s namespace ([`fake_node`]), running until the [`Sim`] is dropped; the log
+/// says what it did.
+async fn start_fake_node(env: &Env, node: &str) -> Result<(Arc<NodeLog>, Sim)> {
+    create_node(&env.client, node).await?;
+    let log = Arc::new(NodeLog::default());
+    let sim = Sim {
         task: tokio::spawn(fake_node(
             env.client.clone(),
             env.ns.clone(),
             node.to_string(),
-            log,
+            log.clone(),
         )),
-    }
+    };
+    Ok((log, sim))
 }
 
-fn pool_yaml(name: &str, replicas: i32, warm: &str, memory: &str) -> String {
-    format!(
-        r#"apiVersion: microvirt.io/v1alpha1
-kind: VirtualMachinePool
-metadata: {{name: {name}}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: {name}}}}}
-  {warm}
-  template:
-    metadata: {{labels: {{app: {name}}}}}
-    spec:
-      domain:
-        memory: {{guest: {memory}}}
-        devices:
-          interfaces: [{{name: default, masquerade: {{}}}}]
-      networks: [{{name: default, pod: {{}}}}]
-"#
-    )
+/// [`pool_yaml`] whose template also names the pod network and its masquerade interface.
+fn networked_pool_yaml(name: &str, replicas: i32, warm: &str, memory: &str) -> String {
+    let yaml = pool_yaml(name, replicas, warm, memory).replace(
+        &format!("    spec: {{domain: {{memory: {{guest: {memory}}}}}}}\n"),
+        &format!(
+            "    spec:\n      domain:\n        memory: {{guest: {memory}}}\n        devices:\n          \
+             interfaces: [{{name: default, masquerade: {{}}}}]\n      networks: [{{name: default, pod: {{}}}}]\n"
+        ),
+    );
+    assert!(yaml.contains("networks:"), "{yaml}");
+    yaml
 }
 
 async fn pool(env: &Env, name: &str) -> Result<VirtualMachinePool> {
@@ -239,12 +235,10 @@ async fn events_of(env: &Env, reason: &str) -> Result<Vec<String>> {
 
 #[tokio::test]
 async fn bad_pool_specs_are_refused_with_clear_messages() -> Result<()> {
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-pool-validation").await?;
+    let env = Env::start_shared("t-pool-validation").await?;
     let warm = "warm: {min: 1, max: 3}";
-    let good = pool_yaml("web", 2, warm, "64Mi");
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&good))?;
-    assert!(ok, "valid pool refused: {err}");
+    let good = networked_pool_yaml("web", 2, warm, "64Mi");
+    env.apply(&good)?;
 
     let cases: Vec<(&str, String, &str)> = vec![
         (
@@ -351,12 +345,7 @@ async fn bad_pool_specs_are_refused_with_clear_messages() -> Result<()> {
         ),
     ];
     for (what, yaml, want) in &cases {
-        let (ok, out, err) = env.kubectl(&["apply", "-f", "-"], Some(yaml))?;
-        assert!(!ok, "{what}: kubectl apply accepted it: {out}");
-        assert!(
-            err.contains(want),
-            "{what}: kubectl said {err:?}, wanted {want:?}"
-        );
+        env.apply_refused(what, yaml, &[want])?;
     }
     // The Rust client gets a 422 too.
     let mut p: VirtualMachinePool = serde_saphyr::from_str(&good)?;
@@ -386,12 +375,7 @@ async fn bad_pool_specs_are_refused_with_clear_messages() -> Result<()> {
     assert_eq!(pool(&env, "web").await?.spec.replicas, Some(0));
     let (ok, out, _) = env.kubectl(&["get", "vmpool", "web"], None)?;
     assert!(ok);
-    let header: Vec<&str> = out
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
+    let header = columns(&out);
     assert_eq!(
         header,
         vec!["NAME", "DESIRED", "CURRENT", "READY", "WARM", "SNAPSHOT", "AGE"]
@@ -407,20 +391,18 @@ async fn bad_pool_specs_are_refused_with_clear_messages() -> Result<()> {
 
 #[tokio::test]
 async fn scale_out_claims_warm_members_without_creating_pods() -> Result<()> {
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-pool-claims").await?;
+    let env = Env::start_shared("t-pool-claims").await?;
     let node = "pool-claims-node";
-    create_node(&env.client, node).await?;
-    let log = Arc::new(NodeLog::default());
-    let _sim = start_fake_node(&env, node, log.clone());
+    let (log, _sim) = start_fake_node(&env, node).await?;
     let pools = env.api::<VirtualMachinePool>();
     let pods = env.api::<Pod>();
 
-    let (ok, _, err) = env.kubectl(
-        &["apply", "-f", "-"],
-        Some(&pool_yaml("web", 0, "warm: {min: 2, max: 4}", "64Mi")),
-    )?;
-    assert!(ok, "{err}");
+    env.apply(&networked_pool_yaml(
+        "web",
+        0,
+        "warm: {min: 2, max: 4}",
+        "64Mi",
+    ))?;
 
     // A builder boots the template; once it is Ready the operator asks the node agent for the
     // snapshot; then two warm members restore it.
@@ -617,19 +599,12 @@ async fn scale_out_claims_warm_members_without_creating_pods() -> Result<()> {
 
 #[tokio::test]
 async fn snapshots_follow_the_template_and_the_node() -> Result<()> {
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-pool-snapshots").await?;
+    let env = Env::start_shared("t-pool-snapshots").await?;
     let node = "pool-snapshots-node";
-    create_node(&env.client, node).await?;
-    let log = Arc::new(NodeLog::default());
-    let _sim = start_fake_node(&env, node, log.clone());
+    let (log, _sim) = start_fake_node(&env, node).await?;
     let pools = env.api::<VirtualMachinePool>();
     let pods = env.api::<Pod>();
-    let (ok, _, err) = env.kubectl(
-        &["apply", "-f", "-"],
-        Some(&pool_yaml("db", 1, "warm: {min: 2}", "64Mi")),
-    )?;
-    assert!(ok, "{err}");
+    env.apply(&networked_pool_yaml("db", 1, "warm: {min: 2}", "64Mi"))?;
     let first = wait_warm(&env, "db", 2).await?;
     wait_for("1 Ready replica", WAIT, || async {
         let v = pool_vmis(&env, "db").await?;
@@ -640,11 +615,7 @@ async fn snapshots_follow_the_template_and_the_node() -> Result<()> {
 
     // A template change: a new snapshot (new hash), the old warm members drained, the running
     // replica left alone.
-    let (ok, _, err) = env.kubectl(
-        &["apply", "-f", "-"],
-        Some(&pool_yaml("db", 1, "warm: {min: 2}", "96Mi")),
-    )?;
-    assert!(ok, "{err}");
+    env.apply(&networked_pool_yaml("db", 1, "warm: {min: 2}", "96Mi"))?;
     let second = wait_for("a new snapshot with 2 warm", WAIT, || async {
         let id = wait_warm(&env, "db", 2).await?;
         Ok((id != first).then_some(id))

@@ -4,10 +4,8 @@
 //! instancetype sets is refused with a `Failure` condition naming the field, and a missing
 //! instancetype is waited for.
 
-mod common;
-
+use crate::common::*;
 use anyhow::{Context as _, Result};
-use common::*;
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -19,7 +17,7 @@ use serde_json::json;
 
 /// A VM named `name` (runStrategy Always) with `refs` (its instancetype and preference
 /// references, YAML lines at the spec's indentation) and `domain` (YAML flow mapping).
-fn vm_yaml(name: &str, refs: &str, domain: &str) -> String {
+fn typed_vm_yaml(name: &str, refs: &str, domain: &str) -> String {
     format!(
         r#"apiVersion: microvirt.io/v1alpha1
 kind: VirtualMachine
@@ -81,7 +79,7 @@ async fn wait_failure(env: &Env, vm: &str, needle: &str) -> Result<VirtualMachin
 
 #[tokio::test]
 async fn instancetype_and_preference_are_expanded_and_captured_at_the_first_start() -> Result<()> {
-    let env = Env::start(shared_cluster().kubeconfig_path(), "t-instancetype").await?;
+    let env = Env::start_shared("t-instancetype").await?;
     let objects = r#"apiVersion: microvirt.io/v1alpha1
 kind: VirtualMachineInstancetype
 metadata: {name: medium}
@@ -96,12 +94,10 @@ spec:
   cpu: {preferredCPUTopology: cores}
   devices: {preferredDiskBus: virtio}
 "#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(objects))?;
-    assert!(ok, "{err}");
+    env.apply(objects)?;
     let refs = "  instancetype: {kind: VirtualMachineInstancetype, name: medium}\n  preference: {kind: virtualmachinepreferences, name: virtio-cores}";
     let domain = "{devices: {disks: [{name: root, disk: {}}]}}";
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&vm_yaml("sized", refs, domain)))?;
-    assert!(ok, "{err}");
+    env.apply(&typed_vm_yaml("sized", refs, domain))?;
 
     // The VMI has the instancetype's size, laid out as the preference prefers, and the
     // preference's disk bus.
@@ -157,8 +153,7 @@ spec:
         "cores"
     );
     // The user's own apply of the same manifest keeps the recorded revisions.
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&vm_yaml("sized", refs, domain)))?;
-    assert!(ok, "{err}");
+    env.apply(&typed_vm_yaml("sized", refs, domain))?;
     let again = vms.get("sized").await?;
     assert_eq!(
         again
@@ -190,15 +185,11 @@ spec:
     );
     // ... while a VM that starts now gets the edited one (KubeVirt's default kind is the
     // cluster-wide one, so the namespaced kind is named).
-    let (ok, _, err) = env.kubectl(
-        &["apply", "-f", "-"],
-        Some(&vm_yaml(
-            "later",
-            "  instancetype: {kind: VirtualMachineInstancetype, name: medium}",
-            "{}",
-        )),
-    )?;
-    assert!(ok, "{err}");
+    env.apply(&typed_vm_yaml(
+        "later",
+        "  instancetype: {kind: VirtualMachineInstancetype, name: medium}",
+        "{}",
+    ))?;
     let vmi3 = wait_vmi(&env, "later", None).await?;
     // No preference: KubeVirt's default layout, sockets.
     assert_eq!(
@@ -222,8 +213,7 @@ spec:
   cpu: {guest: 3}
   memory: {guest: 384Mi}
 "#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(big))?;
-    assert!(ok, "{err}");
+    env.apply(big)?;
     vms.patch(
         "sized",
         &PatchParams::default(),
@@ -251,15 +241,14 @@ spec:
 
 #[tokio::test]
 async fn a_conflicting_template_or_a_missing_instancetype_fails_the_vm_until_fixed() -> Result<()> {
-    let env = Env::start(shared_cluster().kubeconfig_path(), "t-instancetype-fail").await?;
+    let env = Env::start_shared("t-instancetype-fail").await?;
     let vms = env.api::<VirtualMachine>();
     let vmis = env.api::<VirtualMachineInstance>();
 
     // A missing cluster-wide instancetype (the default kind): a Failure condition naming it,
     // no VMI, retried.
     let refs = "  instancetype: {name: t-fail-small}";
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&vm_yaml("waiting", refs, "{}")))?;
-    assert!(ok, "{err}");
+    env.apply(&typed_vm_yaml("waiting", refs, "{}"))?;
     let c = wait_failure(
         &env,
         "waiting",
@@ -276,8 +265,7 @@ spec:
   cpu: {guest: 1}
   memory: {guest: 96Mi}
 "#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(small))?;
-    assert!(ok, "{err}");
+    env.apply(small)?;
     let vmi = wait_vmi(&env, "waiting", None).await?;
     assert_eq!(size(&vmi.spec), (Some(1), Some(1), Some(1), "96Mi".into()));
     wait_for("Failure condition cleared", WAIT, || async {
@@ -288,15 +276,11 @@ spec:
 
     // A template that sets what the instancetype sets: refused, naming the fields; no VMI and
     // no revision captured.
-    let (ok, _, err) = env.kubectl(
-        &["apply", "-f", "-"],
-        Some(&vm_yaml(
-            "conflict",
-            refs,
-            "{memory: {guest: 128Mi}, cpu: {sockets: 2}}",
-        )),
-    )?;
-    assert!(ok, "{err}");
+    env.apply(&typed_vm_yaml(
+        "conflict",
+        refs,
+        "{memory: {guest: 128Mi}, cpu: {sockets: 2}}",
+    ))?;
     let c = wait_failure(&env, "conflict", "spec.template.spec.domain.memory.guest").await?;
     assert_eq!(c.reason.as_deref(), Some("InstancetypeConflict"));
     let msg = c.message.unwrap_or_default();

@@ -3,10 +3,8 @@
 //! parser of the operator and of the launcher — turns into an in-range number of bytes, and both
 //! order them the same way at the bounds (16Mi for guest memory, 0 and 1Ei for emptyDisk).
 
-mod common;
-
+use crate::common::*;
 use anyhow::Result;
-use common::*;
 use kube::api::PostParams;
 use kube::Api;
 use microvirt_crds::quantity::parse_bytes;
@@ -115,12 +113,10 @@ const EI: u64 = 1 << 60;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crd_rules_and_the_shared_parser_agree_on_quantities() -> Result<()> {
-    let cluster = tokio::task::block_in_place(start_cluster);
-    let kc = cluster.kubeconfig_path();
-    install_crds(kc)?;
-    let (ok, _, err) = kubectl(kc, &["create", "namespace", "q"], None)?;
+    let kc = tokio::task::block_in_place(shared_cluster).kubeconfig_path();
+    let (ok, _, err) = kubectl(kc, &["create", "namespace", "t-quantities"], None)?;
     assert!(ok, "{err}");
-    let api: Api<VirtualMachineInstance> = Api::namespaced(client_for(kc).await?, "q");
+    let api: Api<VirtualMachineInstance> = Api::namespaced(client_for(kc).await?, "t-quantities");
 
     let mut disagreements = Vec::new();
     // emptyDisk.capacity: more than 0, at most 1Ei.

@@ -4,20 +4,14 @@
 //! of the launcher container, a file system claim a mount; a VMI whose claim does not exist yet
 //! waits for it; the pod requests and limits the local disk it may use.
 
-mod common;
-
-use std::path::Path;
-
+use crate::common::*;
 use anyhow::Result;
-use common::*;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 use microvirt_crds::VirtualMachineInstance;
 use microvirt_operator::pod::ANNOTATION_VMI_SPEC;
 use serde_json::json;
-
-const SA: &str = "system:serviceaccount:microvirt:virt-operator";
 
 fn claim(name: &str, mode: &str) -> Result<PersistentVolumeClaim> {
     Ok(serde_json::from_value(json!({
@@ -66,16 +60,7 @@ fn container(pod: &Pod) -> &k8s_openapi::api::core::v1::Container {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rng_block_claims_and_local_disk_reach_the_launcher_pod() -> Result<()> {
-    let cluster = shared_cluster();
-    let kc = cluster.kubeconfig_path();
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-    for f in ["namespace.yaml", "rbac.yaml"] {
-        let path = deploy.join(f).display().to_string();
-        let (ok, out, err) = kubectl(kc, &["apply", "-f", &path], None)?;
-        assert!(ok, "kubectl apply -f deploy/{f}: {out}{err}");
-    }
-    let op = impersonating_client(kc, SA).await?;
-    let env = Env::start_with(kc, "t-volumes", Some(op)).await?;
+    let env = Env::start_as_operator_sa("t-volumes").await?;
     let claims = env.api::<PersistentVolumeClaim>();
     claims
         .create(&PostParams::default(), &claim("fast-claim", "Block")?)
@@ -85,8 +70,7 @@ async fn rng_block_claims_and_local_disk_reach_the_launcher_pod() -> Result<()> 
         .await?;
 
     // kubectl's strict field validation accepts `rng: {}` and the API server keeps it.
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&vmi_with_volumes("v1")))?;
-    assert!(ok, "kubectl apply refused the VMI: {err}");
+    env.apply(&vmi_with_volumes("v1"))?;
     let vmis = env.api::<VirtualMachineInstance>();
     let stored = vmis.get("v1").await?;
     assert!(
@@ -145,8 +129,7 @@ async fn rng_block_claims_and_local_disk_reach_the_launcher_pod() -> Result<()> 
 
     // A VMI whose claim does not exist yet gets no pod; once the claim appears, it does.
     let waiting = vmi_with_volumes("v2").replace("claimName: files-claim", "claimName: later");
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&waiting))?;
-    assert!(ok, "{err}");
+    env.apply(&waiting)?;
     let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
     wait_for("a PVCNotFound event", WAIT, || async {
         let l = events.list(&ListParams::default()).await?;
@@ -167,15 +150,6 @@ async fn rng_block_claims_and_local_disk_reach_the_launcher_pod() -> Result<()> 
         pods.get_opt("virt-launcher-v2").await.map_err(Into::into)
     })
     .await?;
-    assert_eq!(
-        env.metrics
-            .encode()
-            .lines()
-            .filter(|l| l.starts_with("microvirt_operator_reconcile_errors_total"))
-            .count(),
-        0,
-        "reconcile errors under the ServiceAccount:\n{}",
-        env.metrics.encode()
-    );
+    env.assert_no_reconcile_errors();
     Ok(())
 }

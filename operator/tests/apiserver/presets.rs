@@ -12,8 +12,7 @@ use crate::harness::{vmi_phase, wait_pod};
 
 #[tokio::test]
 async fn presets_apply_once_with_conflicts_reported() -> Result<()> {
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-preset").await?;
+    let env = Env::start_shared("t-preset").await?;
     let presets = env.api::<VirtualMachineInstancePreset>();
     let preset = r#"apiVersion: microvirt.io/v1alpha1
 kind: VirtualMachineInstancePreset
@@ -24,8 +23,7 @@ spec:
     cpu: {cores: 2}
     memory: {guest: 256Mi}
 "#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(preset))?;
-    assert!(ok, "{err}");
+    env.apply(preset)?;
     wait_for("preset cached", WAIT, || async {
         Ok(presets.get_opt("small").await?)
     })
@@ -36,8 +34,7 @@ spec:
     // The VMI sets memory itself (128Mi) and no cores... but vmi() sets cores: 1, so build one
     // without cpu.
     let yaml = vmi_yaml("sized", "size: small").replace("    cpu: {cores: 1}\n", "");
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&yaml))?;
-    assert!(ok, "{err}");
+    env.apply(&yaml)?;
     let vmis = env.api::<VirtualMachineInstance>();
     let v = wait_for("presets applied", WAIT, || async {
         let v = vmis.get("sized").await?;

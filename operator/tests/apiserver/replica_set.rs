@@ -25,23 +25,10 @@ async fn rs_vmis(env: &Env) -> Result<Vec<VirtualMachineInstance>> {
 
 #[tokio::test]
 async fn replica_set_scales_up_and_down_also_with_kubectl_scale() -> Result<()> {
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-vmirs").await?;
+    let env = Env::start_shared("t-vmirs").await?;
     let pods = env.api::<Pod>();
     let rss = env.api::<VirtualMachineInstanceReplicaSet>();
-    let manifest = r#"apiVersion: microvirt.io/v1alpha1
-kind: VirtualMachineInstanceReplicaSet
-metadata: {name: web}
-spec:
-  replicas: 3
-  selector: {matchLabels: {app: web}}
-  template:
-    metadata: {labels: {app: web}}
-    spec:
-      domain: {memory: {guest: 64Mi}}
-"#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(manifest))?;
-    assert!(ok, "{err}");
+    env.apply(&vmirs_yaml("web", 3, "64Mi"))?;
     let names = wait_for("3 replicas with pods", WAIT, || async {
         let v = rs_vmis(&env).await?;
         let mut names = BTreeSet::new();
@@ -96,12 +83,7 @@ spec:
     assert!(survivor == "web-0" || survivor == "web-2", "{survivor}");
     let (ok, out, _) = env.kubectl(&["get", "vmirs", "web"], None)?;
     assert!(ok);
-    let header: Vec<&str> = out
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
+    let header = columns(&out);
     assert_eq!(header, vec!["NAME", "DESIRED", "CURRENT", "READY", "AGE"]);
 
     // Scale up through the Rust client's scale subresource.

@@ -13,13 +13,11 @@
 //! 3. both again for a VirtualMachinePool (its own expectations, the shared uid-conditioned
 //!    delete).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::common::*;
 use anyhow::{Context as _, Result};
-use common::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Recorder, Reporter};
@@ -42,6 +40,11 @@ use microvirt_operator::vmirs::plan::new_replica;
 use microvirt_operator::{pool::reconcile as pool, vm::reconcile as vm, vmirs::reconcile as vmirs};
 use serde_json::json;
 
+/// The namespaces of the two tests (each has the shared control plane to itself there: no
+/// operator runs in them).
+const NS_RS: &str = "t-stale-cache";
+const NS_POOL: &str = "t-stale-cache-pool";
+
 /// Replace the whole content of a store, as a relist would.
 fn relist<K>(w: &mut Writer<K>, objs: impl IntoIterator<Item = K>)
 where
@@ -52,6 +55,44 @@ where
         w.apply_watcher_event(&watcher::Event::InitApply(o));
     }
     w.apply_watcher_event(&watcher::Event::InitDone);
+}
+
+/// `listed` with the object of the same name as `changed` replaced by it: a cache that shows
+/// that change and nothing after it.
+fn with_replaced(
+    listed: &[VirtualMachineInstance],
+    changed: VirtualMachineInstance,
+) -> Vec<VirtualMachineInstance> {
+    listed
+        .iter()
+        .map(|v| {
+            if v.name_any() == changed.name_any() {
+                changed.clone()
+            } else {
+                v.clone()
+            }
+        })
+        .collect()
+}
+
+/// The VMIs labelled `app: app` as listed now, but `name` an older, Failed object of the same
+/// name (another uid): what a lagging cache shows while the API server has the newer one.
+async fn listed_with_an_earlier_failed(
+    api: &Api<VirtualMachineInstance>,
+    app: &str,
+    name: &str,
+) -> Result<Vec<VirtualMachineInstance>> {
+    let mut listed = api
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await?
+        .items;
+    let old = listed
+        .iter_mut()
+        .find(|v| v.name_any() == name)
+        .context(name.to_string())?;
+    old.metadata.uid = Some(format!("uid-of-an-earlier-{name}"));
+    old.status.get_or_insert_with(Default::default).phase = Some(microvirt_crds::VmiPhase::Failed);
+    Ok(listed)
 }
 
 /// A reconciler context whose VMI cache the test controls (a fresh operator: no expectations).
@@ -128,19 +169,7 @@ async fn replicated<K>(
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
 {
-    let obj: K = serde_json::from_value(json!({
-        "apiVersion": "microvirt.io/v1alpha1",
-        "kind": kind,
-        "metadata": {"name": name, "finalizers": [finalizer]},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"domain": {"memory": {"guest": "32Mi"}}},
-            },
-        },
-    }))?;
+    let obj: K = serde_json::from_value(replicated_json(kind, finalizer, name, replicas))?;
     Ok(api.create(&PostParams::default(), &obj).await?)
 }
 
@@ -161,15 +190,14 @@ async fn replica_set(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconcilers_on_a_stale_cache_never_delete_more_or_other_vmis() -> Result<()> {
-    let cluster = tokio::task::block_in_place(start_cluster);
+    let cluster = tokio::task::block_in_place(shared_cluster);
     let kc = cluster.kubeconfig_path();
-    install_crds(kc)?;
-    let (ok, _, err) = kubectl(kc, &["create", "namespace", "race"], None)?;
+    let (ok, _, err) = kubectl(kc, &["create", "namespace", NS_RS], None)?;
     assert!(ok, "{err}");
     let client = client_for(kc).await?;
-    let rss: Api<VirtualMachineInstanceReplicaSet> = Api::namespaced(client.clone(), "race");
-    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "race");
-    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), "race");
+    let rss: Api<VirtualMachineInstanceReplicaSet> = Api::namespaced(client.clone(), NS_RS);
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NS_RS);
+    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), NS_RS);
     let pp = PostParams::default();
 
     // 1. Scale-in racing the cache. Three Ready replicas; web-2 is the newest.
@@ -202,19 +230,7 @@ async fn reconcilers_on_a_stale_cache_never_delete_more_or_other_vmis() -> Resul
     );
     // The cache now shows web-0's change, which happened before the deletion, but not the
     // deletion itself: it still counts three active replicas, one of them not Ready.
-    relist(
-        &mut cache,
-        listed
-            .iter()
-            .map(|v| {
-                if v.name_any() == "web-0" {
-                    web0_not_ready.clone()
-                } else {
-                    v.clone()
-                }
-            })
-            .collect::<Vec<_>>(),
-    );
+    relist(&mut cache, with_replaced(&listed, web0_not_ready));
     vmirs::reconcile(rs2.clone(), ctx.clone()).await?;
     assert_eq!(
         live(&vmis).await?,
@@ -235,16 +251,7 @@ async fn reconcilers_on_a_stale_cache_never_delete_more_or_other_vmis() -> Resul
         set_ready(&vmis, &name, true).await?;
     }
     let before = live(&vmis).await?;
-    let mut stale: Vec<VirtualMachineInstance> = vmis
-        .list(&ListParams::default().labels("app=db"))
-        .await?
-        .items;
-    let old = stale
-        .iter_mut()
-        .find(|v| v.name_any() == "db-1")
-        .context("db-1")?;
-    old.metadata.uid = Some("uid-of-an-earlier-db-1".into());
-    old.status.get_or_insert_with(Default::default).phase = Some(microvirt_crds::VmiPhase::Failed);
+    let stale = listed_with_an_earlier_failed(&vmis, "db", "db-1").await?;
     let (ctx, mut cache) = context(&client);
     relist(&mut cache, stale);
     vmirs::reconcile(Arc::new(rss.get("db").await?), ctx).await?;
@@ -351,14 +358,13 @@ async fn vm_pool(
 /// reconcile from deleting another replica, and its deletes carry the uid the decision saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_reconciler_on_a_stale_cache_never_deletes_more_or_other_vmis() -> Result<()> {
-    let cluster = tokio::task::block_in_place(start_cluster);
+    let cluster = tokio::task::block_in_place(shared_cluster);
     let kc = cluster.kubeconfig_path();
-    install_crds(kc)?;
-    let (ok, _, err) = kubectl(kc, &["create", "namespace", "race"], None)?;
+    let (ok, _, err) = kubectl(kc, &["create", "namespace", NS_POOL], None)?;
     assert!(ok, "{err}");
     let client = client_for(kc).await?;
-    let pools: Api<VirtualMachinePool> = Api::namespaced(client.clone(), "race");
-    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "race");
+    let pools: Api<VirtualMachinePool> = Api::namespaced(client.clone(), NS_POOL);
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), NS_POOL);
     let pp = PostParams::default();
 
     // 1. Scale-in 3 → 2, then a second reconcile on a cache that does not show the deletion.
@@ -389,19 +395,7 @@ async fn the_pool_reconciler_on_a_stale_cache_never_deletes_more_or_other_vmis()
     let survivor = after_first.keys().next().context("a survivor")?.clone();
     set_ready(&vmis, &survivor, false).await?;
     let survivor_not_ready = vmis.get(&survivor).await?;
-    relist(
-        &mut cache,
-        listed
-            .iter()
-            .map(|v| {
-                if v.name_any() == survivor {
-                    survivor_not_ready.clone()
-                } else {
-                    v.clone()
-                }
-            })
-            .collect::<Vec<_>>(),
-    );
+    relist(&mut cache, with_replaced(&listed, survivor_not_ready));
     pool::reconcile(p2.clone(), ctx.clone()).await?;
     assert_eq!(
         live(&vmis).await?,
@@ -423,16 +417,7 @@ async fn the_pool_reconciler_on_a_stale_cache_never_deletes_more_or_other_vmis()
         set_ready(&vmis, &name, true).await?;
     }
     let before = live(&vmis).await?;
-    let mut stale: Vec<VirtualMachineInstance> = vmis
-        .list(&ListParams::default().labels("app=db"))
-        .await?
-        .items;
-    let old = stale
-        .iter_mut()
-        .find(|v| v.name_any() == "db-1")
-        .context("db-1")?;
-    old.metadata.uid = Some("uid-of-an-earlier-db-1".into());
-    old.status.get_or_insert_with(Default::default).phase = Some(microvirt_crds::VmiPhase::Failed);
+    let mut stale = listed_with_an_earlier_failed(&vmis, "db", "db-1").await?;
     // A fourth replica already on the API server covers the one the stale cache counts as
     // ended, so the plan's only write is the delete of "db-1".
     vmis.create(&pp, &replica_vmi(&p, &tmpl, Some("db-3"), None))

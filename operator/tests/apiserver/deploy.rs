@@ -2,13 +2,10 @@
 //! is enough for the controllers (the operator runs impersonating its ServiceAccount), the
 //! examples are valid, and leader election hands the Lease over.
 
-mod common;
-
-use std::path::Path;
 use std::time::Duration;
 
+use crate::common::*;
 use anyhow::Result;
-use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams};
@@ -17,23 +14,14 @@ use microvirt_crds::{VirtualMachineInstance, VirtualMachineInstanceReplicaSet};
 use microvirt_operator::leader::{LeaderConfig, LeaderElector};
 use serde_json::json;
 
-const SA: &str = "system:serviceaccount:microvirt:virt-operator";
-
-fn deploy_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deploy_manifests_rbac_is_sufficient_and_leader_election_hands_over() -> Result<()> {
-    let cluster = tokio::task::block_in_place(start_cluster);
-    let kc = cluster.kubeconfig_path();
-    install_crds(kc)?;
+    let kc = tokio::task::block_in_place(shared_cluster).kubeconfig_path();
+    apply_operator_rbac(kc)?;
     let d = deploy_dir();
-    for f in ["namespace.yaml", "rbac.yaml", "operator.yaml"] {
-        let path = d.join(f).display().to_string();
-        let (ok, out, err) = kubectl(kc, &["apply", "-f", &path], None)?;
-        assert!(ok, "kubectl apply -f deploy/{f}: {out}{err}");
-    }
+    let path = d.join("operator.yaml").display().to_string();
+    let (ok, out, err) = kubectl(kc, &["apply", "-f", &path], None)?;
+    assert!(ok, "kubectl apply -f deploy/operator.yaml: {out}{err}");
     // The examples are valid manifests.
     let (ok, _, err) = kubectl(kc, &["create", "namespace", "examples"], None)?;
     assert!(ok, "{err}");
@@ -42,20 +30,9 @@ async fn deploy_manifests_rbac_is_sufficient_and_leader_election_hands_over() ->
     assert!(ok, "kubectl apply -f deploy/examples: {out}{err}");
 
     // The operator with exactly the ServiceAccount's permissions.
-    let op = impersonating_client(kc, SA).await?;
-    let env = Env::start_with(kc, "t-rbac", Some(op.clone())).await?;
-    let manifest = r#"apiVersion: microvirt.io/v1alpha1
-kind: VirtualMachineInstanceReplicaSet
-metadata: {name: r}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: r}}
-  template:
-    metadata: {labels: {app: r}}
-    spec: {domain: {memory: {guest: 32Mi}}}
-"#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(manifest))?;
-    assert!(ok, "{err}");
+    let env = Env::start_as_operator_sa("t-rbac").await?;
+    let op = env.operator_client.clone();
+    env.apply(&vmirs_yaml("r", 2, "32Mi"))?;
     let pods = env.api::<Pod>();
     wait_for("2 pods created by the ServiceAccount", WAIT, || async {
         let p = pods.list(&ListParams::default()).await?;
@@ -87,16 +64,7 @@ spec:
         },
     )
     .await?;
-    assert_eq!(
-        env.metrics
-            .encode()
-            .lines()
-            .filter(|l| l.starts_with("microvirt_operator_reconcile_errors_total"))
-            .count(),
-        0,
-        "reconcile errors under the ServiceAccount:\n{}",
-        env.metrics.encode()
-    );
+    env.assert_no_reconcile_errors();
     // A VM with a cluster-wide instancetype and a namespaced preference under the
     // ServiceAccount: both read and captured in ControllerRevisions, the VMI sized by them.
     let sized = r#"apiVersion: microvirt.io/v1alpha1
@@ -118,8 +86,7 @@ spec:
   preference: {kind: VirtualMachinePreference, name: cores}
   template: {spec: {domain: {}}}
 "#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(sized))?;
-    assert!(ok, "{err}");
+    env.apply(sized)?;
     let vms = env.api::<microvirt_crds::VirtualMachine>();
     let vmi = wait_for("VMI of the sized VM, revisions recorded", WAIT, || async {
         let vm = vms.get("sized").await?;
@@ -144,19 +111,7 @@ spec:
     .await?;
     // A VM pool under the ServiceAccount: its builder pod (a snapshot is wanted for the warm
     // members), its status, a cold replica while no warm member is ready, and its deletion.
-    let pool = r#"apiVersion: microvirt.io/v1alpha1
-kind: VirtualMachinePool
-metadata: {name: p}
-spec:
-  replicas: 1
-  selector: {matchLabels: {app: p}}
-  warm: {min: 1}
-  template:
-    metadata: {labels: {app: p}}
-    spec: {domain: {memory: {guest: 32Mi}}}
-"#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(pool))?;
-    assert!(ok, "{err}");
+    env.apply(&pool_yaml("p", 1, "warm: {min: 1}", "32Mi"))?;
     let pools = env.api::<microvirt_crds::VirtualMachinePool>();
     wait_for("pool builder, replica and status", WAIT, || async {
         let st = pools.get("p").await?.status.unwrap_or_default();
@@ -181,16 +136,7 @@ spec:
         Ok((p.is_none() && v.items.is_empty() && ps.items.is_empty()).then_some(()))
     })
     .await?;
-    assert_eq!(
-        env.metrics
-            .encode()
-            .lines()
-            .filter(|l| l.starts_with("microvirt_operator_reconcile_errors_total"))
-            .count(),
-        0,
-        "reconcile errors under the ServiceAccount:\n{}",
-        env.metrics.encode()
-    );
+    env.assert_no_reconcile_errors();
 
     // Events were published under the ServiceAccount too.
     let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
@@ -246,9 +192,7 @@ spec:
 /// which this API server runs without).
 #[test]
 fn user_roles_edit_creates_vmis_view_only_reads() -> Result<()> {
-    let cluster = start_cluster();
-    let kc = cluster.kubeconfig_path();
-    install_crds(kc)?;
+    let kc = shared_cluster().kubeconfig_path();
     let roles = deploy_dir().join("user-roles.yaml").display().to_string();
     let (ok, out, err) = kubectl(kc, &["apply", "-f", &roles], None)?;
     assert!(ok, "kubectl apply -f deploy/user-roles.yaml: {out}{err}");
@@ -295,8 +239,7 @@ fn user_roles_edit_creates_vmis_view_only_reads() -> Result<()> {
         a.extend_from_slice(args);
         kubectl(kc, &a, stdin)
     };
-    let vm = "apiVersion: microvirt.io/v1alpha1\nkind: VirtualMachine\nmetadata: {name: vm1}\n\
-              spec:\n  runStrategy: Manual\n  template:\n    spec: {domain: {memory: {guest: 64Mi}}}\n";
+    let vm: &str = &vm_yaml("vm1", "Manual", "64Mi");
 
     // edit: create a VMI and a VM, change them, ask for a start, delete.
     let (ok, _, err) = as_user("alice", &["create", "-f", "-"], Some(&vmi_yaml("a", "")))?;

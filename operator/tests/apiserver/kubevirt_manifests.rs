@@ -7,12 +7,10 @@
 //! KubeVirt's own examples are counted by `cargo run -p microvirt-operator --example
 //! count_kubevirt_examples -- DIR` (tests never read files outside the repository).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
+use crate::common::*;
 use anyhow::{Context as _, Result};
-use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use microvirt_crds::refusals;
@@ -270,7 +268,7 @@ async fn launcher_doc(env: &Env, vmi: &str) -> Result<serde_json::Value> {
 
 #[tokio::test]
 async fn kubevirt_defaults_the_pod_network_and_a_disk_per_volume() -> Result<()> {
-    let env = Env::start(shared_cluster().kubeconfig_path(), "t-kubevirt-defaults").await?;
+    let env = Env::start_shared("t-kubevirt-defaults").await?;
     let yaml = std::fs::read_to_string(manifest_dir().join("vmi-cirros.yaml"))?;
     let (ok, _, err) = env.kubectl(&["create", "-f", "-"], Some(&yaml))?;
     assert!(ok, "{err}");
@@ -351,7 +349,7 @@ async fn kubevirt_defaults_the_pod_network_and_a_disk_per_volume() -> Result<()>
 
 #[tokio::test]
 async fn a_kubevirt_pool_makes_vmis_from_its_vm_templates_vmi_template() -> Result<()> {
-    let env = Env::start(shared_cluster().kubeconfig_path(), "t-kubevirt-pool").await?;
+    let env = Env::start_shared("t-kubevirt-pool").await?;
     let yaml = std::fs::read_to_string(manifest_dir().join("vmpool-kubevirt.yaml"))?
         .replace("replicas: 0", "replicas: 2");
     let (ok, _, err) = env.kubectl(&["create", "-f", "-"], Some(&yaml))?;
@@ -394,7 +392,7 @@ async fn kubevirt_probes_become_the_launcher_probes_and_decide_ready_and_livenes
     use kube::api::{Patch, PatchParams};
     use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
 
-    let env = Env::start(shared_cluster().kubeconfig_path(), "t-kubevirt-probes").await?;
+    let env = Env::start_shared("t-kubevirt-probes").await?;
     let yaml = std::fs::read_to_string(manifest_dir().join("vmi-probes.yaml"))?;
     let (ok, _, err) = env.kubectl(&["create", "-f", "-"], Some(&yaml))?;
     assert!(ok, "{err}");

@@ -10,12 +10,10 @@ use crate::common::*;
 
 #[tokio::test]
 async fn crds_install_and_bad_specs_are_refused() -> Result<()> {
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-validation").await?;
+    let env = Env::start_shared("t-validation").await?;
 
     // A valid manifest applies.
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&vmi_yaml("good", "app: x")))?;
-    assert!(ok, "valid VMI refused: {err}");
+    env.apply(&vmi_yaml("good", "app: x"))?;
 
     let good = vmi_yaml("bad", "");
     let cases: Vec<(&str, String, &str)> = vec![
@@ -82,12 +80,7 @@ async fn crds_install_and_bad_specs_are_refused() -> Result<()> {
     let vmis = env.api::<VirtualMachineInstance>();
     for (what, yaml, want) in &cases {
         // kubectl apply refuses it with the message.
-        let (ok, out, err) = env.kubectl(&["apply", "-f", "-"], Some(yaml))?;
-        assert!(!ok, "{what}: kubectl apply accepted it: {out}");
-        assert!(
-            err.contains(want),
-            "{what}: kubectl said {err:?}, wanted {want:?}"
-        );
+        env.apply_refused(what, yaml, &[want])?;
         // The Rust client gets a 422 with the same message.
         let obj: serde_json::Value = serde_saphyr::from_str(yaml)?;
         let obj: VirtualMachineInstance = match serde_json::from_value(obj.clone()) {
@@ -135,14 +128,11 @@ spec:
     metadata: {labels: {app: b}}
     spec: {domain: {}}
 "#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(rs))?;
-    assert!(!ok);
-    assert!(
-        err.contains(
-            "spec.template.metadata.labels must contain every label of spec.selector.matchLabels"
-        ),
-        "{err}"
-    );
+    env.apply_refused(
+        "VMIRS with a mismatched selector",
+        rs,
+        &["spec.template.metadata.labels must contain every label of spec.selector.matchLabels"],
+    )?;
     // A VM with both running and runStrategy.
     let vm = r#"apiVersion: microvirt.io/v1alpha1
 kind: VirtualMachine
@@ -152,12 +142,11 @@ spec:
   runStrategy: Always
   template: {spec: {domain: {}}}
 "#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(vm))?;
-    assert!(!ok);
-    assert!(
-        err.contains("set either spec.running or spec.runStrategy, not both"),
-        "{err}"
-    );
+    env.apply_refused(
+        "VM with running and runStrategy",
+        vm,
+        &["set either spec.running or spec.runStrategy, not both"],
+    )?;
 
     // The spec is immutable once the operator has accepted the VMI (status written).
     wait_for("VMI good has a status", WAIT, || async {
@@ -165,12 +154,11 @@ spec:
     })
     .await?;
     let changed = vmi_yaml("good", "app: x").replace("cores: 1", "cores: 2");
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&changed))?;
-    assert!(!ok, "spec change accepted");
-    assert!(
-        err.contains("spec of a VirtualMachineInstance is immutable after creation"),
-        "{err}"
-    );
+    env.apply_refused(
+        "spec change after status",
+        &changed,
+        &["spec of a VirtualMachineInstance is immutable after creation"],
+    )?;
     // The same through the Rust client.
     let e = vmis
         .patch(
@@ -192,12 +180,11 @@ spec:
         "    cpu: {cores: 1}\n",
         "    cpu: {cores: 1}\n    ioThreadsPolicy: auto\n",
     );
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&unknown))?;
-    assert!(!ok);
-    assert!(
-        err.contains("unknown field \"spec.domain.ioThreadsPolicy\""),
-        "{err}"
-    );
+    env.apply_refused(
+        "unknown field",
+        &unknown,
+        &["unknown field \"spec.domain.ioThreadsPolicy\""],
+    )?;
     // Metadata stays editable.
     let (ok, _, err) = env.kubectl(&["label", "vmi", "good", "extra=1"], None)?;
     assert!(ok, "{err}");

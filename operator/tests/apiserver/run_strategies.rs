@@ -14,27 +14,19 @@ use crate::harness::{vm_status, wait_phase, wait_pod, wait_vmi_uid};
 
 #[tokio::test]
 async fn vm_run_strategies() -> Result<()> {
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-vm").await?;
+    let env = Env::start_shared("t-vm").await?;
     let vms = env.api::<VirtualMachine>();
     let vmis = env.api::<VirtualMachineInstance>();
     let pods = env.api::<Pod>();
+    // The VMs of this test; their VMIs carry the label `kind: vm`.
     let manifest = |name: &str, strategy: &str| {
-        format!(
-            r#"apiVersion: microvirt.io/v1alpha1
-kind: VirtualMachine
-metadata: {{name: {name}}}
-spec:
-  runStrategy: {strategy}
-  template:
-    metadata: {{labels: {{kind: vm}}}}
-    spec: {{domain: {{memory: {{guest: 64Mi}}}}}}
-"#
+        vm_yaml(name, strategy, "64Mi").replace(
+            "  template:\n",
+            "  template:\n    metadata: {labels: {kind: vm}}\n",
         )
     };
     // Always: a VMI is created; when it ends cleanly it is replaced by a new one.
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&manifest("always", "Always")))?;
-    assert!(ok, "{err}");
+    env.apply(&manifest("always", "Always"))?;
     let uid1 = wait_vmi_uid(&env, "always", None).await?;
     wait_pod(&env, "always").await?;
     bind(&pods, "virt-launcher-always", "node-1").await?;
@@ -50,12 +42,7 @@ spec:
     .await?;
     let (ok, out, _) = env.kubectl(&["get", "vm", "always"], None)?;
     assert!(ok);
-    let header: Vec<&str> = out
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
+    let header = columns(&out);
     assert_eq!(header, vec!["NAME", "STATUS", "READY", "AGE"]);
     mark_terminated(&pods, "virt-launcher-always", 0, "guest powered off").await?;
     let uid2 = wait_vmi_uid(&env, "always", Some(&uid1)).await?;
@@ -84,11 +71,7 @@ spec:
     .await?;
 
     // RerunOnFailure: Failed → new VMI; Succeeded → kept.
-    let (ok, _, err) = env.kubectl(
-        &["apply", "-f", "-"],
-        Some(&manifest("rerun", "RerunOnFailure")),
-    )?;
-    assert!(ok, "{err}");
+    env.apply(&manifest("rerun", "RerunOnFailure"))?;
     let uid1 = wait_vmi_uid(&env, "rerun", None).await?;
     wait_pod(&env, "rerun").await?;
     mark_terminated(&pods, "virt-launcher-rerun", 1, "crashed").await?;
@@ -111,8 +94,7 @@ spec:
     );
 
     // Once: runs one VMI; after it failed and is deleted, nothing new is started.
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&manifest("once", "Once")))?;
-    assert!(ok, "{err}");
+    env.apply(&manifest("once", "Once"))?;
     wait_vmi_uid(&env, "once", None).await?;
     wait_pod(&env, "once").await?;
     mark_terminated(&pods, "virt-launcher-once", 2, "boom").await?;
@@ -131,8 +113,7 @@ spec:
     assert!(vmis.get_opt("once").await?.is_none());
 
     // Manual: nothing is created.
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&manifest("manual", "Manual")))?;
-    assert!(ok, "{err}");
+    env.apply(&manifest("manual", "Manual"))?;
     wait_for("manual VM status", WAIT, || async {
         vm_status(&env, "manual").await
     })
@@ -183,21 +164,11 @@ async fn wait_pod_of(env: &Env, vmi: &str, uid: &str) -> Result<Pod> {
 #[tokio::test]
 async fn vm_start_failures_back_off_until_a_vmi_runs() -> Result<()> {
     use k8s_openapi::jiff::Timestamp;
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-vm-crashloop").await?;
+    let env = Env::start_shared("t-vm-crashloop").await?;
     let vms = env.api::<VirtualMachine>();
     let vmis = env.api::<VirtualMachineInstance>();
     let pods = env.api::<Pod>();
-    let manifest = r#"apiVersion: microvirt.io/v1alpha1
-kind: VirtualMachine
-metadata: {name: crashy}
-spec:
-  runStrategy: Always
-  template:
-    spec: {domain: {memory: {guest: 64Mi}}}
-"#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(manifest))?;
-    assert!(ok, "{err}");
+    env.apply(&vm_yaml("crashy", "Always", "64Mi"))?;
     let crash = "guest crashed: triple fault\nreason=GuestCrashed\nexitCode=1\n";
     // Seconds since the epoch, as the API server stores times.
     let secs = |t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time| t.0.as_second();
@@ -323,20 +294,10 @@ async fn mark_evicted(pods: &kube::Api<Pod>, name: &str, message: &str) -> Resul
 #[tokio::test]
 async fn rerun_on_failure_vms_come_back_after_a_drain_or_an_eviction() -> Result<()> {
     use microvirt_crds::termination::{ShutdownOrigin, TerminationMessage};
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-drain").await?;
+    let env = Env::start_shared("t-drain").await?;
     let vmis = env.api::<VirtualMachineInstance>();
     let pods = env.api::<Pod>();
-    let manifest = r#"apiVersion: microvirt.io/v1alpha1
-kind: VirtualMachine
-metadata: {name: web}
-spec:
-  runStrategy: RerunOnFailure
-  template:
-    spec: {domain: {memory: {guest: 64Mi}}}
-"#;
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(manifest))?;
-    assert!(ok, "{err}");
+    env.apply(&vm_yaml("web", "RerunOnFailure", "64Mi"))?;
     let pod_name = "virt-launcher-web";
     // What the launcher writes when the kubelet's SIGTERM made it shut the guest down.
     let asked = TerminationMessage {

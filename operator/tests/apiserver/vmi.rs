@@ -14,8 +14,7 @@ use crate::harness::{wait_phase, wait_pod};
 
 #[tokio::test]
 async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<()> {
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-lifecycle").await?;
+    let env = Env::start_shared("t-lifecycle").await?;
     let vmis = env.api::<VirtualMachineInstance>();
     let pods = env.api::<Pod>();
     let created = vmis
@@ -226,8 +225,7 @@ async fn vmi_gets_a_launcher_pod_and_follows_the_simulated_kubelet() -> Result<(
 
 #[tokio::test]
 async fn deleting_a_vmi_stops_and_removes_its_pod() -> Result<()> {
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-delete").await?;
+    let env = Env::start_shared("t-delete").await?;
     let vmis = env.api::<VirtualMachineInstance>();
     let pods = env.api::<Pod>();
     vmis.create(&PostParams::default(), &vmi("vm-d", &[]))
@@ -255,15 +253,13 @@ async fn deleting_a_vmi_stops_and_removes_its_pod() -> Result<()> {
 
 #[tokio::test]
 async fn a_launcher_pod_the_api_server_refuses_fails_the_vmi() -> Result<()> {
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-refused").await?;
+    let env = Env::start_shared("t-refused").await?;
     // The CRD accepts any nodeSelector map; pod validation refuses this label key.
     let yaml = vmi_yaml("refused", "").replace(
         "spec:\n  domain:",
         "spec:\n  nodeSelector: {\"not a/valid/key\": x}\n  domain:",
     );
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&yaml))?;
-    assert!(ok, "{err}");
+    env.apply(&yaml)?;
     let v = wait_phase(&env, "refused", VmiPhase::Failed).await?;
     let st = v.status.unwrap();
     assert_eq!(st.reason.as_deref(), Some("LauncherPodRefused"));

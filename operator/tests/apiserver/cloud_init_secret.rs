@@ -4,18 +4,14 @@
 //! VMI document has none of it, and a `secretRef` Secret is mounted as it is (KubeVirt's
 //! behaviour). The CRD refuses conflicting or malformed references at `kubectl apply`.
 
-mod common;
-
-use std::path::Path;
 use std::time::Duration;
 
+use crate::common::*;
 use anyhow::Result;
-use common::*;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use microvirt_crds::VirtualMachineInstance;
 
-const SA: &str = "system:serviceaccount:microvirt:virt-operator";
 const WAIT: Duration = Duration::from_secs(30);
 
 fn vmi_with_seed(name: &str, seed: &str) -> String {
@@ -39,26 +35,15 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inline_cloud_init_data_goes_to_a_secret_the_pod_mounts() -> Result<()> {
-    let cluster = shared_cluster();
-    let kc = cluster.kubeconfig_path();
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-    for f in ["namespace.yaml", "rbac.yaml"] {
-        let p = deploy.join(f).display().to_string();
-        let (ok, out, err) = kubectl(kc, &["apply", "-f", &p], None)?;
-        assert!(ok, "kubectl apply -f {p}: {out}{err}");
-    }
-    let op = impersonating_client(kc, SA).await?;
-    let mut env = Env::start_with(kc, "t-cloudinit", Some(op)).await?;
+    let mut env = Env::start_as_operator_sa("t-cloudinit").await?;
 
     let inline = vmi_with_seed(
         "ci",
         "      userData: \"#cloud-config\\npassword: hunter2\\n\"\n      networkData: \"version: 2\\n\"\n",
     );
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&inline))?;
-    assert!(ok, "{err}");
+    env.apply(&inline)?;
     let by_ref = vmi_with_seed("byref", "      secretRef: {name: my-user-data}\n");
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&by_ref))?;
-    assert!(ok, "{err}");
+    env.apply(&by_ref)?;
 
     let pods = env.api::<Pod>();
     let pod = wait_for("the launcher pod", WAIT, || async {
@@ -135,8 +120,7 @@ async fn inline_cloud_init_data_goes_to_a_secret_the_pod_mounts() -> Result<()> 
         "b64",
         "      userDataBase64: I2Nsb3VkLWNvbmZpZwo=\n      networkDataBase64: dmVyc2lvbjogMgo=\n",
     );
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&b64))?;
-    assert!(ok, "{err}");
+    env.apply(&b64)?;
     let s = wait_for("the base64 cloud-init Secret", WAIT, || async {
         Ok(secrets.get_opt("virt-launcher-b64-cloud-init").await?)
     })
@@ -156,8 +140,7 @@ async fn inline_cloud_init_data_goes_to_a_secret_the_pod_mounts() -> Result<()> 
     }))?;
     secrets.create(&Default::default(), &foreign).await?;
     let taken = vmi_with_seed("taken", "      userData: \"#cloud-config\\n\"\n");
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&taken))?;
-    assert!(ok, "{err}");
+    env.apply(&taken)?;
     let vmis = env.api::<VirtualMachineInstance>();
     let v = wait_for(
         "the VMI whose Secret name is taken to fail",
@@ -186,8 +169,7 @@ async fn inline_cloud_init_data_goes_to_a_secret_the_pod_mounts() -> Result<()> 
     // then) is rewritten, and the pod follows.
     env.stop_operator();
     let again = vmi_with_seed("again", "      userData: \"#cloud-config\\nnew: 1\\n\"\n");
-    let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&again))?;
-    assert!(ok, "{err}");
+    env.apply(&again)?;
     let uid = vmis.get("again").await?.metadata.uid.expect("uid");
     let ours: Secret = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
@@ -249,9 +231,7 @@ async fn inline_cloud_init_data_goes_to_a_secret_the_pod_mounts() -> Result<()> 
         ),
     ] {
         let yaml = vmi_with_seed("refused", seed).replace("    cloudInitNoCloud:\n      {}", "    cloudInitNoCloud: {}");
-        let (ok, out, err) = env.kubectl(&["apply", "-f", "-"], Some(&yaml))?;
-        assert!(!ok, "{what}: accepted: {out}");
-        assert!(err.contains(want), "{what}: {err}");
+        env.apply_refused(what, &yaml, &[want])?;
     }
     Ok(())
 }

@@ -49,23 +49,15 @@ async fn wait_vmi_gone(env: &Env, name: &str) -> Result<()> {
 /// and starts again on a start request; the run strategies stay as they were.
 #[tokio::test]
 async fn vm_start_stop_restart_requests() -> Result<()> {
-    let cluster = shared_cluster();
-    let env = Env::start(cluster.kubeconfig_path(), "t-vm-requests").await?;
+    let env = Env::start_shared("t-vm-requests").await?;
     let vms = env.api::<VirtualMachine>();
     let vmis = env.api::<VirtualMachineInstance>();
-    let manifest = |name: &str, strategy: &str| {
-        format!(
-            "apiVersion: microvirt.io/v1alpha1\nkind: VirtualMachine\nmetadata: {{name: {name}}}\n\
-             spec:\n  runStrategy: {strategy}\n  template:\n    spec: {{domain: {{memory: {{guest: 64Mi}}}}}}\n"
-        )
-    };
     for (name, strategy) in [
         ("man", "Manual"),
         ("always", "Always"),
         ("rerun", "RerunOnFailure"),
     ] {
-        let (ok, _, err) = env.kubectl(&["apply", "-f", "-"], Some(&manifest(name, strategy)))?;
-        assert!(ok, "{err}");
+        env.apply(&vm_yaml(name, strategy, "64Mi"))?;
     }
 
     // Manual: nothing until a start request; the request is removed once the VMI exists.
