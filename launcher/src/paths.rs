@@ -206,16 +206,9 @@ mod tests {
         }
     }
 
-    fn tmp(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("launcher-paths-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
     #[test]
     fn links_are_not_followed_beneath_the_root() {
-        let d = tmp("links");
+        let d = microvirt_testsupport::TempDir::new("launcher-paths-links");
         std::fs::create_dir_all(d.join("root/vol")).unwrap();
         std::fs::write(d.join("secret"), b"keep").unwrap();
         std::os::unix::fs::symlink(d.join("secret"), d.join("root/vol/disk.img")).unwrap();
@@ -237,18 +230,16 @@ mod tests {
             std::fs::read(root.join("new/dir/file")).unwrap(),
             b"via proc"
         );
-        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
     fn private_dirs_are_new_and_private() {
         use std::os::unix::fs::PermissionsExt;
-        let d = tmp("private");
+        let d = microvirt_testsupport::TempDir::new("launcher-paths-private");
         let a = private_dir(&d, "x").unwrap();
         let b = private_dir(&d, "x").unwrap();
         assert_ne!(a, b);
         let mode = std::fs::metadata(&a).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
-        std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use microvirt_testsupport::TempDir;
 use vm_memory::{Bytes, GuestAddress};
 use vmm::device_manager::attach::{self, AttachError};
 use vmm::device_manager::mmio::MmioDeviceManager;
@@ -230,12 +231,6 @@ impl DrvQueue {
     }
 }
 
-fn tmp(tag: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("microvirt-virtio-{}-{tag}", std::process::id()));
-    let _ = fs::remove_file(&p);
-    p
-}
-
 // ---------------------------------------------------------------- block
 
 const VERSION_1: u64 = 1 << 32;
@@ -276,16 +271,18 @@ impl<'a> Blk<'a> {
     }
 }
 
-fn image(tag: &str, len: usize, f: impl Fn(usize) -> u8) -> PathBuf {
-    let p = tmp(tag);
+/// An image file `name` in `dir` of `len` bytes, byte `i` being `f(i)`.
+fn image(dir: &TempDir, name: &str, len: usize, f: impl Fn(usize) -> u8) -> PathBuf {
+    let p = dir.join(name);
     fs::write(&p, (0..len).map(f).collect::<Vec<u8>>()).unwrap();
     p
 }
 
 #[test]
 fn blk_write_flush_read_get_id_ro_and_hostile_on_kvm() {
-    let rw = image("rw.img", 4 << 20, |_| 0);
-    let ro = image("ro.img", 1 << 20, |i| (i % 253) as u8);
+    let dir = TempDir::new("virtio-kvm-blk");
+    let rw = image(&dir, "rw.img", 4 << 20, |_| 0);
+    let ro = image(&dir, "ro.img", 1 << 20, |i| (i % 253) as u8);
     let ro_before = fs::read(&ro).unwrap();
     let mut vm = TestVm::new();
     let a = vm
@@ -363,12 +360,12 @@ fn blk_write_flush_read_get_id_ro_and_hostile_on_kvm() {
         ro_before,
         "read-only image modified"
     );
-    let _ = (fs::remove_file(&rw), fs::remove_file(&ro));
 }
 
 #[test]
 fn blk_broken_chain_sets_needs_reset_and_reset_recovers() {
-    let img = image("nr.img", 1 << 20, |_| 0x42);
+    let dir = TempDir::new("virtio-kvm-reset");
+    let img = image(&dir, "nr.img", 1 << 20, |_| 0x42);
     let mut vm = TestVm::new();
     let a = vm.attach_block(&format!("path={}", img.display())).unwrap();
     vm.start();
@@ -388,14 +385,14 @@ fn blk_broken_chain_sets_needs_reset_and_reset_recovers() {
     let mut d = Blk::new(&vm, a, 0x1000);
     assert_eq!(d.d.rd(regs::REG_STATUS) & status::NEEDS_RESET, 0);
     assert_eq!(d.req(0, 0, &[(DATA, 512, true)]), (0, 513));
-    let _ = fs::remove_file(&img);
 }
 
 #[test]
 fn blk_overlay_keeps_base_identical_and_vms_isolated() {
-    let base = image("base.img", 2 << 20, |i| (i / 512) as u8);
+    let dir = TempDir::new("virtio-kvm-overlay");
+    let base = image(&dir, "base.img", 2 << 20, |i| (i / 512) as u8);
     let base_before = fs::read(&base).unwrap();
-    let (o1, o2) = (tmp("vm1.ovl"), tmp("vm2.ovl"));
+    let (o1, o2) = (dir.join("vm1.ovl"), dir.join("vm2.ovl"));
     let mut vm1 = TestVm::new();
     let mut vm2 = TestVm::new();
     let a = vm1
@@ -464,9 +461,6 @@ fn blk_overlay_keeps_base_identical_and_vms_isolated() {
     drop(vm1);
     drop(vm2);
     assert_eq!(fs::read(&base).unwrap(), base_before, "base image modified");
-    for p in [&base, &o1, &o2] {
-        let _ = fs::remove_file(p);
-    }
 }
 
 // ---------------------------------------------------------------- net
