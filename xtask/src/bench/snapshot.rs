@@ -194,6 +194,39 @@ fn resume_to_output(microvm: &Path, snap: &Path, sock: &Path) -> Result<u64> {
     Ok(us)
 }
 
+/// How long one restore-read-reset run may take (each takes milliseconds).
+const RESTORE_RUN_WITHIN: Duration = Duration::from_secs(20);
+
+/// Waits for `c`; a watchdog kills it if it still runs after `bound`, and then this fails. Under
+/// `--rt` the restored guest's vCPU polls the serial port at `SCHED_FIFO`; with two such VMs on a
+/// two-CPU machine they can starve the event loops that would hand them their input, which never
+/// ends by itself. (The wait itself is a plain `wait()`: polling would add to what is timed.)
+fn wait_bounded(c: &mut Child, bound: Duration) -> Result<std::process::ExitStatus> {
+    let pid = c.id().to_string();
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let timed_out = matches!(
+            finished.recv_timeout(bound),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        );
+        if timed_out {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        }
+        timed_out
+    });
+    let st = c.wait()?;
+    let _ = done.send(());
+    if watchdog.join().unwrap_or(false) {
+        bail!(
+            "a restored VM did not finish within {} s and was killed (with --rt, guests that \
+             poll at SCHED_FIFO can starve their event loops on a machine with few CPUs: run \
+             without --rt)",
+            bound.as_secs()
+        );
+    }
+    Ok(st)
+}
+
 fn restores_per_second(microvm: &Path, snap: &Path, total: usize, parallel: usize) -> Result<f64> {
     let start = Instant::now();
     let per = total / parallel;
@@ -208,7 +241,7 @@ fn restores_per_second(microvm: &Path, snap: &Path, total: usize, parallel: usiz
                     .stdout(Stdio::null())
                     .spawn()?;
                 c.stdin.take().unwrap().write_all(b"quit\r")?;
-                let st = c.wait()?;
+                let st = wait_bounded(&mut c, RESTORE_RUN_WITHIN)?;
                 if !st.success() {
                     bail!("restore failed: {st}");
                 }
