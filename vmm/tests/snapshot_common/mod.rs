@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,9 @@ use serde_json::{json, Value};
 
 pub const MICROVM: &str = env!("CARGO_BIN_EXE_microvm");
 pub const WAIT: Duration = Duration::from_secs(60);
+/// How long the output of a process that exited may take to reach its end (its readers are
+/// threads that a busy machine may not run for a while).
+const OUTPUT_END_WITHIN: Duration = Duration::from_secs(30);
 
 /// A `microvm` process whose console is read line by line; killed when dropped.
 pub struct Proc {
@@ -27,6 +30,8 @@ pub struct Proc {
     lines: Receiver<String>,
     pub seen: Vec<String>,
     pub stderr: Arc<Mutex<String>>,
+    /// Disconnects when the stderr reader has read to the end (the process and its pipe closed).
+    stderr_done: Receiver<()>,
 }
 
 impl Proc {
@@ -59,7 +64,10 @@ impl Proc {
         let stderr = Arc::new(Mutex::new(String::new()));
         let mut err = child.stderr.take().unwrap();
         let e = stderr.clone();
+        let (stderr_end, stderr_done) = channel::<()>();
         std::thread::spawn(move || {
+            // Dropped when this thread ends: `stderr_done` then disconnects.
+            let _end = stderr_end;
             let mut buf = [0u8; 4096];
             while let Ok(n) = err.read(&mut buf) {
                 if n == 0 {
@@ -76,6 +84,7 @@ impl Proc {
             lines: rx,
             seen: Vec::new(),
             stderr,
+            stderr_done,
         }
     }
 
@@ -136,9 +145,23 @@ impl Proc {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
-                // Collect the rest of the console.
-                while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(500)) {
-                    self.seen.push(l);
+                // The process is gone and its pipes are closed: collect the rest of the console
+                // and of stderr until both readers reached the end (not until a pause in the
+                // output, which a busy machine can make long), within OUTPUT_END_WITHIN.
+                let end = Instant::now() + OUTPUT_END_WITHIN;
+                loop {
+                    let left = end.saturating_duration_since(Instant::now());
+                    match self.lines.recv_timeout(left) {
+                        Ok(l) => self.seen.push(l),
+                        Err(RecvTimeoutError::Disconnected) => break,
+                        Err(RecvTimeoutError::Timeout) => {
+                            panic!("the console did not end after the exit; {}", self.context())
+                        }
+                    }
+                }
+                let left = end.saturating_duration_since(Instant::now());
+                if let Err(RecvTimeoutError::Timeout) = self.stderr_done.recv_timeout(left) {
+                    panic!("stderr did not end after the exit; {}", self.context());
                 }
                 return s;
             }
