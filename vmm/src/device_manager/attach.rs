@@ -271,12 +271,10 @@ impl AttachedDevice {
     /// Resets the device and its transport (an in-place reboot): a disk's request in flight is
     /// waited for, queued work is dropped; the disk, overlay and TAP stay open.
     pub fn reset(&self) {
-        let transport = match self {
-            AttachedDevice::Block { transport, .. }
-            | AttachedDevice::Net { transport, .. }
-            | AttachedDevice::Rng { transport, .. } => transport,
-        };
-        transport.lock().expect("virtio-mmio lock").reset_device();
+        self.transport()
+            .lock()
+            .expect("virtio-mmio lock")
+            .reset_device();
     }
 
     /// The interrupt state shared by the device and its transport.
@@ -291,6 +289,15 @@ impl AttachedDevice {
             AttachedDevice::Rng { device, .. } => {
                 device.lock().expect("virtio-rng lock").interrupt().clone()
             }
+        }
+    }
+
+    /// The device's virtio-mmio transport on the bus.
+    pub fn transport(&self) -> &Arc<Mutex<MmioTransport>> {
+        match self {
+            AttachedDevice::Block { transport, .. }
+            | AttachedDevice::Net { transport, .. }
+            | AttachedDevice::Rng { transport, .. } => transport,
         }
     }
 

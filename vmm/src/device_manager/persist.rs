@@ -200,43 +200,25 @@ pub struct VirtioDeviceState {
 impl AttachedDevice {
     /// The device's state. `overlay_file` names the snapshot's copy of a disk overlay.
     pub fn save(&self, overlay_file: Option<String>) -> VirtioDeviceState {
-        match self {
-            AttachedDevice::Block {
-                slot,
-                config,
-                transport,
-                device,
-            } => VirtioDeviceState {
-                slot: *slot,
-                transport: transport.lock().expect("transport lock").save(),
-                device: DeviceState::Block(BlockState {
-                    config: config.clone(),
-                    device: device.lock().expect("virtio-blk lock").save(),
-                    overlay_file,
-                }),
-            },
-            AttachedDevice::Net {
-                slot,
-                config,
-                transport,
-                device,
-            } => VirtioDeviceState {
-                slot: *slot,
-                transport: transport.lock().expect("transport lock").save(),
-                device: DeviceState::Net(NetState {
-                    config: config.clone(),
-                    saved: device.lock().expect("virtio-net lock").save(),
-                }),
-            },
-            AttachedDevice::Rng {
-                slot,
-                transport,
-                device,
-            } => VirtioDeviceState {
-                slot: *slot,
-                transport: transport.lock().expect("transport lock").save(),
-                device: DeviceState::Rng(device.lock().expect("virtio-rng lock").save()),
-            },
+        let transport = self.transport().lock().expect("transport lock").save();
+        let device = match self {
+            AttachedDevice::Block { config, device, .. } => DeviceState::Block(BlockState {
+                config: config.clone(),
+                device: device.lock().expect("virtio-blk lock").save(),
+                overlay_file,
+            }),
+            AttachedDevice::Net { config, device, .. } => DeviceState::Net(NetState {
+                config: config.clone(),
+                saved: device.lock().expect("virtio-net lock").save(),
+            }),
+            AttachedDevice::Rng { device, .. } => {
+                DeviceState::Rng(device.lock().expect("virtio-rng lock").save())
+            }
+        };
+        VirtioDeviceState {
+            slot: self.slot(),
+            transport,
+            device,
         }
     }
 
