@@ -21,6 +21,7 @@ use anyhow::{ensure, Context, Result};
 use microvirt_testsupport::RealCluster;
 use serde_json::Value;
 
+use crate::bench::cpu;
 use crate::bench::{
     guest_spec_json, memory_report, ms, percentiles, post_vmi, vmi_json, wait_all_ready,
     BenchOptions, MemoryTotals, Seen, Shape, Watch,
@@ -36,6 +37,8 @@ pub struct PoolBenchOptions {
     pub guest_mib: u32,
     /// Cold/warm rounds (alternating).
     pub rounds: usize,
+    /// Length of each idle-CPU window (empty cluster, running cold VMIs, idle warm members).
+    pub idle_window: Duration,
 }
 
 impl Default for PoolBenchOptions {
@@ -44,6 +47,7 @@ impl Default for PoolBenchOptions {
             count: 20,
             guest_mib: 256,
             rounds: 1,
+            idle_window: Duration::from_secs(30),
         }
     }
 }
@@ -228,6 +232,7 @@ fn measure_scale(
         wall,
         from: "scale",
         pods_started,
+        vmis: true,
     })
 }
 
@@ -342,6 +347,11 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
         k.run(&["-n", ns.name(), "delete", "vmi", "warmup", "--wait=true"])?;
         wait_empty(&k, ns.name())?;
     }
+    let mut idle = vec![cpu::Window {
+        title: "empty cluster".into(),
+        objects: 0,
+        usage: cpu::measure(Duration::from_secs(3), o.idle_window)?,
+    }];
 
     let ns = TestNamespace::create(&k, "bench-pool")?;
     let ns = ns.name();
@@ -369,6 +379,11 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
                 Some(o.count),
                 &mut memory,
             )?;
+            idle.push(cpu::Window {
+                title: format!("{} idle running cold VMIs", o.count),
+                objects: o.count,
+                usage: cpu::measure(Duration::ZERO, o.idle_window)?,
+            });
         }
         k.run(&["-n", ns, "scale", "vmirs/cold", "--replicas=0"])?;
         wait_empty(&k, ns)?;
@@ -407,6 +422,11 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
                 Some(o.count),
                 &mut memory,
             )?;
+            idle.push(cpu::Window {
+                title: format!("{} idle warm members (paused)", o.count),
+                objects: o.count,
+                usage: cpu::measure(Duration::ZERO, o.idle_window)?,
+            });
         }
         let mut warm = measure_scale(rc, &k, ns, POOLS, "warm", o.count, false)?;
         warm.title = format!(
@@ -496,6 +516,7 @@ pub fn run(rc: &RealCluster, o: &PoolBenchOptions) -> Result<String> {
         mib(cold_mem.guest_rss),
         n = cold_mem.launchers,
     );
+    cpu::table(&idle, &mut s);
     Ok(format!("{out}{tables}{memory}{s}"))
 }
 

@@ -1,5 +1,6 @@
-//! `cargo xtask bench-node [COUNT]`: VMI start-up latency and memory per VMI on a real
-//! single-node cluster (see `microvirt_e2e::bench`).
+//! `cargo xtask bench-node [COUNT] [--idle-secs S]`: VMI start-up latency against minimal pods
+//! started the same way, memory per VMI and the node's CPU per idle VMI (S-second windows,
+//! default 30) on a real single-node cluster (see `microvirt_e2e::bench`).
 //! `cargo xtask bench-node --pool [COUNT] [--rounds N] [--guest-mib MIB]`: a cold VMIRS scaled
 //! 0 → COUNT against a VM pool with COUNT warm members scaled 0 → COUNT, and the node memory of
 //! the idle warm members (see `microvirt_e2e::bench_pool`).
@@ -11,8 +12,8 @@ use microvirt_e2e::bench::{self, BenchOptions};
 use microvirt_e2e::bench_pool::{self, PoolBenchOptions};
 use microvirt_e2e::images::ImageSet;
 
-const USAGE: &str =
-    "usage: cargo xtask bench-node [COUNT] | --pool [COUNT] [--rounds N] [--guest-mib MIB]";
+const USAGE: &str = "usage: cargo xtask bench-node [COUNT] [--idle-secs S] | --pool [COUNT] \
+                     [--rounds N] [--guest-mib MIB] [--idle-secs S]";
 
 pub fn main(args: &[String]) -> Result<()> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -28,6 +29,10 @@ pub fn main(args: &[String]) -> Result<()> {
             };
             match *a {
                 "--rounds" => o.rounds = value("--rounds")?.max(1),
+                "--idle-secs" => {
+                    o.idle_window =
+                        std::time::Duration::from_secs(value("--idle-secs")?.max(1) as u64)
+                }
                 "--guest-mib" => {
                     o.guest_mib =
                         u32::try_from(value("--guest-mib")?).context("--guest-mib is too large")?
@@ -46,10 +51,26 @@ pub fn main(args: &[String]) -> Result<()> {
         return Ok(());
     }
     let mut o = BenchOptions::default();
-    match args.as_slice() {
-        [] => {}
-        [n] => o.count = n.parse().context("COUNT must be a number")?,
-        _ => bail!("{USAGE}"),
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match *a {
+            "--idle-secs" => {
+                let s: u64 = it
+                    .next()
+                    .with_context(|| format!("--idle-secs needs a value\n{USAGE}"))?
+                    .parse()
+                    .context("--idle-secs must be a number")?;
+                if s == 0 {
+                    bail!("--idle-secs must be at least 1");
+                }
+                o.idle_window = std::time::Duration::from_secs(s);
+            }
+            n => {
+                o.count = n
+                    .parse()
+                    .with_context(|| format!("COUNT must be a number\n{USAGE}"))?
+            }
+        }
     }
     let rc = microvirt_e2e::start_cluster(ImageSet::BENCH, false, None)?;
     let report = bench::run(&rc, &o)?;

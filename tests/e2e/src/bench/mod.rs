@@ -12,6 +12,12 @@
 //! watch delivery (a few ms) like any client's view. Memory: RSS and PSS of each launcher and
 //! of its runtime helpers (containerd shim, sandbox `pause`), and the part of the launcher's
 //! RSS that is guest RAM the guest touched.
+//!
+//! Against the limit: in the same run, before the VMIs, the same number of minimal pods
+//! ([`baseline`]: one `pause` container, nothing mounted, no probe) created at the same rate;
+//! the VMIs' create → pod Running and create → VMI Ready are printed as ratios to the minimal
+//! pods' create → Running. Idle cost: the node's CPU over a fixed window ([`cpu`]) with the
+//! cluster empty, with the minimal pods running and with the VMIs running idle.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -29,6 +35,9 @@ use serde_json::Value;
 use crate::images::{DEMO_KERNEL, KERNEL_PATH};
 use crate::kube::{condition_true, wait_for, Kubectl, TestNamespace};
 
+mod baseline;
+pub(crate) mod cpu;
+
 /// Benchmark parameters.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -38,6 +47,8 @@ pub struct BenchOptions {
     pub interval: Duration,
     /// Guest memory of each VMI (MiB).
     pub guest_mib: u32,
+    /// Length of each idle-CPU window.
+    pub idle_window: Duration,
 }
 
 impl Default for BenchOptions {
@@ -46,6 +57,7 @@ impl Default for BenchOptions {
             count: 50,
             interval: Duration::from_millis(100),
             guest_mib: 32,
+            idle_window: Duration::from_secs(30),
         }
     }
 }
@@ -70,6 +82,13 @@ pub(crate) struct Seen {
 pub(crate) struct Watch {
     child: Child,
     thread: Option<thread::JoinHandle<()>>,
+}
+
+/// Whether every container of `pod` runs.
+fn all_running(pod: &Value) -> bool {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .is_some_and(|cs| !cs.is_empty() && cs.iter().all(|c| c["state"]["running"].is_object()))
 }
 
 fn compute_running(pod: &Value) -> bool {
@@ -107,23 +126,28 @@ impl Watch {
                 };
                 let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
                 if kind == "pod" {
-                    if let Some(vmi) = name.strip_prefix("virt-launcher-") {
-                        if compute_running(&v) {
-                            s.pod_running.entry(vmi.to_string()).or_insert(t);
+                    let Some(vmi) = name.strip_prefix("virt-launcher-") else {
+                        // Another pod (the baseline's): Running once all its containers run.
+                        if all_running(&v) {
+                            s.pod_running.entry(name.to_string()).or_insert(t);
                         }
-                        let ann = &v["metadata"]["annotations"];
-                        let claim =
-                            |key: &str| ann[key].as_str().is_some_and(|a| a.starts_with("claim-"));
-                        if claim("microvirt.io/control-request") {
-                            s.claim_requested.entry(vmi.to_string()).or_insert(t);
-                        }
-                        if claim("microvirt.io/control-result")
-                            && ann["microvirt.io/control-result"]
-                                .as_str()
-                                .is_some_and(|a| a.ends_with(" ok"))
-                        {
-                            s.claim_answered.entry(vmi.to_string()).or_insert(t);
-                        }
+                        continue;
+                    };
+                    if compute_running(&v) {
+                        s.pod_running.entry(vmi.to_string()).or_insert(t);
+                    }
+                    let ann = &v["metadata"]["annotations"];
+                    let claim =
+                        |key: &str| ann[key].as_str().is_some_and(|a| a.starts_with("claim-"));
+                    if claim("microvirt.io/control-request") {
+                        s.claim_requested.entry(vmi.to_string()).or_insert(t);
+                    }
+                    if claim("microvirt.io/control-result")
+                        && ann["microvirt.io/control-result"]
+                            .as_str()
+                            .is_some_and(|a| a.ends_with(" ok"))
+                    {
+                        s.claim_answered.entry(vmi.to_string()).or_insert(t);
                     }
                 } else {
                     s.vmi_created.entry(name.to_string()).or_insert(t);
@@ -207,6 +231,8 @@ pub(crate) struct Shape {
     /// Whether launcher pods were started for the VMIs (not for claims of warm members,
     /// whose pods ran before the scale).
     pub(crate) pods_started: bool,
+    /// Whether the shape is about VMIs (false: the baseline's bare pods).
+    pub(crate) vmis: bool,
 }
 
 impl Shape {
@@ -224,7 +250,9 @@ impl Shape {
         );
         let from = self.from;
         let mut rows = vec![];
-        if self.pods_started {
+        if !self.vmis {
+            rows.push((format!("{from} -> pod Running"), &self.seen.pod_running));
+        } else if self.pods_started {
             rows.push((
                 format!("{from} -> launcher pod Running"),
                 &self.seen.pod_running,
@@ -247,7 +275,9 @@ impl Shape {
                 &self.seen.claim_answered,
             ));
         }
-        rows.push((format!("{from} -> VMI Running"), &self.seen.vmi_running));
+        if self.vmis {
+            rows.push((format!("{from} -> VMI Running"), &self.seen.vmi_running));
+        }
         rows.push((
             format!(
                 "{from} -> VMI Ready ({})",
@@ -259,6 +289,9 @@ impl Shape {
             ),
             &self.seen.vmi_ready,
         ));
+        if !self.vmis {
+            rows.pop();
+        }
         for (label, map) in rows {
             let d: Vec<Duration> = self
                 .starts
@@ -281,7 +314,7 @@ impl Shape {
                 }
             }
         }
-        if !self.pods_started {
+        if !self.pods_started || !self.vmis {
             return;
         }
         // Running -> Ready: the readiness share.
@@ -526,6 +559,54 @@ pub(crate) fn post_vmi(rc: &RealCluster, ns: &str, body: &str) -> Result<()> {
     Ok(())
 }
 
+/// Waits until namespace `ns` has no pod left (deleted ones included).
+pub(crate) fn wait_no_pods(k: &Kubectl, ns: &str) -> Result<()> {
+    wait_for(
+        "the namespace's pods gone",
+        Duration::from_secs(300),
+        |last| {
+            let p = k.list(ns, "pod", None)?;
+            *last = format!("{} pods", p.len());
+            Ok(p.is_empty().then_some(()))
+        },
+    )
+}
+
+/// The P50 and P95 of `map`'s intervals from the shape's starts.
+fn p50_p95(shape: &Shape, map: &BTreeMap<String, Duration>) -> Option<(Duration, Duration)> {
+    let d: Vec<Duration> = shape
+        .starts
+        .iter()
+        .filter_map(|(n, s)| map.get(n).map(|t| t.saturating_sub(*s)))
+        .collect();
+    percentiles(d).map(|(p50, p95, _)| (p50, p95))
+}
+
+/// The VMIs' intervals as ratios to the minimal pods' create → Running (same run, same rate).
+pub(crate) fn ratios(baseline: &Shape, vmis: &Shape, out: &mut String) {
+    let Some((b50, b95)) = p50_p95(baseline, &baseline.seen.pod_running) else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "  {:<36} {:>9} {:>9}   (goal: VMI Ready P50 <= 1.3x)",
+        "as a ratio to the minimal pods' Running", "P50", "P95"
+    );
+    for (label, map) in [
+        ("create -> launcher pod Running", &vmis.seen.pod_running),
+        ("create -> VMI Ready", &vmis.seen.vmi_ready),
+    ] {
+        if let Some((p50, p95)) = p50_p95(vmis, map) {
+            let _ = writeln!(
+                out,
+                "  {label:<36} {:>8.2}x {:>8.2}x",
+                p50.as_secs_f64() / b50.as_secs_f64().max(1e-9),
+                p95.as_secs_f64() / b95.as_secs_f64().max(1e-9)
+            );
+        }
+    }
+}
+
 /// Runs both shapes on `rc` (microvirt installed) and returns the report.
 pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
     let k = Kubectl::new(rc.kubeconfig_path());
@@ -550,7 +631,36 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
             Ok(k.get(ns.name(), "vmi", "warmup")?
                 .filter(|v| condition_true(v, "Ready")))
         })?;
+        k.run(&["-n", ns.name(), "delete", "vmi", "warmup", "--wait=true"])?;
+        wait_no_pods(&k, ns.name())?;
     }
+
+    // Idle CPU of the empty cluster, then the baseline: minimal pods at the same rate.
+    let mut idle = vec![cpu::Window {
+        title: "empty cluster".into(),
+        objects: 0,
+        usage: cpu::measure(Duration::from_secs(3), o.idle_window)?,
+    }];
+    let baseline = {
+        let ns = TestNamespace::create(&k, "bench-baseline")?;
+        let shape = baseline::minimal_pods(rc, &k, ns.name(), o.count, o.interval)?;
+        idle.push(cpu::Window {
+            title: format!("{} idle minimal pods", o.count),
+            objects: o.count,
+            usage: cpu::measure(Duration::from_secs(3), o.idle_window)?,
+        });
+        k.run(&[
+            "-n",
+            ns.name(),
+            "delete",
+            "pod",
+            "--all",
+            "--wait=true",
+            "--timeout=300s",
+        ])?;
+        wait_no_pods(&k, ns.name())?;
+        shape
+    };
 
     // Shape 1: VMIs created `interval` apart.
     let ns1 = TestNamespace::create(&k, "bench-create")?;
@@ -576,6 +686,11 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
     let mut memory = String::new();
     memory_report("memory per running VMI", o.guest_mib, None, &mut memory)?;
     drop((_w1, _w2));
+    idle.push(cpu::Window {
+        title: format!("{} idle running VMIs", o.count),
+        objects: o.count,
+        usage: cpu::measure(Duration::from_secs(1), o.idle_window)?,
+    });
     let shape1 = Shape {
         title: format!(
             "{} VMIs created {} ms apart",
@@ -587,6 +702,7 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
         wall,
         from: "create",
         pods_started: true,
+        vmis: true,
     };
     // Free the node before the next shape.
     k.run(&[
@@ -655,13 +771,17 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
         wall,
         from: "scale",
         pods_started: true,
+        vmis: true,
     };
     k.run(&["-n", ns2.name(), "scale", "vmirs/pool", "--replicas=0"])?;
     drop(ns2);
 
     let mut tables = String::new();
+    baseline.table(&mut tables);
     shape1.table(&mut tables);
+    ratios(&baseline, &shape1, &mut tables);
     shape2.table(&mut tables);
+    cpu::table(&idle, &mut tables);
     Ok(format!("{report}{tables}{memory}"))
 }
 
