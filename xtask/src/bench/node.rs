@@ -1,6 +1,8 @@
 //! `cargo xtask bench-node [COUNT] [--idle-secs S]`: VMI start-up latency against minimal pods
 //! started the same way, memory per VMI and the node's CPU per idle VMI (S-second windows,
-//! default 30) on a real single-node cluster (see `microvirt_e2e::bench`).
+//! default 30) on a real single-node cluster (see `microvirt_e2e::bench`); `--ladder` also
+//! starts the launcher pod's spec with `pause` as its process, one part of the spec taken
+//! away after the other, to attribute the pod-start time.
 //! `cargo xtask bench-node --pool [COUNT] [--rounds N] [--guest-mib MIB]`: a cold VMIRS scaled
 //! 0 → COUNT against a VM pool with COUNT warm members scaled 0 → COUNT, and the node memory of
 //! the idle warm members (see `microvirt_e2e::bench_pool`).
@@ -12,7 +14,8 @@ use microvirt_e2e::bench::{self, BenchOptions};
 use microvirt_e2e::bench_pool::{self, PoolBenchOptions};
 use microvirt_e2e::images::ImageSet;
 
-const USAGE: &str = "usage: cargo xtask bench-node [COUNT] [--idle-secs S] | --pool [COUNT] \
+const USAGE: &str =
+    "usage: cargo xtask bench-node [COUNT] [--idle-secs S] [--ladder] | --pool [COUNT] \
                      [--rounds N] [--guest-mib MIB] [--idle-secs S]";
 
 pub fn main(args: &[String]) -> Result<()> {
@@ -54,6 +57,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match *a {
+            "--ladder" => o.ladder = true,
             "--idle-secs" => {
                 let s: u64 = it
                     .next()

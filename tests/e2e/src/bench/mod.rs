@@ -49,6 +49,9 @@ pub struct BenchOptions {
     pub guest_mib: u32,
     /// Length of each idle-CPU window.
     pub idle_window: Duration,
+    /// Also start the ladder from the launcher pod's spec down to the minimal pod
+    /// ([`baseline::ladder`]).
+    pub ladder: bool,
 }
 
 impl Default for BenchOptions {
@@ -58,6 +61,7 @@ impl Default for BenchOptions {
             interval: Duration::from_millis(100),
             guest_mib: 32,
             idle_window: Duration::from_secs(30),
+            ladder: false,
         }
     }
 }
@@ -624,16 +628,20 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
     );
 
     // Warm-up: the first pod on a node pays for unpacking images.
-    {
+    let launcher_pod = {
         let ns = TestNamespace::create(&k, "bench-warmup")?;
         post_vmi(rc, ns.name(), &vmi_json("warmup", "", o))?;
         wait_for("the warm-up VMI Ready", Duration::from_secs(180), |_| {
             Ok(k.get(ns.name(), "vmi", "warmup")?
                 .filter(|v| condition_true(v, "Ready")))
         })?;
+        let pod = k
+            .get(ns.name(), "pod", "virt-launcher-warmup")?
+            .context("the warm-up VMI's launcher pod")?;
         k.run(&["-n", ns.name(), "delete", "vmi", "warmup", "--wait=true"])?;
         wait_no_pods(&k, ns.name())?;
-    }
+        pod
+    };
 
     // Idle CPU of the empty cluster, then the baseline: minimal pods at the same rate.
     let mut idle = vec![cpu::Window {
@@ -661,6 +669,32 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
         wait_no_pods(&k, ns.name())?;
         shape
     };
+    let mut ladder = Vec::new();
+    if o.ladder {
+        let ns = TestNamespace::create(&k, "bench-ladder")?;
+        for (title, spec) in baseline::ladder(&launcher_pod)? {
+            let shape = baseline::pods_with_spec(
+                rc,
+                &k,
+                ns.name(),
+                o.count,
+                o.interval,
+                format!("ladder: {title}"),
+                &spec,
+            )?;
+            k.run(&[
+                "-n",
+                ns.name(),
+                "delete",
+                "pod",
+                "--all",
+                "--wait=true",
+                "--timeout=300s",
+            ])?;
+            wait_no_pods(&k, ns.name())?;
+            ladder.push(shape);
+        }
+    }
 
     // Shape 1: VMIs created `interval` apart.
     let ns1 = TestNamespace::create(&k, "bench-create")?;
@@ -778,6 +812,9 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
 
     let mut tables = String::new();
     baseline.table(&mut tables);
+    for s in &ladder {
+        s.table(&mut tables);
+    }
     shape1.table(&mut tables);
     ratios(&baseline, &shape1, &mut tables);
     shape2.table(&mut tables);
