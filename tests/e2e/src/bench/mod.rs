@@ -80,6 +80,10 @@ pub(crate) struct Seen {
     pub(crate) claim_requested: BTreeMap<String, Duration>,
     /// The node agent's answer on the pod: `control-result: claim-<uid> ok`.
     pub(crate) claim_answered: BTreeMap<String, Duration>,
+    /// Watch events (one per write of the object) per VMI and per pod (by VMI name for launcher
+    /// pods), over the whole shape.
+    pub(crate) vmi_events: BTreeMap<String, usize>,
+    pub(crate) pod_events: BTreeMap<String, usize>,
 }
 
 /// A `kubectl get KIND -w -o json` stream feeding [`Seen`].
@@ -130,6 +134,8 @@ impl Watch {
                 };
                 let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
                 if kind == "pod" {
+                    let key = name.strip_prefix("virt-launcher-").unwrap_or(name);
+                    *s.pod_events.entry(key.to_string()).or_default() += 1;
                     let Some(vmi) = name.strip_prefix("virt-launcher-") else {
                         // Another pod (the baseline's): Running once all its containers run.
                         if all_running(&v) {
@@ -154,6 +160,7 @@ impl Watch {
                         s.claim_answered.entry(vmi.to_string()).or_insert(t);
                     }
                 } else {
+                    *s.vmi_events.entry(name.to_string()).or_default() += 1;
                     s.vmi_created.entry(name.to_string()).or_insert(t);
                     if v["status"]["phase"] == "Running" {
                         s.vmi_running.entry(name.to_string()).or_insert(t);
@@ -317,6 +324,26 @@ impl Shape {
                     let _ = writeln!(out, "  {label:<36} (none seen)");
                 }
             }
+        }
+        let events = |map: &BTreeMap<String, usize>| {
+            let mut v: Vec<usize> = self
+                .starts
+                .keys()
+                .filter_map(|n| map.get(n))
+                .copied()
+                .collect();
+            v.sort_unstable();
+            (!v.is_empty()).then(|| format!("{} (max {})", v[v.len() / 2], v[v.len() - 1]))
+        };
+        let pods = events(&self.seen.pod_events);
+        let vmis = events(&self.seen.vmi_events);
+        if pods.is_some() || vmis.is_some() {
+            let _ = writeln!(
+                out,
+                "  writes seen (watch events, median): per pod {}, per VMI {}",
+                pods.as_deref().unwrap_or("-"),
+                vmis.as_deref().unwrap_or("-"),
+            );
         }
         if !self.pods_started || !self.vmis {
             return;
