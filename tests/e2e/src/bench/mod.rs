@@ -71,6 +71,8 @@ impl Default for BenchOptions {
 pub(crate) struct Seen {
     /// The scale request's answer (the same for every VMI of one scale).
     pub(crate) scale_answered: BTreeMap<String, Duration>,
+    /// The launcher pod's first watch event (the operator created it).
+    pub(crate) pod_created: BTreeMap<String, Duration>,
     pub(crate) pod_running: BTreeMap<String, Duration>,
     pub(crate) vmi_running: BTreeMap<String, Duration>,
     pub(crate) vmi_ready: BTreeMap<String, Duration>,
@@ -143,6 +145,7 @@ impl Watch {
                         }
                         continue;
                     };
+                    s.pod_created.entry(vmi.to_string()).or_insert(t);
                     if compute_running(&v) {
                         s.pod_running.entry(vmi.to_string()).or_insert(t);
                     }
@@ -264,6 +267,10 @@ impl Shape {
         if !self.vmis {
             rows.push((format!("{from} -> pod Running"), &self.seen.pod_running));
         } else if self.pods_started {
+            rows.push((
+                format!("{from} -> launcher pod created"),
+                &self.seen.pod_created,
+            ));
             rows.push((
                 format!("{from} -> launcher pod Running"),
                 &self.seen.pod_running,
