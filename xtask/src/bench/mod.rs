@@ -300,18 +300,40 @@ pub fn main(args: &[String]) -> Result<()> {
     if only_snapshot && only_boot {
         bail!("--snapshot-only and --boot-only exclude each other");
     }
-    let runs: usize = args
-        .iter()
-        .find(|a| !a.starts_with("--"))
+    // `--microvm-bin PATH` / `--launcher-bin PATH`: measure those binaries instead of building
+    // this checkout's (e.g. a baseline built from another commit, run back to back).
+    let mut microvm_bin = None;
+    let mut launcher_given = None;
+    let mut positional = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--microvm-bin" => {
+                microvm_bin = Some(PathBuf::from(it.next().context("--microvm-bin PATH")?))
+            }
+            "--launcher-bin" => {
+                launcher_given = Some(PathBuf::from(it.next().context("--launcher-bin PATH")?))
+            }
+            s if !s.starts_with("--") => positional.push(s),
+            _ => {}
+        }
+    }
+    let runs: usize = positional
+        .first()
         .map(|s| s.parse())
         .transpose()
         .context("RUNS")?
         .unwrap_or(30);
     let root = crate::workspace_root();
-    let microvm = build_release_microvm(&root)?;
+    let microvm = match microvm_bin {
+        Some(p) => p,
+        None => build_release_microvm(&root)?,
+    };
     let guest = testguest_build::build()?;
     let launcher_bin = if only_snapshot {
         None
+    } else if let Some(p) = launcher_given {
+        Some(p)
     } else {
         Some(
             microvirt_testhost::scenarios::cargo_build_release_static(
