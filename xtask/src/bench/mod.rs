@@ -17,6 +17,9 @@
 //! 10; needs root): on a shared machine the figures then show the VMM and the host kernel, not
 //! the other load (which gets the CPUs back between runs and whatever real-time throttling
 //! leaves it). Kernel threads the VMM waits for (KVM's PIT worker) keep their own priority.
+//!
+//! `--microvm-bin PATH`, `--launcher-bin PATH`: measure those binaries (a baseline built from
+//! another commit, run back to back with this checkout's) instead of building them here.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
