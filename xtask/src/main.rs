@@ -28,7 +28,7 @@ fn usage() -> &'static str {
      \x20 test            set up this machine (packages, cached artifacts) and run every test\n\
      \x20 demo [ARGS]     build microvm and the test guest, boot it here (console on this terminal)\n\
      \x20 fuzz [--secs N] [--jobs N] [TARGET...]  coverage-guided fuzzing (libFuzzer) of every fuzz target\n\
-     \x20 bench [RUNS] [--snapshot-only|--boot-only]  VMM benchmarks on /dev/kvm: start-to-guest, memory overhead, boots/s, snapshot/restore\n\
+     \x20 bench [RUNS] [--snapshot-only|--boot-only] [--rt] [--microvm-bin PATH] [--launcher-bin PATH]  VMM benchmarks on /dev/kvm: start-to-guest, memory overhead, boots/s, snapshot/restore\n\
      \x20 images          build (or find cached) the guest kernel + rootfs, print their paths\n\
      \x20 testhost [SCENARIO...|--list]  run end-to-end scenarios in the QEMU-TCG test host\n\
      \x20 bench-testhost [RUNS] [--initrd] [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE]  microvm vs QEMU -M microvm boot time and RSS, Linux restores, in the test host\n\

@@ -17,6 +17,9 @@
 //! 10; needs root): on a shared machine the figures then show the VMM and the host kernel, not
 //! the other load (which gets the CPUs back between runs and whatever real-time throttling
 //! leaves it). Kernel threads the VMM waits for (KVM's PIT worker) keep their own priority.
+//!
+//! `--microvm-bin PATH`, `--launcher-bin PATH`: measure those binaries (a baseline built from
+//! another commit, run back to back with this checkout's) instead of building them here.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -300,18 +303,40 @@ pub fn main(args: &[String]) -> Result<()> {
     if only_snapshot && only_boot {
         bail!("--snapshot-only and --boot-only exclude each other");
     }
-    let runs: usize = args
-        .iter()
-        .find(|a| !a.starts_with("--"))
+    // `--microvm-bin PATH` / `--launcher-bin PATH`: measure those binaries instead of building
+    // this checkout's (e.g. a baseline built from another commit, run back to back).
+    let mut microvm_bin = None;
+    let mut launcher_given = None;
+    let mut positional = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--microvm-bin" => {
+                microvm_bin = Some(PathBuf::from(it.next().context("--microvm-bin PATH")?))
+            }
+            "--launcher-bin" => {
+                launcher_given = Some(PathBuf::from(it.next().context("--launcher-bin PATH")?))
+            }
+            s if !s.starts_with("--") => positional.push(s),
+            _ => {}
+        }
+    }
+    let runs: usize = positional
+        .first()
         .map(|s| s.parse())
         .transpose()
         .context("RUNS")?
         .unwrap_or(30);
     let root = crate::workspace_root();
-    let microvm = build_release_microvm(&root)?;
+    let microvm = match microvm_bin {
+        Some(p) => p,
+        None => build_release_microvm(&root)?,
+    };
     let guest = testguest_build::build()?;
     let launcher_bin = if only_snapshot {
         None
+    } else if let Some(p) = launcher_given {
+        Some(p)
     } else {
         Some(
             microvirt_testhost::scenarios::cargo_build_release_static(
