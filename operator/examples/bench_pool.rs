@@ -37,6 +37,8 @@ use microvirt_crds::{
 use serde_json::json;
 
 const NODE: &str = "bench-node";
+/// Claims of the one-at-a-time phase.
+const ONE_BY_ONE: usize = 5;
 const FACTS: &str = "cpu=BenchCPU/25/1/1 kernel=6.1.0-bench";
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -84,6 +86,16 @@ async fn sim_node(pods: Api<Pod>) {
             let facts = (req.command == ControlCommand::Snapshot).then(|| FACTS.to_string());
             (!answered).then(|| ControlResult::ok(req.id, facts).to_string())
         });
+        // A claim's answer: the real agent then writes the pod's readiness gate reason and
+        // the claimed VMI's Paused=False (after reading the VMI), as `agent_follow_up` does.
+        let vmi_name = a
+            .get(ANNOTATION_CONTROL_REQUEST)
+            .filter(|r| r.starts_with("claim-"))
+            .and_then(|_| p.labels().get(microvirt_crds::vmi::LABEL_VMI_NAME).cloned());
+        let vmis: Api<VirtualMachineInstance> = Api::namespaced(
+            pods.clone().into_client(),
+            &p.namespace().unwrap_or_default(),
+        );
         let key = format!("{name}/{bound}/{running}/{answer:?}");
         if !busy.lock().unwrap().insert(key.clone()) {
             continue;
@@ -97,10 +109,17 @@ async fn sim_node(pods: Api<Pod>) {
             } else if let Some(result) = answer {
                 let patch =
                     json!({"metadata": {"annotations": {ANNOTATION_CONTROL_RESULT: result}}});
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                let r = api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
                     .map(|_| ())
-                    .map_err(Into::into)
+                    .map_err(anyhow::Error::from);
+                if r.is_ok() {
+                    if let Some(vmi) = vmi_name {
+                        agent_follow_up(&api, &vmis, &name, &vmi).await;
+                    }
+                }
+                r
             } else {
                 Ok(())
             };
@@ -110,6 +129,37 @@ async fn sim_node(pods: Api<Pod>) {
             }
         });
     }
+}
+
+/// What the real node agent writes after it answered a claim: the pod's readiness gate (reason
+/// `VMRunning` instead of `RestoredPaused`), then the VMI's Paused=False, after reading it.
+async fn agent_follow_up(
+    pods: &Api<Pod>,
+    vmis: &Api<VirtualMachineInstance>,
+    pod: &str,
+    vmi: &str,
+) {
+    let gate = json!({"status": {"conditions": [{
+        "type": microvirt_crds::vmi::POD_CONDITION_VM_RUNNING, "status": "True",
+        "reason": "VMRunning", "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }]}});
+    let _ = pods
+        .patch_status(pod, &PatchParams::default(), &Patch::Strategic(&gate))
+        .await;
+    let _ = vmis.get(vmi).await;
+    let paused = json!({
+        "apiVersion": "microvirt.io/v1alpha1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": vmi},
+        "status": {"conditions": [{"type": "Paused", "status": "False", "reason": "NotPaused",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+    });
+    let _ = vmis
+        .patch_status(
+            vmi,
+            &PatchParams::apply("virt-handler").force(),
+            &Patch::Apply(&paused),
+        )
+        .await;
 }
 
 /// First time each VMI with label `app=<app>` was seen Ready.
@@ -134,6 +184,47 @@ fn ready_clock(
         }
     });
     (times, task)
+}
+
+/// When each VMI with label `app=<app>` was first seen at all, `Running` and `Ready`.
+#[derive(Default)]
+struct VmiStages {
+    seen: HashMap<String, Instant>,
+    running: HashMap<String, Instant>,
+    ready: HashMap<String, Instant>,
+    /// Status writes seen per VMI (watch events with a new status).
+    status_writes: HashMap<String, usize>,
+}
+
+fn vmi_clock(
+    vmis: Api<VirtualMachineInstance>,
+    app: &str,
+) -> (Arc<Mutex<VmiStages>>, tokio::task::JoinHandle<()>) {
+    let stages: Arc<Mutex<VmiStages>> = Arc::default();
+    let st = stages.clone();
+    let cfg = watcher::Config::default().labels(&format!("app={app}"));
+    let task = tokio::spawn(async move {
+        let mut last: HashMap<String, serde_json::Value> = HashMap::new();
+        let mut stream = watcher(vmis, cfg).applied_objects().boxed();
+        while let Some(Ok(v)) = stream.next().await {
+            let now = Instant::now();
+            let name = v.name_any();
+            let mut g = st.lock().unwrap();
+            g.seen.entry(name.clone()).or_insert(now);
+            if v.phase() == Some(microvirt_crds::VmiPhase::Running) {
+                g.running.entry(name.clone()).or_insert(now);
+            }
+            if v.is_ready() {
+                g.ready.entry(name.clone()).or_insert(now);
+            }
+            let status = serde_json::to_value(&v.status).unwrap_or_default();
+            if !status.is_null() && last.get(&name) != Some(&status) {
+                *g.status_writes.entry(name.clone()).or_default() += 1;
+            }
+            last.insert(name, status);
+        }
+    });
+    (stages, task)
 }
 
 /// When each claimed warm member's pod was first seen claimed, and first seen with the node
@@ -332,6 +423,68 @@ async fn main() -> Result<()> {
         warm_all.as_secs_f64() * 1000.0,
         c / w
     );
+    // One claim at a time: the pool scaled by one, ONE_BY_ONE times, each once the refill
+    // is back to n warm members (the latency of one claim, without the queueing of n).
+    let (one, one_clock) = vmi_clock(vmis.clone(), "warm");
+    let mut t0s: HashMap<String, Instant> = HashMap::new();
+    for i in 0..ONE_BY_ONE {
+        let start = Instant::now();
+        loop {
+            let st = pools.get("warm").await?.status.unwrap_or_default();
+            if st.warm_replicas == n as i32 && st.ready_replicas == (n + i) as i32 {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(120) {
+                bail!("pool: {} of {n} warm members after 120 s", st.warm_replicas);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let before: HashSet<String> = one.lock().unwrap().seen.keys().cloned().collect();
+        let t0 = Instant::now();
+        pools
+            .patch_scale("warm", &pp, &Patch::Merge(&scale(n + i + 1)))
+            .await?;
+        let start = Instant::now();
+        let name = loop {
+            let new_ready = {
+                let g = one.lock().unwrap();
+                g.ready.keys().find(|k| !before.contains(*k)).cloned()
+            };
+            if let Some(k) = new_ready {
+                break k;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("one-by-one claim {i}: no new VMI Ready after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        t0s.insert(name, t0);
+    }
+    {
+        let g = one.lock().unwrap();
+        let s = stages.lock().unwrap();
+        let at = |m: &HashMap<String, Instant>| -> Vec<f64> {
+            t0s.iter()
+                .filter_map(|(k, t0)| {
+                    m.get(k)
+                        .map(|t| t.duration_since(*t0).as_secs_f64() * 1000.0)
+                })
+                .collect()
+        };
+        println!("pool scaled by 1, {ONE_BY_ONE} times (one claim at a time):");
+        report("  scale -> VMI created (seen)", at(&g.seen));
+        report("  scale -> member pod claimed (seen)", at(&s.claimed));
+        report("  scale -> agent's answer (seen)", at(&s.answered));
+        report("  scale -> VMI Running (seen)", at(&g.running));
+        report("  scale -> VMI Ready (seen)", at(&g.ready));
+        let writes: Vec<f64> = t0s
+            .keys()
+            .filter_map(|k| g.status_writes.get(k).map(|n| *n as f64))
+            .collect();
+        report("  VMI status changes seen per claim", writes);
+    }
+
     // The pool's own account (claim → the node agent's resume confirmed), once the VMI
     // controller recorded every claim.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -356,7 +509,7 @@ async fn main() -> Result<()> {
         "pool pods by role after the scale-out (claimed = served from warm): {pods_by_role:?}"
     );
 
-    for task in [node, cold_clock, warm_clock, stage_clock] {
+    for task in [node, cold_clock, warm_clock, stage_clock, one_clock] {
         task.abort();
         let _ = task.await;
     }
