@@ -233,6 +233,7 @@ fn measure_scale(
         from: "scale",
         pods_started,
         vmis: true,
+        cpu: None,
     })
 }
 

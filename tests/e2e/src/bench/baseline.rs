@@ -145,6 +145,7 @@ fn pods(
     thread::sleep(Duration::from_secs(1));
     let names: Vec<String> = (0..count).map(|i| format!("pod-{i:03}")).collect();
     let mut starts = BTreeMap::new();
+    let cpu0 = super::cpu::Sample::take()?;
     let t0 = Instant::now();
     for (i, n) in names.iter().enumerate() {
         let due = t0 + interval * i as u32;
@@ -178,6 +179,7 @@ fn pods(
         },
     )?;
     let wall = t0.elapsed();
+    let started = super::cpu::usage(&cpu0, &super::cpu::Sample::take()?);
     drop(watch);
     let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(Shape {
@@ -188,6 +190,7 @@ fn pods(
         from: "create",
         pods_started: true,
         vmis: false,
+        cpu: Some(started),
     })
 }
 

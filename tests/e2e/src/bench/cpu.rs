@@ -267,6 +267,33 @@ pub(crate) fn table(windows: &[Window], out: &mut String) {
     }
 }
 
+/// CPU spent starting objects: per shape (title, objects started, what the machine used from
+/// the first create until the last object was Running/Ready), in CPU milliseconds per object.
+pub(crate) fn start_table(rows: &[(&str, usize, &Usage)], out: &mut String) {
+    let hz = ticks_per_sec();
+    let per = |ticks: u64, n: usize| ticks as f64 / hz * 1000.0 / n.max(1) as f64;
+    let _ = writeln!(
+        out,
+        "\nnode CPU spent starting them, from the first create to the last one up (CPU ms per object)"
+    );
+    let _ = write!(out, "  {:<44} {:>8}", "", "machine");
+    for c in Class::ALL {
+        let _ = write!(out, " {:>10}", c.label());
+    }
+    let _ = writeln!(out);
+    for (title, n, u) in rows {
+        let _ = write!(out, "  {:<44} {:>8.1}", title, per(u.busy, *n));
+        for c in Class::ALL {
+            let _ = write!(
+                out,
+                " {:>10.1}",
+                per(u.by_class.get(&c).copied().unwrap_or(0), *n)
+            );
+        }
+        let _ = writeln!(out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -247,6 +247,8 @@ pub(crate) struct Shape {
     pub(crate) pods_started: bool,
     /// Whether the shape is about VMIs (false: the baseline's bare pods).
     pub(crate) vmis: bool,
+    /// What the node's processes used from the first create until every object was up.
+    pub(crate) cpu: Option<cpu::Usage>,
 }
 
 impl Shape {
@@ -739,6 +741,7 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
     thread::sleep(Duration::from_secs(1));
     let mut starts = BTreeMap::new();
     let names: Vec<String> = (0..o.count).map(|i| format!("vmi-{i:03}")).collect();
+    let cpu0 = cpu::Sample::take()?;
     let t0 = Instant::now();
     for (i, n) in names.iter().enumerate() {
         let due = t0 + o.interval * i as u32;
@@ -750,6 +753,7 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
     }
     wait_all_ready(&seen, &names, Duration::from_secs(600))?;
     let wall = t0.elapsed();
+    let started = cpu::usage(&cpu0, &cpu::Sample::take()?);
     thread::sleep(Duration::from_secs(3));
     let mut memory = String::new();
     memory_report("memory per running VMI", o.guest_mib, None, &mut memory)?;
@@ -771,6 +775,7 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
         from: "create",
         pods_started: true,
         vmis: true,
+        cpu: Some(started),
     };
     // Free the node before the next shape.
     k.run(&[
@@ -840,6 +845,7 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
         from: "scale",
         pods_started: true,
         vmis: true,
+        cpu: None,
     };
     k.run(&["-n", ns2.name(), "scale", "vmirs/pool", "--replicas=0"])?;
     drop(ns2);
@@ -852,6 +858,12 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
     shape1.table(&mut tables);
     ratios(&baseline, &shape1, &mut tables);
     shape2.table(&mut tables);
+    let rows: Vec<(&str, usize, &cpu::Usage)> = std::iter::once(&baseline)
+        .chain(&ladder)
+        .chain(std::iter::once(&shape1))
+        .filter_map(|s| Some((s.title.as_str(), s.starts.len(), s.cpu.as_ref()?)))
+        .collect();
+    cpu::start_table(&rows, &mut tables);
     cpu::table(&idle, &mut tables);
     Ok(format!("{report}{tables}{memory}"))
 }
