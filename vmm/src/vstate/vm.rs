@@ -206,26 +206,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_pit_comes_separately_once_and_create_vm_has_it() {
-        use crate::vstate::memory::GuestRam;
-        use vm_memory::GuestAddress;
-        let kvm = open_kvm().unwrap();
-        let ram = GuestRam::create(&[(GuestAddress(0), 2 << 20)]).unwrap();
-        let mut phases = Phases::new(std::time::Instant::now());
-
-        let vm = create_vm_without_pit(&kvm, ram.memory(), &mut phases).unwrap();
-        assert!(vm.get_pit2().is_err(), "no PIT before create_pit");
-        create_pit(&vm).unwrap();
-        vm.get_pit2().expect("the PIT after create_pit");
-        assert!(create_pit(&vm).is_err(), "a VM has one PIT");
-        drop(vm);
-
-        let vm = create_vm(&kvm, ram.memory(), &mut phases).unwrap();
-        vm.get_pit2().expect("create_vm creates the PIT");
-        assert!(create_pit(&vm).is_err());
-    }
-
-    #[test]
     fn the_helper_runs_its_job_with_the_supported_cpuid() {
         let kvm = open_kvm().unwrap();
         let mut h = supported_cpuid_async::<usize>();
