@@ -56,9 +56,9 @@ impl Vmm {
         };
         // KVM_GET_SUPPORTED_CPUID takes a while (hundreds of CPUID instructions, each a trap when
         // the host is itself virtualized): ask on the side while the VM is created. The same
-        // helper thread then creates the PIT and the vCPUs (below).
+        // helper thread then creates and sets up the vCPUs (below).
         let tsc_deadline = kvm.check_extension(kvm_ioctls::Cap::TscDeadlineTimer);
-        let mut helper = vm::supported_cpuid_async::<Result<Vec<VcpuFd>, VmmError>>();
+        let mut helper = vm::supported_cpuid_async::<Result<Vec<VcpuFd>, vcpu::VcpuError>>();
         phases.mark("open-kvm");
         let regions = boot::memory_regions(mem_size);
         let ram = GuestRam::create(&regions).map_err(|e| VmmError::GuestMemory {
@@ -67,22 +67,19 @@ impl Vmm {
         })?;
         let mem = ram.memory().clone();
         phases.mark("guest-memory");
-        let vm = Arc::new(vm::create_vm_without_pit(&kvm, &mem, &mut phases)?);
-        // With the irqchip in place the PIT and the vCPUs can be created: the helper thread
-        // creates the PIT (KVM_CREATE_PIT2 waits for the host to start the PIT's kernel thread)
-        // and does the vCPUs' own set-up (KVM_CREATE_VCPU, CPUID, MSRs, FPU, LAPIC; each vCPU
-        // ioctl costs tens of microseconds on a nested host) while this thread loads the kernel
-        // and builds the devices. Both are in place before `helper.wait` returns, so before any
-        // vCPU runs. docs/boot-time.md, "VMM start-up".
+        let vm = Arc::new(vm::create_vm(&kvm, &mem, &mut phases)?);
+        // With the irqchip in place the vCPUs can be created: the helper thread does their own
+        // set-up (KVM_CREATE_VCPU, CPUID, MSRs, FPU, LAPIC; each vCPU ioctl costs tens of
+        // microseconds on a nested host) while this thread loads the kernel and builds the
+        // devices. docs/boot-time.md, "VMM start-up".
         let helper_vm = vm.clone();
         helper.then(move |supported| {
-            vm::create_pit(&helper_vm)?;
             let mut base = supported.clone();
             if tsc_deadline {
                 cpuid::enable_tsc_deadline(&mut base);
             }
             (0..vcpu_count)
-                .map(|id| Ok(Vcpu::prepare_fd(&helper_vm, &base, id, vcpu_count)?))
+                .map(|id| Vcpu::prepare_fd(&helper_vm, &base, id, vcpu_count))
                 .collect()
         });
 
@@ -196,11 +193,6 @@ impl Vmm {
             cpuid::enable_tsc_deadline(&mut base_cpuid);
         }
         let prepared = prepared.transpose()?;
-        if prepared.is_none() {
-            // The helper thread did not run its job (no thread, or its CPUID query failed):
-            // the PIT is created here, the vCPUs below.
-            vm::create_pit(&p.vm)?;
-        }
         phases.mark("helper-wait");
         let marks = Arc::new(RunMarks::new(start.wall));
         let save_spec = Arc::new(OnceLock::new());

@@ -153,22 +153,6 @@ impl<T> Drop for SupportedCpuid<T> {
 
 /// Creates the VM with its TSS, irqchip (PIC + IOAPIC), PIT and guest memory.
 pub fn create_vm(kvm: &Kvm, mem: &GuestMemoryMmap, phases: &mut Phases) -> Result<VmFd, VmError> {
-    let vm = create_vm_without_pit(kvm, mem, phases)?;
-    create_pit(&vm)?;
-    phases.mark("pit");
-    Ok(vm)
-}
-
-/// Like [`create_vm`] without the PIT, which the caller must add with [`create_pit`] before any
-/// vCPU runs. A fresh boot does that on the CPUID helper thread: `KVM_CREATE_PIT2` starts the
-/// PIT's kernel worker thread and waits until the host's `kthreadd` has created it and it has
-/// run, 0.04 to 2+ ms depending on how busy the host's CPUs are (docs/boot-time.md, "VMM
-/// start-up, issue 24 (2026-12-05)").
-pub fn create_vm_without_pit(
-    kvm: &Kvm,
-    mem: &GuestMemoryMmap,
-    phases: &mut Phases,
-) -> Result<VmFd, VmError> {
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
     phases.mark("create-vm");
     vm.set_tss_address(KVM_TSS_ADDR as usize)
@@ -189,16 +173,13 @@ pub fn create_vm_without_pit(
     vm.create_irq_chip()
         .map_err(kvm_err("KVM_CREATE_IRQCHIP"))?;
     phases.mark("irqchip");
-    Ok(vm)
-}
-
-/// The in-kernel PIT (i8254, speaker port a dummy); the VM needs its irqchip first.
-pub fn create_pit(vm: &VmFd) -> Result<(), VmError> {
     let pit = kvm_pit_config {
         flags: KVM_PIT_SPEAKER_DUMMY,
         ..Default::default()
     };
-    vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))
+    vm.create_pit2(pit).map_err(kvm_err("KVM_CREATE_PIT2"))?;
+    phases.mark("pit");
+    Ok(vm)
 }
 
 #[cfg(test)]
