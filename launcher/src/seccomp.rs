@@ -6,7 +6,7 @@
 //!   privileged setup (disks, pod network) is done and the capabilities are dropped, before any
 //!   other thread exists. Every thread created afterwards inherits it: signals, control socket
 //!   and its connections, console hub, boot notification, the DHCP server, the VMM thread while
-//!   it builds the VM, its CPUID helper (which also creates the PIT and the vCPUs while the VMM
+//!   it builds the VM, its CPUID helper (which also creates and sets up the vCPUs while the VMM
 //!   thread builds the rest: KVM ioctls and the `kvm_run` mapping, as on the VMM thread), and
 //!   the vCPU threads.
 //! - [`Role::Vmm`] and [`Role::Vcpu`] (the VM's threads once it is built): stacked on top by the
