@@ -1,5 +1,5 @@
-//! `cargo xtask bench-node [COUNT] [--idle-secs S]`: VMI start-up latency against minimal pods
-//! started the same way, memory per VMI and the node's CPU per idle VMI (S-second windows,
+//! `cargo xtask bench-node [COUNT] [--interval-ms MS] [--idle-secs S]`: VMI start-up latency
+//! against minimal pods started the same way (creates MS apart, default 100), memory per VMI and the node's CPU per idle VMI (S-second windows,
 //! default 30) on a real single-node cluster (see `microvirt_e2e::bench`); `--ladder` also
 //! starts the launcher pod's spec with `pause` as its process, one part of the spec taken
 //! away after the other, to attribute the pod-start time.
@@ -14,9 +14,8 @@ use microvirt_e2e::bench::{self, BenchOptions};
 use microvirt_e2e::bench_pool::{self, PoolBenchOptions};
 use microvirt_e2e::images::ImageSet;
 
-const USAGE: &str =
-    "usage: cargo xtask bench-node [COUNT] [--idle-secs S] [--ladder] | --pool [COUNT] \
-                     [--rounds N] [--guest-mib MIB] [--idle-secs S]";
+const USAGE: &str = "usage: cargo xtask bench-node [COUNT] [--interval-ms MS] [--idle-secs S] \
+                     [--ladder] | --pool [COUNT] [--rounds N] [--guest-mib MIB] [--idle-secs S]";
 
 pub fn main(args: &[String]) -> Result<()> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -58,6 +57,14 @@ pub fn main(args: &[String]) -> Result<()> {
     while let Some(a) = it.next() {
         match *a {
             "--ladder" => o.ladder = true,
+            "--interval-ms" => {
+                let ms: u64 = it
+                    .next()
+                    .with_context(|| format!("--interval-ms needs a value\n{USAGE}"))?
+                    .parse()
+                    .context("--interval-ms must be a number")?;
+                o.interval = std::time::Duration::from_millis(ms);
+            }
             "--idle-secs" => {
                 let s: u64 = it
                     .next()
