@@ -599,6 +599,20 @@ pub(crate) fn post_vmi(rc: &RealCluster, ns: &str, body: &str) -> Result<()> {
     Ok(())
 }
 
+/// Deletes every pod of namespace `ns` and waits until none is left.
+fn delete_pods(k: &Kubectl, ns: &str) -> Result<()> {
+    k.run(&[
+        "-n",
+        ns,
+        "delete",
+        "pod",
+        "--all",
+        "--wait=true",
+        "--timeout=300s",
+    ])?;
+    wait_no_pods(k, ns)
+}
+
 /// Waits until namespace `ns` has no pod left (deleted ones included).
 pub(crate) fn wait_no_pods(k: &Kubectl, ns: &str) -> Result<()> {
     wait_for(
@@ -693,16 +707,7 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
             objects: o.count,
             usage: cpu::measure(Duration::from_secs(3), o.idle_window)?,
         });
-        k.run(&[
-            "-n",
-            ns.name(),
-            "delete",
-            "pod",
-            "--all",
-            "--wait=true",
-            "--timeout=300s",
-        ])?;
-        wait_no_pods(&k, ns.name())?;
+        delete_pods(&k, ns.name())?;
         shape
     };
     let mut ladder = Vec::new();
@@ -718,16 +723,7 @@ pub fn run(rc: &RealCluster, o: &BenchOptions) -> Result<String> {
                 format!("ladder: {title}"),
                 &spec,
             )?;
-            k.run(&[
-                "-n",
-                ns.name(),
-                "delete",
-                "pod",
-                "--all",
-                "--wait=true",
-                "--timeout=300s",
-            ])?;
-            wait_no_pods(&k, ns.name())?;
+            delete_pods(&k, ns.name())?;
             ladder.push(shape);
         }
     }
