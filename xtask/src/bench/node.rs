@@ -9,6 +9,8 @@
 //! Brings its own cluster up (the machine's node lock makes it wait for a running
 //! `cargo xtask cluster up` or test run) and tears it down.
 
+use std::time::Duration;
+
 use anyhow::{bail, Context, Result};
 use microvirt_e2e::bench::{self, BenchOptions};
 use microvirt_e2e::bench_pool::{self, PoolBenchOptions};
@@ -17,33 +19,41 @@ use microvirt_e2e::images::ImageSet;
 const USAGE: &str = "usage: cargo xtask bench-node [COUNT] [--interval-ms MS] [--idle-secs S] \
                      [--ladder] | --pool [COUNT] [--rounds N] [--guest-mib MIB] [--idle-secs S]";
 
+/// The number after option `name`.
+fn number<'a>(it: &mut impl Iterator<Item = &'a &'a str>, name: &str) -> Result<u64> {
+    it.next()
+        .with_context(|| format!("{name} needs a value\n{USAGE}"))?
+        .parse()
+        .with_context(|| format!("{name} must be a number"))
+}
+
+/// The idle-CPU window of `--idle-secs` (at least one second).
+fn idle_secs<'a>(it: &mut impl Iterator<Item = &'a &'a str>) -> Result<Duration> {
+    match number(it, "--idle-secs")? {
+        0 => bail!("--idle-secs must be at least 1"),
+        s => Ok(Duration::from_secs(s)),
+    }
+}
+
+fn count(arg: &str) -> Result<usize> {
+    arg.parse()
+        .with_context(|| format!("COUNT must be a number\n{USAGE}"))
+}
+
 pub fn main(args: &[String]) -> Result<()> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     if let Some(("--pool", rest)) = args.split_first().map(|(a, r)| (*a, r)) {
         let mut o = PoolBenchOptions::default();
         let mut it = rest.iter();
         while let Some(a) = it.next() {
-            let mut value = |name: &str| -> Result<usize> {
-                it.next()
-                    .with_context(|| format!("{name} needs a value\n{USAGE}"))?
-                    .parse()
-                    .with_context(|| format!("{name} must be a number"))
-            };
             match *a {
-                "--rounds" => o.rounds = value("--rounds")?.max(1),
-                "--idle-secs" => {
-                    o.idle_window =
-                        std::time::Duration::from_secs(value("--idle-secs")?.max(1) as u64)
-                }
+                "--rounds" => o.rounds = (number(&mut it, "--rounds")? as usize).max(1),
+                "--idle-secs" => o.idle_window = idle_secs(&mut it)?,
                 "--guest-mib" => {
-                    o.guest_mib =
-                        u32::try_from(value("--guest-mib")?).context("--guest-mib is too large")?
+                    o.guest_mib = u32::try_from(number(&mut it, "--guest-mib")?)
+                        .context("--guest-mib is too large")?
                 }
-                n => {
-                    o.count = n
-                        .parse()
-                        .with_context(|| format!("COUNT must be a number\n{USAGE}"))?
-                }
+                n => o.count = count(n)?,
             }
         }
         let rc = microvirt_e2e::start_cluster(ImageSet::BENCH, false, None)?;
@@ -58,29 +68,10 @@ pub fn main(args: &[String]) -> Result<()> {
         match *a {
             "--ladder" => o.ladder = true,
             "--interval-ms" => {
-                let ms: u64 = it
-                    .next()
-                    .with_context(|| format!("--interval-ms needs a value\n{USAGE}"))?
-                    .parse()
-                    .context("--interval-ms must be a number")?;
-                o.interval = std::time::Duration::from_millis(ms);
+                o.interval = Duration::from_millis(number(&mut it, "--interval-ms")?)
             }
-            "--idle-secs" => {
-                let s: u64 = it
-                    .next()
-                    .with_context(|| format!("--idle-secs needs a value\n{USAGE}"))?
-                    .parse()
-                    .context("--idle-secs must be a number")?;
-                if s == 0 {
-                    bail!("--idle-secs must be at least 1");
-                }
-                o.idle_window = std::time::Duration::from_secs(s);
-            }
-            n => {
-                o.count = n
-                    .parse()
-                    .with_context(|| format!("COUNT must be a number\n{USAGE}"))?
-            }
+            "--idle-secs" => o.idle_window = idle_secs(&mut it)?,
+            n => o.count = count(n)?,
         }
     }
     let rc = microvirt_e2e::start_cluster(ImageSet::BENCH, false, None)?;

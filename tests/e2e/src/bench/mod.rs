@@ -29,6 +29,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
+use microvirt_testsupport::node::teardown::all_pids as pids;
 use microvirt_testsupport::RealCluster;
 use serde_json::Value;
 
@@ -418,16 +419,6 @@ fn exe_name(pid: u32) -> String {
     fs::read_link(format!("/proc/{pid}/exe"))
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_default()
-}
-
-fn pids() -> Vec<u32> {
-    fs::read_dir("/proc")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
         .unwrap_or_default()
 }
 

@@ -128,7 +128,8 @@ fn proc_cmdline(pid: u32) -> Option<String> {
     Some(String::from_utf8_lossy(&raw).replace('\0', " "))
 }
 
-fn all_pids() -> Vec<u32> {
+/// The pids of every process on the machine (`/proc`).
+pub fn all_pids() -> Vec<u32> {
     fs::read_dir("/proc")
         .map(|rd| {
             rd.flatten()
