@@ -109,6 +109,10 @@ pub struct Options {
     /// Keep the network configuration when the launcher exits (pod mode: the namespace goes
     /// away with the pod).
     pub keep_network: bool,
+    /// Give a VMI without interfaces and networks the pod network's default interface
+    /// ([`crate::vmi::Spec::pod_interfaces`]; run mode). Pod mode does not: the operator
+    /// renders that default into the document itself.
+    pub default_pod_interface: bool,
     /// Boot the built-in demo guest when the VMI names no `kernelBoot.container` (run mode).
     /// Pod mode never does: a VMI there always names its kernel image (the operator fills in
     /// its default), and the demo guest is asked for through an image that carries it.
@@ -147,8 +151,21 @@ fn setup_network(
     doc: &VmiDocument,
     opts: &Options,
 ) -> Result<(Option<netsetup::NetSetup>, Vec<NetConfig>, String), LaunchError> {
-    let ifaces = &doc.spec.domain.devices.interfaces;
+    // Pod mode: the operator already rendered the default interface into the document.
+    let ifaces: std::borrow::Cow<'_, [crate::vmi::Interface]> = if opts.default_pod_interface {
+        doc.spec.pod_interfaces()
+    } else {
+        std::borrow::Cow::Borrowed(&doc.spec.domain.devices.interfaces)
+    };
     if ifaces.is_empty() {
+        return Ok((None, Vec::new(), "none".into()));
+    }
+    let defaulted = doc.spec.domain.devices.interfaces.is_empty();
+    if !opts.pod_network && defaulted {
+        log::info!(
+            "the VMI declares no interfaces: KubeVirt would give it the pod network \
+             (autoattachPodInterface), which run sets up only with --pod-network: no NIC"
+        );
         return Ok((None, Vec::new(), "none".into()));
     }
     if !opts.pod_network {
@@ -162,7 +179,13 @@ fn setup_network(
             "none (interfaces ignored outside pod mode)".into(),
         ));
     }
-    let [iface] = ifaces.as_slice() else {
+    if defaulted {
+        log::info!(
+            "the VMI declares no interfaces: it gets the pod network by default (masquerade, \
+             as KubeVirt's autoattachPodInterface)"
+        );
+    }
+    let [iface] = &*ifaces else {
         return Err(LaunchError::Network(format!(
             "{} interfaces: only one is supported",
             ifaces.len()

@@ -52,7 +52,9 @@ enum Cmd {
     /// kernelPath/initrdPath and containerDisk.path are paths on this machine (absolute, or
     /// relative to the VMI file's directory; images are not pulled); a persistentVolumeClaim's
     /// claimName is a path when it contains '/', else a name under --pvc-root; a directory
-    /// means its disk.img. Interfaces are ignored (no NIC) unless --pod-network.
+    /// means its disk.img. Interfaces are ignored (no NIC) unless --pod-network; a VMI without
+    /// interfaces and networks gets KubeVirt's default, a masquerade interface on the pod
+    /// network (autoattachPodInterface: false turns it off).
     Run(RunArgs),
     /// The launcher pod's entry point (docs/launcher-pod.md).
     ///
@@ -340,6 +342,7 @@ fn cmd_run(a: RunArgs, start: Clock) -> ExitCode {
             paused: a.paused,
         }),
         demo_guest: true,
+        default_pod_interface: true,
         run_as: None,
     };
     // Keys go to the guest as typed (the guest echoes); Ctrl-C still means shut down.
@@ -450,6 +453,7 @@ fn cmd_pod(start: Clock) -> ExitCode {
         restore,
         snapshot_dir: Some(root.join("snapshot")),
         demo_guest: false,
+        default_pod_interface: false,
         run_as,
     };
     let outcome = launch(&doc, &opts, false, start);

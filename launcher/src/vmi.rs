@@ -83,6 +83,27 @@ pub struct Spec {
     pub start_strategy: Option<String>,
 }
 
+impl Spec {
+    /// The interfaces `run --pod-network` attaches: the declared ones, else — no interfaces, no
+    /// networks, `autoattachPodInterface` not false — KubeVirt's default, one masquerade
+    /// interface named `default` on the pod network (what the operator renders into a launcher
+    /// pod's document; pod mode reads that and never adds one).
+    pub fn pod_interfaces(&self) -> std::borrow::Cow<'_, [Interface]> {
+        let d = &self.domain.devices;
+        if !d.interfaces.is_empty()
+            || !self.networks.is_empty()
+            || d.autoattach_pod_interface == Some(false)
+        {
+            return std::borrow::Cow::Borrowed(&d.interfaces);
+        }
+        std::borrow::Cow::Owned(vec![Interface {
+            name: "default".into(),
+            masquerade: Some(serde_json::json!({})),
+            ..Default::default()
+        }])
+    }
+}
+
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Domain {
@@ -175,6 +196,11 @@ pub struct Devices {
     pub disks: Vec<Disk>,
     #[serde(default)]
     pub interfaces: Vec<Interface>,
+    /// KubeVirt's `autoattachPodInterface` (default true): a VMI without interfaces and
+    /// networks gets the pod network. The operator renders that interface into the launcher
+    /// document; `run` applies it itself ([`Spec::pod_interfaces`]).
+    #[serde(default, rename = "autoattachPodInterface")]
+    pub autoattach_pod_interface: Option<bool>,
     /// `rng: {}`: a virtio-rng device.
     #[serde(default)]
     pub rng: Option<Rng>,
@@ -500,6 +526,30 @@ impl VmiDocument {
 
 #[cfg(test)]
 mod tests {
+
+    fn spec(yaml: &str) -> Spec {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn a_vmi_without_interfaces_gets_the_pod_network_by_default() {
+        let s = spec("domain: {devices: {disks: [{name: root}]}}");
+        let i = s.pod_interfaces();
+        assert_eq!(i.len(), 1);
+        assert_eq!(i[0].name, "default");
+        assert!(i[0].masquerade.is_some() && i[0].bridge.is_none());
+        // Turned off, or networks given without interfaces: no NIC.
+        let off = spec("domain: {devices: {autoattachPodInterface: false}}");
+        assert!(off.pod_interfaces().is_empty());
+        let nets = spec("networks: [{name: default}]\ndomain: {}");
+        assert!(nets.pod_interfaces().is_empty());
+        // Declared interfaces are taken as they are.
+        let b = spec("domain: {devices: {interfaces: [{name: x, bridge: {}}]}}");
+        let i = b.pod_interfaces();
+        assert_eq!((i.len(), i[0].name.as_str()), (1, "x"));
+        assert!(i[0].bridge.is_some());
+    }
+
     use super::*;
 
     #[test]
