@@ -60,3 +60,34 @@ _vm_watch() {
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
 token() { echo "tok$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"; }
+
+# pod_network_up: a "pod" network namespace held by a sleeping process ($holder; `inpod CMD`
+# runs CMD in it) whose eth0 (10.244.0.5/24) is the veth peer of the test host's vnode0
+# (10.244.0.1, the "node"); writes $WORK/resolv.conf. pod_network_down removes both.
+pod_network_up() {
+	unshare -n sleep 100000 &
+	holder=$!
+	_i=0
+	while [ "$(readlink /proc/$holder/ns/net)" = "$(readlink /proc/self/ns/net)" ]; do
+		_i=$((_i + 1))
+		[ $_i -ge 50 ] && { echo "check no pod netns"; break; }
+		sleep 0.1
+	done
+	# busybox ip ignores "peer name": the kernel names the peer (veth0); find it, move it, rename it.
+	ip link add vnode0 type veth || echo "check veth failed"
+	_peer=$(ip -o link show | sed -n 's/^[0-9]*: \([^@:]*\)@vnode0:.*/\1/p')
+	[ -n "$_peer" ] && ip link set "$_peer" netns "$holder" || echo "check netns move failed"
+	inpod ip link set "$_peer" name eth0
+	ip addr add 10.244.0.1/24 dev vnode0
+	ip link set vnode0 up
+	inpod ip link set lo up
+	inpod ip addr add 10.244.0.5/24 dev eth0
+	inpod ip link set eth0 up
+	inpod ip route add default via 10.244.0.1
+	echo "nameserver 10.244.0.1" > "$WORK/resolv.conf"
+}
+inpod() { nsenter -t "$holder" -n "$@"; }
+pod_network_down() {
+	kill "$holder" 2>/dev/null
+	ip link del vnode0 2>/dev/null
+}

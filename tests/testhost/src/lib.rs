@@ -6,7 +6,8 @@
 //! - [`scenarios`]: the end-to-end scenarios, run inside the test host or directly on hardware KVM;
 //! - [`bench`]: microvm vs QEMU `-M microvm` boot time and memory in the test host;
 //! - [`stock`]: a stock Debian guest (the distribution's cloud kernel and initramfs-tools
-//!   initramfs, a partitioned root disk), built from Debian's packages and cached.
+//!   initramfs, a partitioned root disk), built from Debian's packages and cached;
+//! - [`systemd_guest`]: the same kernel in a Debian cloud image with systemd and cloud-init.
 
 pub mod bench;
 pub mod bootlog;
@@ -16,3 +17,4 @@ pub mod l1;
 pub mod qemu;
 pub mod scenarios;
 pub mod stock;
+pub mod systemd_guest;

@@ -82,7 +82,7 @@ impl StockGuest {
     }
 }
 
-fn progress(msg: &str) {
+pub(crate) fn progress(msg: &str) {
     eprintln!("[stock] {msg}");
 }
 
@@ -101,7 +101,7 @@ fn resolve() -> Result<(String, String, String), StockError> {
     Ok((pkg, version, itools))
 }
 
-fn candidate(pkg: &str) -> Result<String, StockError> {
+pub(crate) fn candidate(pkg: &str) -> Result<String, StockError> {
     let out = cmd::output(Command::new("apt-cache").args(["policy", pkg]))?;
     out.lines()
         .filter_map(|l| l.trim().strip_prefix("Candidate: "))
@@ -293,7 +293,7 @@ fn disk(boot: &StockGuest) -> Result<PathBuf, StockError> {
 /// Builds into `dir` once: returns at once when `dir` holds a finished build, else takes the
 /// stock cache's lock, looks again (another process may have built it meanwhile), clears `dir`
 /// and runs `build`, then marks `dir` finished.
-fn cached_build(
+pub(crate) fn cached_build(
     dir: &Path,
     what: &str,
     build: impl FnOnce() -> Result<(), StockError>,
@@ -318,7 +318,7 @@ fn cached_build(
 /// Writes `img`: a disk of `disk_mib` MiB laid out by the sfdisk script `layout`, whose one
 /// partition (at 1 MiB) holds an ext4 of `fs_mib` MiB made from `stage` with the extra
 /// `mkfs.ext4` arguments `mkfs`. Removes `stage` and the file system image afterwards.
-fn one_partition_disk(
+pub(crate) fn one_partition_disk(
     dir: &Path,
     stage: &Path,
     mkfs: &[&str],
@@ -412,6 +412,8 @@ pub const CLOUD_ARGS: &str =
 pub struct CloudImage {
     /// `qemu-img convert -O qcow2 -c` of the partitioned disk.
     pub qcow2: PathBuf,
+    /// The partitioned disk itself (raw), the same bytes the qcow2 holds.
+    pub raw: PathBuf,
     /// `uname -r` of the kernel in its `/boot`.
     pub release: String,
 }
@@ -481,7 +483,7 @@ pub fn cloud_grub_cfg(release: &str) -> String {
 /// The cloud image (cached): a GPT disk whose one partition (from 1 MiB) is an ext4 root with
 /// UUID [`CLOUD_FS_UUID`] holding the stock root of [`build`] plus `/boot/vmlinuz-<release>`,
 /// `/boot/initrd.img-<release>`, `/boot/config-<release>` and `/boot/grub/grub.cfg`
-/// ([`cloud_grub_cfg`]), converted with `qemu-img convert -O qcow2 -c`. Keyed by the recipe,
+/// ([`cloud_grub_cfg`]), kept raw and converted with `qemu-img convert -O qcow2 -c`. Keyed by the recipe,
 /// the init, the grub.cfg, busybox-static's and qemu-utils' versions and the kernel directory.
 pub fn cloud_image(boot: &StockGuest) -> Result<CloudImage, StockError> {
     cmd::ensure_packages(&["qemu-utils"])?;
@@ -495,7 +497,7 @@ pub fn cloud_image(boot: &StockGuest) -> Result<CloudImage, StockError> {
         .unwrap_or_default();
     let key = cmd::sha256_hex(&[
         RECIPE_VERSION,
-        b"cloud-image-v1",
+        b"cloud-image-v2",
         STOCK_INIT,
         grub.as_bytes(),
         busybox.as_bytes(),
@@ -506,8 +508,10 @@ pub fn cloud_image(boot: &StockGuest) -> Result<CloudImage, StockError> {
         .join("stock")
         .join(format!("cloud-{}", &key[..16]));
     let qcow2 = dir.join("debian-cloud.qcow2");
+    let img = dir.join("debian-cloud.img");
     let out = CloudImage {
         qcow2: qcow2.clone(),
+        raw: img.clone(),
         release: boot.release.clone(),
     };
     cached_build(&dir, "the stock guest's cloud image", || {
@@ -520,7 +524,6 @@ pub fn cloud_image(boot: &StockGuest) -> Result<CloudImage, StockError> {
         cmd::copy(&boot.initrd, &stage.join(format!("boot/initrd.img-{r}")))?;
         cmd::copy(&boot.config, &stage.join(format!("boot/config-{r}")))?;
         cmd::write(&stage.join("boot/grub/grub.cfg"), grub.as_bytes())?;
-        let img = dir.join("disk.img");
         one_partition_disk(
             &dir,
             &stage,
@@ -540,7 +543,6 @@ pub fn cloud_image(boot: &StockGuest) -> Result<CloudImage, StockError> {
                 .arg(&img)
                 .arg(&qcow2),
         )?;
-        let _ = std::fs::remove_file(&img);
         Ok(())
     })?;
     Ok(out)
