@@ -6,7 +6,7 @@
 //! then restores of a Linux guest (only those with `--snapshot-only`, none with `--boot-only`).
 
 use anyhow::{bail, Result};
-use microvirt_testhost::{bench, scenarios, stock};
+use microvirt_testhost::{bench, diskbench, scenarios, stock};
 
 pub fn main(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "--list") {
@@ -255,6 +255,65 @@ pub fn bench_stock_main(args: &[String]) -> Result<()> {
     }
     if samples.len() < 2 * runs || samples.iter().any(|s| s.init_secs.is_none()) {
         bail!("a boot never reached the root's init; see the log");
+    }
+    Ok(())
+}
+
+/// `cargo xtask bench-disk [RUNS] [--boots N]`: the stock guest reads the same data as a raw disk,
+/// a qcow2 and a compressed qcow2 with O_DIRECT (sequential 1 MiB, random 4 KiB;
+/// tests/testhost/src/diskbench.rs), RUNS rounds (default 5) per guest boot, N boots per VMM
+/// (default 1), microvm and QEMU `-M microvm,acpi=on` alternating, in one test-host boot; medians
+/// and the ratios qcow2 / raw and microvm / QEMU.
+pub fn bench_disk_main(args: &[String]) -> Result<()> {
+    let mut o = diskbench::DiskBenchOptions {
+        rounds: 5,
+        boots: 1,
+    };
+    let number = |what: &str, v: Option<&String>| -> Result<usize> {
+        let v = v.ok_or_else(|| anyhow::anyhow!("bench-disk: {what} needs a number"))?;
+        match v.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => bail!("bench-disk: {what} {v:?} is not a positive number"),
+        }
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--boots" => o.boots = number("--boots", it.next())?,
+            _ => o.rounds = number("RUNS", Some(a))?,
+        }
+    }
+    let guest = stock::build()?;
+    let prep = scenarios::prepare()?;
+    // The console log named at the end stays for the reader.
+    prep.keep_workdir();
+    let (samples, errors, console) = diskbench::bench(
+        &prep,
+        &guest,
+        &o,
+        std::env::var_os("MICROVIRT_VERBOSE").is_some(),
+    )?;
+    println!(
+        "{} ({}), 512 MiB, 2 vCPUs; {} MiB disks, {} random 4 KiB reads per round; {} round(s) x {} boot(s) per VMM; medians (log {}):\n",
+        guest.kernel_package,
+        guest.release,
+        diskbench::DATA_MIB,
+        diskbench::RANDOM_READS,
+        o.rounds,
+        o.boots,
+        console.log.display()
+    );
+    println!("{}", diskbench::table(&samples));
+    for e in &errors {
+        eprintln!("diskread {e}");
+    }
+    let expected = 2 * diskbench::VMMS.len() * diskbench::DISKS.len() * o.rounds * o.boots;
+    if samples.len() < expected || !errors.is_empty() {
+        bail!(
+            "{} of {expected} measurements, {} error line(s); see the log",
+            samples.len(),
+            errors.len()
+        );
     }
     Ok(())
 }

@@ -650,29 +650,62 @@ pub fn bench(
     runs: usize,
     echo: bool,
 ) -> Result<(Vec<StockSample>, crate::qemu::Console), crate::scenarios::ScenarioError> {
+    let console = run_in_test_host(
+        prep,
+        guest,
+        &[],
+        Vec::new(),
+        &bench_body(runs),
+        "stock-bench",
+        std::time::Duration::from_secs(120 + 400 * runs as u64),
+        echo,
+    )?;
+    Ok((parse_bench(&console.lines), console))
+}
+
+/// Boots the test host once (with QEMU in it) with the stock guest's files and `extra` files
+/// under `/guest/extra/` (their variables exported as in [`StockGuest::guest_files`]),
+/// `binaries` in `/bin` besides microvm, and runs `body` as its shell; `tag` names the
+/// initramfs and the console log in the work dir.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_in_test_host(
+    prep: &crate::scenarios::Prepared,
+    guest: &StockGuest,
+    extra: &[(String, PathBuf)],
+    binaries: Vec<PathBuf>,
+    body: &str,
+    tag: &str,
+    timeout: std::time::Duration,
+    echo: bool,
+) -> Result<crate::qemu::Console, crate::scenarios::ScenarioError> {
     let kernel = match &prep.l1 {
         Some(k) => k.clone(),
         None => crate::l1::kernel()?,
     };
-    let exports: String = guest
+    let files: Vec<(String, PathBuf)> = guest
         .guest_files()
+        .into_iter()
+        .chain(extra.iter().cloned())
+        .collect();
+    let exports: String = files
         .iter()
         .map(|(var, _)| format!("export {var}=/guest/extra/{}\n", var.to_ascii_lowercase()))
         .collect();
-    let initramfs = prep.workdir.join("l1-stock-bench.cpio");
+    let initramfs = prep.workdir.join(format!("l1-{tag}.cpio"));
     crate::l1::build_initramfs(
         &crate::l1::InitramfsSpec {
             kernel: &kernel,
             images: &prep.images,
-            binaries: vec![prep.microvm.clone()],
+            binaries: std::iter::once(prep.microvm.clone())
+                .chain(binaries)
+                .collect(),
             with_qemu: true,
             files: Vec::new(),
-            copies: guest
-                .guest_files()
+            copies: files
                 .into_iter()
                 .map(|(var, p)| (format!("/guest/extra/{}", var.to_ascii_lowercase()), p))
                 .collect(),
-            init: crate::scenarios::l1_init(&format!("{exports}{}", bench_body(runs))),
+            init: crate::scenarios::l1_init(&format!("{exports}{body}")),
         },
         &initramfs,
     )?;
@@ -687,15 +720,15 @@ pub fn bench(
         ),
         &crate::qemu::RunOptions {
             name: "l1".into(),
-            timeout: std::time::Duration::from_secs(120 + 400 * runs as u64),
-            log: prep.workdir.join("stock-bench-console.log"),
+            timeout,
+            log: prep.workdir.join(format!("{tag}-console.log")),
             echo,
             done_marker: crate::qemu::DONE_MARKER.into(),
             monitor: Some(monitor),
         },
     )?;
     let _ = std::fs::remove_file(&initramfs);
-    Ok((parse_bench(&console.lines), console))
+    Ok(console)
 }
 
 #[cfg(test)]
