@@ -95,7 +95,8 @@ pub fn data_disks() -> Result<DataDisks, StockError> {
         qcow2: dir.join("data.qcow2"),
         qcow2c: dir.join("data-c.qcow2"),
     };
-    crate::stock::cached_build(&dir, "the disk benchmark's data disks", || {
+    let lock = cmd::cache_root().join("diskbench.lock");
+    crate::stock::cached_build_under(&lock, &dir, "the disk benchmark's data disks", || {
         crate::stock::progress("building the disk benchmark's data disks (raw, qcow2, qcow2 -c)");
         cmd::mkdirs(&dir)?;
         cmd::write(&out.raw, &v)?;
@@ -238,7 +239,12 @@ pub fn parse(lines: &[String]) -> (Vec<DiskSample>, Vec<String>) {
     let mut samples = Vec::new();
     let mut errors = Vec::new();
     for l in lines {
-        let Some(at) = l.find("diskread ") else {
+        // `diskread ` as a word (not the init's `microvirt.scenario=diskread `).
+        let Some(at) = l
+            .match_indices("diskread ")
+            .map(|(i, _)| i)
+            .find(|&i| i == 0 || matches!(l.as_bytes()[i - 1], b' ' | b']'))
+        else {
             continue;
         };
         let rest = &l[at + "diskread ".len()..];
@@ -439,6 +445,7 @@ mod tests {
             "diskread qemu:1:1:raw seq bytes=1",
             "diskread bad seq mib_s=1",
             "noise",
+            "[microvm 1] microvirt: cmdline quiet microvirt.scenario=diskread microvirt.vmm=microvm error: x",
         ]));
         assert_eq!(s.len(), 6, "{s:?}");
         assert_eq!(

@@ -298,14 +298,22 @@ pub(crate) fn cached_build(
     what: &str,
     build: impl FnOnce() -> Result<(), StockError>,
 ) -> Result<(), StockError> {
+    cached_build_under(&cmd::cache_root().join("stock.lock"), dir, what, build)
+}
+
+/// [`cached_build`] under the lock file `lock` (a cache of its own need not wait for the stock
+/// cache's builds).
+pub(crate) fn cached_build_under(
+    lock: &Path,
+    dir: &Path,
+    what: &str,
+    build: impl FnOnce() -> Result<(), StockError>,
+) -> Result<(), StockError> {
     let done = dir.join("done");
     if done.exists() {
         return Ok(());
     }
-    let _lock = cmd::CacheLock::acquire(
-        &cmd::cache_root().join("stock.lock"),
-        &format!("building {what}"),
-    )?;
+    let _lock = cmd::CacheLock::acquire(lock, &format!("building {what}"))?;
     if done.exists() {
         return Ok(());
     }
