@@ -33,6 +33,7 @@ fn usage() -> &'static str {
      \x20 testhost [SCENARIO...|--list]  run end-to-end scenarios in the QEMU-TCG test host\n\
      \x20 bench-testhost [RUNS] [--initrd] [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE]  microvm vs QEMU -M microvm boot time and RSS, Linux restores, in the test host\n\
      \x20 bench-stock [RUNS]  Debian's stock cloud kernel + initramfs: microvm vs QEMU -M microvm,acpi=on start -> init, in the test host\n\
+     \x20 bench-systemd [RUNS]  a Debian cloud image with systemd: microvm vs QEMU -M microvm,acpi=on start -> multi-user.target, in the test host\n\
      \x20 cluster up [--control-plane-only]|down|status  a persistent single-node cluster with\n\
      \x20                 microvirt installed (or only etcd + kube-apiserver)\n\
      \x20 bench-node [COUNT] | --pool [COUNT] [--rounds N] [--guest-mib MIB]  real-node benchmark: VMI create -> Running/Ready\n\
@@ -61,6 +62,7 @@ fn main() -> Result<()> {
         "testhost" => testhost::main(rest),
         "bench-testhost" => testhost::bench_main(rest),
         "bench-stock" => testhost::bench_stock_main(rest),
+        "bench-systemd" => testhost::bench_systemd_main(rest),
         "testguest" => {
             let a = testguest_build::build()?;
             println!("pvh {}", a.pvh.display());
