@@ -208,13 +208,15 @@ pub struct Sample {
 /// `-M microvm,acpi=on -accel kvm`, interleaved, with the same kernel and initramfs (the
 /// image's), the same qcow2 disk (microvm: a copy-on-write overlay; QEMU: `snapshot=on`),
 /// memory, vCPUs and command line (microvm's defaults, given to QEMU too without the
-/// `virtio_mmio.device=` entries, then the grub.cfg's). No NIC and no cloud-init seed: both
-/// VMs boot the same units (ds-identify finds no datasource and turns cloud-init off). Each VM
+/// `virtio_mmio.device=` entries, then the grub.cfg's, then `cloud-init=disabled`). No NIC and
+/// no cloud-init seed: both VMs boot the same units (without `cloud-init=disabled`, cloud-init
+/// would look for a metadata service that is not there, and the first try held multi-user.target
+/// back past 1200 s in a busy test host). Each VM
 /// is killed at `multi-user.target`; a VM that never gets there is killed after 1200 s.
 /// Prints `T VMM RUN kernel|systemd|multi-user SECS` lines.
 pub fn bench_body(runs: usize) -> String {
     let defaults = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce";
-    let args = format!("root=UUID={FS_UUID} ro {ARGS}");
+    let args = format!("root=UUID={FS_UUID} ro {ARGS} cloud-init=disabled");
     format!(
         r#"export WORK=/tmp/systemd-bench; mkdir -p $WORK; cd $WORK
 now() {{ cut -d' ' -f1 /proc/uptime; }}
