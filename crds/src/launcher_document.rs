@@ -31,6 +31,10 @@ pub const DOCUMENT_DIR: &str = "/var/run/microvirt/vmi";
 pub const DOCUMENT_FILE: &str = "vmi.json";
 /// The launcher's environment variable naming the document's path.
 pub const DOCUMENT_FILE_ENV: &str = "MICROVIRT_VMI_FILE";
+/// Name of the interface and the network a VMI gets when it declares neither (KubeVirt's
+/// `autoattachPodInterface`): the operator renders them into the document; `virt-launcher run`
+/// adds them itself.
+pub const DEFAULT_NETWORK_NAME: &str = "default";
 
 /// The launcher document: the VMI's identity and spec, and the operator's defaulting.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -97,7 +97,7 @@ impl Spec {
             return std::borrow::Cow::Borrowed(&d.interfaces);
         }
         std::borrow::Cow::Owned(vec![Interface {
-            name: "default".into(),
+            name: microvirt_crds::launcher_document::DEFAULT_NETWORK_NAME.into(),
             masquerade: Some(serde_json::json!({})),
             ..Default::default()
         }])

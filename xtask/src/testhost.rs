@@ -6,7 +6,7 @@
 //! then restores of a Linux guest (only those with `--snapshot-only`, none with `--boot-only`).
 
 use anyhow::{bail, Result};
-use microvirt_testhost::{bench, diskbench, scenarios, stock};
+use microvirt_testhost::{bench, diskbench, scenarios, stock, systemd_guest};
 
 pub fn main(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "--list") {
@@ -255,6 +255,72 @@ pub fn bench_stock_main(args: &[String]) -> Result<()> {
     }
     if samples.len() < 2 * runs || samples.iter().any(|s| s.init_secs.is_none()) {
         bail!("a boot never reached the root's init; see the log");
+    }
+    Ok(())
+}
+
+/// `cargo xtask bench-systemd [RUNS]`: the Debian cloud image with systemd
+/// (tests/testhost/src/systemd_guest.rs) under microvm and under QEMU `-M microvm,acpi=on`, RUNS
+/// boots each (default 5), interleaved, in one test-host boot; medians of start → the kernel's
+/// first line, → systemd's first line, → `multi-user.target`, and microvm's multi-user time as
+/// a ratio to QEMU's.
+pub fn bench_systemd_main(args: &[String]) -> Result<()> {
+    let runs: usize = match args.first() {
+        Some(n) => n
+            .parse()
+            .map_err(|_| anyhow::anyhow!("bench-systemd [RUNS]: {n:?} is not a number"))?,
+        None => 5,
+    };
+    let boot = stock::build()?;
+    let guest = systemd_guest::build(&boot)?;
+    let prep = scenarios::prepare()?;
+    // The console log named at the end stays for the reader.
+    prep.keep_workdir();
+    let (samples, console) = systemd_guest::bench(
+        &prep,
+        &guest,
+        runs,
+        std::env::var_os("MICROVIRT_VERBOSE").is_some(),
+    )?;
+    let median = |v: Vec<f64>| -> Option<f64> {
+        let mut v = v;
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+    println!(
+        "{} {} ({}) with systemd, 512 MiB, 2 vCPUs, {runs} runs each; test-host seconds from the VMM's start (log {}):",
+        boot.kernel_package,
+        boot.kernel_version,
+        guest.release,
+        console.log.display()
+    );
+    println!(
+        "| VMM | -> kernel's first line | -> systemd | -> multi-user.target (runs) | median |"
+    );
+    println!("|---|---|---|---|---|");
+    let mut medians = Vec::new();
+    for vmm in ["microvm", "qemu"] {
+        let s: Vec<_> = samples.iter().filter(|s| s.vmm == vmm).collect();
+        let each: Vec<String> = s.iter().map(|s| show(s.multi_user)).collect();
+        let mu = median(s.iter().filter_map(|s| s.multi_user).collect());
+        medians.push(mu);
+        println!(
+            "| {vmm} | {} | {} | {} | {} |",
+            show(median(s.iter().filter_map(|s| s.kernel).collect())),
+            show(median(s.iter().filter_map(|s| s.systemd).collect())),
+            each.join(", "),
+            show(mu)
+        );
+    }
+    if let [Some(m), Some(q)] = medians[..] {
+        println!(
+            "microvm / QEMU, start -> multi-user.target (medians): {:.2}x",
+            m / q
+        );
+    }
+    if samples.len() < 2 * runs || samples.iter().any(|s| s.multi_user.is_none()) {
+        bail!("a boot never reached multi-user.target; see the log");
     }
     Ok(())
 }

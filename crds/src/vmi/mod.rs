@@ -37,8 +37,8 @@ pub const ANNOTATION_BOOT_TIME_MS: &str = "microvirt.io/boot-time-ms";
 /// [`crate::control::ControlRequest`] and [`crate::control::ControlResult`].
 pub use crate::control::{ANNOTATION_CONTROL_REQUEST, ANNOTATION_CONTROL_RESULT};
 /// Name of the interface and the network a VMI gets when it declares neither (KubeVirt's
-/// `autoattachPodInterface`).
-pub const DEFAULT_NETWORK_NAME: &str = "default";
+/// `autoattachPodInterface`); kube-free, for `virt-launcher run` too.
+pub use crate::launcher_document::DEFAULT_NETWORK_NAME;
 /// VMI condition reported by the node agent (the launcher's `paused` state).
 pub const CONDITION_PAUSED: &str = "Paused";
 /// VMI conditions whose owner is the node agent (field manager `virt-handler`); the operator

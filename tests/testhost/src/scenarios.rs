@@ -56,6 +56,7 @@ pub const STOCK: &[Scenario] = &[
     scenario!("stock-no-acpi"),
     scenario!("stock-reboot-loop"),
     scenario!("stock-boot-soak"),
+    scenario!("stock-vmgenid"),
 ];
 
 /// Looks a scenario up by name (in [`ALL`] and [`STOCK`]).

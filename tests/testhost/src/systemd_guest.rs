@@ -12,6 +12,9 @@
 //! (ext4, UUID [`FS_UUID`]) and the disk through `qemu-img convert -O qcow2 -c`, as a
 //! containerDisk holds it. Nothing of microvirt is in the image.
 //!
+//! [`bench`] boots it to `multi-user.target` under `microvm` and under QEMU `-M microvm,acpi=on`
+//! (`cargo xtask bench-systemd`).
+//!
 //! Cached under `~/.cache/microvirt/stock/systemd-<hash>/`, keyed by this recipe and the
 //! candidate versions of the kernel, systemd, cloud-init and initramfs-tools from this machine's
 //! apt lists (~1.5 min to build, ~140 MB).
@@ -23,7 +26,7 @@ use crate::cmd;
 use crate::stock::{self, StockError, StockGuest};
 
 /// Bump when the recipe below changes what it produces.
-const RECIPE: &[u8] = b"microvirt-systemd-guest-v1";
+const RECIPE: &[u8] = b"microvirt-systemd-guest-v2";
 /// The root file system's UUID (the grub.cfg's `root=UUID=`, the fstab's).
 pub const FS_UUID: &str = "6d766d31-5d5d-4c1d-9e11-c10d1ae0a502";
 /// Packages installed next to the kernel.
@@ -51,6 +54,10 @@ pub struct SystemdGuest {
     pub release: String,
     /// `dpkg-query -W` of the root: what is in the image.
     pub versions: PathBuf,
+    /// Copies of the image's `/boot/vmlinuz-<release>` and `/boot/initrd.img-<release>`, for
+    /// booting it with a VMM's own kernel options ([`bench`]).
+    pub vmlinuz: PathBuf,
+    pub initrd: PathBuf,
 }
 
 /// The grub.cfg: one default entry, as Debian's `update-grub` writes it (reduced).
@@ -91,6 +98,8 @@ pub fn build(boot: &StockGuest) -> Result<SystemdGuest, StockError> {
         qcow2: dir.join("debian-systemd.qcow2"),
         release: boot.release.clone(),
         versions: dir.join("versions"),
+        vmlinuz: dir.join("vmlinuz"),
+        initrd: dir.join("initrd.img"),
     };
     stock::cached_build(&dir, "the systemd Debian cloud image", || {
         let t = std::time::Instant::now();
@@ -119,13 +128,14 @@ pub fn build(boot: &StockGuest) -> Result<SystemdGuest, StockError> {
                 .arg(&root),
         )?;
         let release = &boot.release;
-        for f in [
-            format!("boot/vmlinuz-{release}"),
-            format!("boot/initrd.img-{release}"),
+        for (f, to) in [
+            (format!("boot/vmlinuz-{release}"), &out.vmlinuz),
+            (format!("boot/initrd.img-{release}"), &out.initrd),
         ] {
             if !root.join(&f).exists() {
                 return Err(StockError::Missing(root.join(f)));
             }
+            cmd::copy(&root.join(&f), to)?;
         }
         cmd::write(
             &root.join("etc/fstab"),
@@ -180,6 +190,181 @@ pub fn build(boot: &StockGuest) -> Result<SystemdGuest, StockError> {
     Ok(out)
 }
 
+/// One boot in [`bench`]: test-host seconds from the VMM's start.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sample {
+    /// `microvm` or `qemu`.
+    pub vmm: String,
+    pub run: usize,
+    /// The kernel's first line (`Linux version`).
+    pub kernel: Option<f64>,
+    /// systemd's first line (`systemd ... running in system mode`): kernel + initramfs done.
+    pub systemd: Option<f64>,
+    /// `Reached target multi-user.target`.
+    pub multi_user: Option<f64>,
+}
+
+/// The test-host shell of [`bench`]: `runs` boots of the image under `microvm` and under QEMU
+/// `-M microvm,acpi=on -accel kvm`, interleaved, with the same kernel and initramfs (the
+/// image's), the same qcow2 disk (microvm: a copy-on-write overlay; QEMU: `snapshot=on`),
+/// memory, vCPUs and command line (microvm's defaults, given to QEMU too without the
+/// `virtio_mmio.device=` entries, then the grub.cfg's, then `cloud-init=disabled`). No NIC and
+/// no cloud-init seed: both VMs boot the same units (without `cloud-init=disabled`, cloud-init
+/// would look for a metadata service that is not there, and the first try held multi-user.target
+/// back past 1200 s in a busy test host). Each VM
+/// is killed at `multi-user.target`; a VM that never gets there is killed after 1200 s.
+/// Prints `T VMM RUN kernel|systemd|multi-user SECS` lines.
+pub fn bench_body(runs: usize) -> String {
+    let defaults = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce";
+    let args = format!("root=UUID={FS_UUID} ro {ARGS} cloud-init=disabled");
+    format!(
+        r#"export WORK=/tmp/systemd-bench; mkdir -p $WORK; cd $WORK
+now() {{ cut -d' ' -f1 /proc/uptime; }}
+el() {{ awk -v a=$(now) -v b=$t0 'BEGIN{{print a-b}}'; }}
+# stamp VMM RUN: T lines at the kernel's first line, systemd's and multi-user.target (where it
+# kills the VM); the console goes to $WORK/VMMRUN.log.
+stamp() {{
+	while IFS= read -r l; do
+		case "$l" in
+		*"Linux version "*) echo "T $1 $2 kernel $(el)" ;;
+		*"running in system mode"*) echo "T $1 $2 systemd $(el)" ;;
+		*"Reached target"*"Multi-User System"*)
+			echo "T $1 $2 multi-user $(el)"
+			kill -9 "$(cat vmm.pid)" 2>/dev/null ;;
+		esac
+		echo "$l" >> "$1$2.log"
+	done
+}}
+# bounded VMM...: runs it in the background (pid in vmm.pid), killed after 1200 s.
+bounded() {{
+	"$@" 2>&1 &
+	echo $! > vmm.pid
+	( sleep 1200; kill -9 "$(cat vmm.pid)" 2>/dev/null ) &
+	_guard=$!
+	wait "$(cat vmm.pid)"
+	kill $_guard 2>/dev/null
+}}
+for i in $(seq 1 {runs}); do
+	rm -f overlay.img
+	t0=$(now)
+	bounded /bin/microvm --kernel "$SD_VMLINUZ" --initrd "$SD_INITRD" --mem-mib 512 --vcpus 2 \
+		--disk "path=$SYSTEMD_QCOW2,overlay=$WORK/overlay.img" --cmdline "{args}" | stamp microvm $i
+	grep -q "Multi-User System" microvm$i.log || {{ echo "T microvm $i failed"; tail -n 20 microvm$i.log; }}
+	t0=$(now)
+	bounded /bin/qemu-system-x86_64 -L /usr/share/qemu -M microvm,acpi=on,x-option-roms=off,rtc=off \
+		-accel kvm -cpu host -m 512 -smp 2 -nodefaults -no-user-config -nographic -serial stdio \
+		-monitor none -no-reboot -kernel "$SD_VMLINUZ" -initrd "$SD_INITRD" -append "{defaults} {args}" \
+		-drive "id=d0,file=$SYSTEMD_QCOW2,format=qcow2,if=none,snapshot=on" \
+		-device virtio-blk-device,drive=d0 | stamp qemu $i
+	grep -q "Multi-User System" qemu$i.log || {{ echo "T qemu $i failed"; tail -n 20 qemu$i.log; }}
+	rm -f microvm$i.log qemu$i.log
+done
+rm -f overlay.img
+"#
+    )
+}
+
+/// Parses the `T ...` lines of [`bench_body`]'s output (also when the test host's console
+/// prefixes them).
+pub fn parse_bench(lines: &[String]) -> Vec<Sample> {
+    let mut out: Vec<Sample> = Vec::new();
+    for l in lines {
+        let Some(rest) = l
+            .split_once("] T ")
+            .map(|(_, r)| r)
+            .or(l.strip_prefix("T "))
+        else {
+            continue;
+        };
+        let w: Vec<&str> = rest.split_whitespace().collect();
+        let (Some(vmm), Some(run), Some(what)) = (
+            w.first(),
+            w.get(1).and_then(|r| r.parse::<usize>().ok()),
+            w.get(2),
+        ) else {
+            continue;
+        };
+        let i = match out.iter().position(|s| s.vmm == *vmm && s.run == run) {
+            Some(i) => i,
+            None => {
+                out.push(Sample {
+                    vmm: vmm.to_string(),
+                    run,
+                    ..Default::default()
+                });
+                out.len() - 1
+            }
+        };
+        let secs = w.get(3).and_then(|s| s.parse::<f64>().ok());
+        match *what {
+            "kernel" => out[i].kernel = secs,
+            "systemd" => out[i].systemd = secs,
+            "multi-user" => out[i].multi_user = secs,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Boots the image `runs` times under each VMM in one test-host boot (with QEMU in it).
+pub fn bench(
+    prep: &crate::scenarios::Prepared,
+    guest: &SystemdGuest,
+    runs: usize,
+    echo: bool,
+) -> Result<(Vec<Sample>, crate::qemu::Console), crate::scenarios::ScenarioError> {
+    let kernel = match &prep.l1 {
+        Some(k) => k.clone(),
+        None => crate::l1::kernel()?,
+    };
+    let files = [
+        ("SD_VMLINUZ", &guest.vmlinuz),
+        ("SD_INITRD", &guest.initrd),
+        ("SYSTEMD_QCOW2", &guest.qcow2),
+    ];
+    let path = |var: &str| format!("/guest/extra/{}", var.to_ascii_lowercase());
+    let exports: String = files
+        .iter()
+        .map(|(var, _)| format!("export {var}={}\n", path(var)))
+        .collect();
+    let initramfs = prep.workdir.join("l1-systemd-bench.cpio");
+    crate::l1::build_initramfs(
+        &crate::l1::InitramfsSpec {
+            kernel: &kernel,
+            images: &prep.images,
+            binaries: vec![prep.microvm.clone()],
+            with_qemu: true,
+            files: Vec::new(),
+            copies: files
+                .iter()
+                .map(|(var, p)| (path(var), (*p).clone()))
+                .collect(),
+            init: crate::scenarios::l1_init(&format!("{exports}{}", bench_body(runs))),
+        },
+        &initramfs,
+    )?;
+    let monitor = prep.workdir.join("qemu-monitor.sock");
+    let console = crate::qemu::run_console(
+        crate::qemu::qemu_tcg_command(
+            &kernel.vmlinuz,
+            &initramfs,
+            crate::qemu::TEST_HOST_APPEND,
+            "2G",
+            &monitor,
+        ),
+        &crate::qemu::RunOptions {
+            name: "l1".into(),
+            timeout: std::time::Duration::from_secs(120 + 2 * 1300 * runs as u64),
+            log: prep.workdir.join("systemd-bench-console.log"),
+            echo,
+            done_marker: crate::qemu::DONE_MARKER.into(),
+            monitor: Some(monitor),
+        },
+    )?;
+    let _ = std::fs::remove_file(&initramfs);
+    Ok((parse_bench(&console.lines), console))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,5 +377,36 @@ mod tests {
         )));
         assert!(g.contains("\tinitrd\t/boot/initrd.img-6.1.0-57-cloud-amd64\n"));
         assert!(g.starts_with("set default=\"0\"\n"));
+    }
+
+    #[test]
+    fn bench_lines_parse_into_samples() {
+        let lines: Vec<String> = [
+            "[l1   10.00] T microvm 1 kernel 2.5",
+            "T microvm 1 systemd 30.25",
+            "[l1   99.00] T microvm 1 multi-user 170.5",
+            "T qemu 1 kernel 3",
+            "T qemu 1 failed",
+            "[l1 1.0] [sd] Linux version 6.1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let s = parse_bench(&lines);
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            s[0],
+            Sample {
+                vmm: "microvm".into(),
+                run: 1,
+                kernel: Some(2.5),
+                systemd: Some(30.25),
+                multi_user: Some(170.5),
+            }
+        );
+        assert_eq!((s[1].kernel, s[1].multi_user), (Some(3.0), None));
+        let body = bench_body(3);
+        assert!(body.contains("seq 1 3") && body.contains("acpi=on"));
+        assert!(body.contains(&format!("root=UUID={FS_UUID} ro {ARGS}")));
     }
 }

@@ -15,7 +15,7 @@ use microvirt_testhost::stock;
 
 /// The stock scenarios the suite runs. `stock-no-acpi` (it hung once under load, see
 /// docs/testing.md) and the `stock-reboot-loop` soak run only as `cargo xtask testhost NAME`.
-const IN_SUITE: &[&str] = &["stock-kernel", "stock-power-button"];
+const IN_SUITE: &[&str] = &["stock-kernel", "stock-power-button", "stock-vmgenid"];
 
 fn suite() -> &'static SuiteResult {
     static SUITE: OnceLock<Result<SuiteResult, String>> = OnceLock::new();
@@ -238,4 +238,43 @@ fn the_power_button_reaches_the_stock_guest() {
         "the guest never saw KEY_POWER:\n{o}"
     );
     assert_powered_off(sec, "button");
+}
+
+/// Two restores of one snapshot: the stock guest reads three different VM generation IDs (the
+/// booted VM's, each restore's) at the address the DSDT's `VGEN.ADDR` names.
+#[test]
+fn restores_of_one_snapshot_show_the_stock_guest_new_generation_ids() {
+    let sec = section("stock-vmgenid");
+    let checks = sec.values("check ");
+    let snap = checks.iter().filter(|c| c.starts_with("snapshot ")).count();
+    assert!(
+        checks
+            .iter()
+            .any(|c| c.starts_with("snapshot ") && c.contains("\"ok\":true")),
+        "the snapshot failed ({snap} answers): {checks:?}\n{}",
+        out(sec, "gen")
+    );
+    let first = guest_all(sec, "gen", "vmgenid");
+    assert_eq!(first.len(), 1, "{:?}\n{}", first, out(sec, "gen"));
+    let mut ids = first.clone();
+    for r in ["r1", "r2"] {
+        let seen = guest_all(sec, r, "vmgenid");
+        assert_eq!(
+            seen.len(),
+            1,
+            "restore {r}: the guest did not print one new ID: {seen:?}\n{}",
+            out(sec, r)
+        );
+        ids.extend(seen);
+    }
+    for id in &ids {
+        assert!(
+            id.len() == 32 && id.chars().all(|c| c.is_ascii_hexdigit()) && id != &"0".repeat(32),
+            "not a 16-byte ID read from the guest's memory: {id:?} (all: {ids:?})"
+        );
+    }
+    assert!(
+        ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
+        "the IDs are not all different: {ids:?}"
+    );
 }
