@@ -411,8 +411,7 @@ pub fn bench(
     let per_boot = 200 + 60 * opts.rounds as u64;
     let console = crate::stock::run_in_test_host(
         prep,
-        guest,
-        &extra,
+        guest.guest_files().into_iter().chain(extra).collect(),
         Vec::new(),
         &bench_body(opts.boots),
         "disk-bench",

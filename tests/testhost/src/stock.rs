@@ -660,8 +660,7 @@ pub fn bench(
 ) -> Result<(Vec<StockSample>, crate::qemu::Console), crate::scenarios::ScenarioError> {
     let console = run_in_test_host(
         prep,
-        guest,
-        &[],
+        guest.guest_files(),
         Vec::new(),
         &bench_body(runs),
         "stock-bench",
@@ -671,15 +670,13 @@ pub fn bench(
     Ok((parse_bench(&console.lines), console))
 }
 
-/// Boots the test host once (with QEMU in it) with the stock guest's files and `extra` files
-/// under `/guest/extra/` (their variables exported as in [`StockGuest::guest_files`]),
-/// `binaries` in `/bin` besides microvm, and runs `body` as its shell; `tag` names the
-/// initramfs and the console log in the work dir.
-#[allow(clippy::too_many_arguments)]
+/// Boots the test host once (with QEMU in it) with `files` — `(VARIABLE, file here)` — copied
+/// under `/guest/extra/` (lower-case variable names) and their variables exported, `binaries` in
+/// `/bin` besides microvm, and runs `body` as its shell; `tag` names the initramfs and the console
+/// log in the work dir. The benchmarks' common part (stock, disk, systemd).
 pub(crate) fn run_in_test_host(
     prep: &crate::scenarios::Prepared,
-    guest: &StockGuest,
-    extra: &[(String, PathBuf)],
+    files: Vec<(String, PathBuf)>,
     binaries: Vec<PathBuf>,
     body: &str,
     tag: &str,
@@ -690,11 +687,6 @@ pub(crate) fn run_in_test_host(
         Some(k) => k.clone(),
         None => crate::l1::kernel()?,
     };
-    let files: Vec<(String, PathBuf)> = guest
-        .guest_files()
-        .into_iter()
-        .chain(extra.iter().cloned())
-        .collect();
     let exports: String = files
         .iter()
         .map(|(var, _)| format!("export {var}=/guest/extra/{}\n", var.to_ascii_lowercase()))

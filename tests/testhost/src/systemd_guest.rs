@@ -313,55 +313,23 @@ pub fn bench(
     runs: usize,
     echo: bool,
 ) -> Result<(Vec<Sample>, crate::qemu::Console), crate::scenarios::ScenarioError> {
-    let kernel = match &prep.l1 {
-        Some(k) => k.clone(),
-        None => crate::l1::kernel()?,
-    };
     let files = [
         ("SD_VMLINUZ", &guest.vmlinuz),
         ("SD_INITRD", &guest.initrd),
         ("SYSTEMD_QCOW2", &guest.qcow2),
-    ];
-    let path = |var: &str| format!("/guest/extra/{}", var.to_ascii_lowercase());
-    let exports: String = files
-        .iter()
-        .map(|(var, _)| format!("export {var}={}\n", path(var)))
-        .collect();
-    let initramfs = prep.workdir.join("l1-systemd-bench.cpio");
-    crate::l1::build_initramfs(
-        &crate::l1::InitramfsSpec {
-            kernel: &kernel,
-            images: &prep.images,
-            binaries: vec![prep.microvm.clone()],
-            with_qemu: true,
-            files: Vec::new(),
-            copies: files
-                .iter()
-                .map(|(var, p)| (path(var), (*p).clone()))
-                .collect(),
-            init: crate::scenarios::l1_init(&format!("{exports}{}", bench_body(runs))),
-        },
-        &initramfs,
+    ]
+    .iter()
+    .map(|(var, p)| (var.to_string(), (*p).clone()))
+    .collect();
+    let console = crate::stock::run_in_test_host(
+        prep,
+        files,
+        Vec::new(),
+        &bench_body(runs),
+        "systemd-bench",
+        std::time::Duration::from_secs(120 + 2 * 1300 * runs as u64),
+        echo,
     )?;
-    let monitor = prep.workdir.join("qemu-monitor.sock");
-    let console = crate::qemu::run_console(
-        crate::qemu::qemu_tcg_command(
-            &kernel.vmlinuz,
-            &initramfs,
-            crate::qemu::TEST_HOST_APPEND,
-            "2G",
-            &monitor,
-        ),
-        &crate::qemu::RunOptions {
-            name: "l1".into(),
-            timeout: std::time::Duration::from_secs(120 + 2 * 1300 * runs as u64),
-            log: prep.workdir.join("systemd-bench-console.log"),
-            echo,
-            done_marker: crate::qemu::DONE_MARKER.into(),
-            monitor: Some(monitor),
-        },
-    )?;
-    let _ = std::fs::remove_file(&initramfs);
     Ok((parse_bench(&console.lines), console))
 }
 
