@@ -64,6 +64,14 @@ spec:
                 StandardError=journal+console
             - path: /var/lib/web/token
               content: "$tok"
+            - path: /var/lib/cloud/scripts/per-boot/microvirt-check.sh
+              permissions: "0755"
+              content: |
+                #!/bin/sh
+                # cloud-final runs this on every boot, after multi-user.target (bounded wait).
+                i=0
+                until systemctl is-active -q multi-user.target || [ \$i -ge 600 ]; do i=\$((i + 1)); sleep 1; done
+                echo "microvirt-check final multi-user=\$(systemctl is-active multi-user.target)" > /dev/ttyS0
           bootcmd:
             - echo "microvirt-check boot ran=\$(cat /var/lib/microvirt-ran 2>/dev/null)" > /dev/ttyS0
           runcmd:
@@ -73,13 +81,16 @@ spec:
             - timeout 900 sh -c 'until journalctl -u web | grep -q "GET /token"; do sleep 1; done' && echo "microvirt-check served" > /dev/ttyS0
             - systemctl reboot
 EOF
-cat > launch.sh <<EOF
+# The launcher in the pod's network namespace (named virt-launcher: the stall watch speaks its
+# control syntax).
+mkdir -p pod
+cat > pod/virt-launcher <<EOF
 #!/bin/sh
 echo \$\$ > $WORK/launcher.pid
 MICROVIRT_RESOLV_CONF=$WORK/resolv.conf exec nsenter -t $holder -n $LAUNCHER "\$@"
 EOF
-chmod +x launch.sh
-MICROVM=$WORK/launch.sh
+chmod +x pod/virt-launcher
+MICROVM=$WORK/pod/virt-launcher
 # The "node": fetch the guest's web server through the pod IP (DNAT to the guest), as a
 # kubelet's httpGet probe does; then, on the second boot, the soft stop once logind watches the
 # power button; then the control socket's status while the VM runs.
@@ -99,11 +110,12 @@ MICROVM=$WORK/launch.sh
 	done
 	echo "check web status $(echo "$resp" | head -n 1)"
 	echo "check web body $(echo "$resp" | tail -n 1)"
-	# The second boot at multi-user.target, its logind watching the power button (logind's
-	# console drop-in is written by the first boot's cloud-init).
+	# The second boot at multi-user.target (its per-boot script says so), its logind watching
+	# the power button (logind's console drop-in is written by the first boot's cloud-init).
+	# (systemd's own "Reached target" line is not reliable on a console a getty also uses.)
 	until sed -n '/rebooted in place/,$p' "$WORK/sd.log" > "$WORK/boot2.log" &&
 		grep -q "Watching system buttons on .*Power Button" "$WORK/boot2.log" &&
-		grep -q "Reached target.*Multi-User System" "$WORK/boot2.log"; do
+		grep -q "microvirt-check final multi-user=" "$WORK/boot2.log"; do
 		[ -e "$WORK/sd.rc" ] && exit 0
 		sleep 1
 	done
@@ -184,12 +196,9 @@ fn debian_systemd_cloud_image_boots_runs_user_data_reboots_in_place_and_powers_o
     );
 
     // Two boots to multi-user, nothing failed on either.
-    let multi_user = lines
-        .iter()
-        .filter(|l| l.contains("Reached target") && l.contains("Multi-User System"))
-        .count();
     assert_eq!(
-        multi_user, 2,
+        guest("final"),
+        vec!["multi-user=active", "multi-user=active"],
         "systemd did not reach multi-user.target on both boots:\n{ctx}"
     );
     assert_eq!(count("FAILED"), 0, "a unit failed:\n{ctx}");
