@@ -18,28 +18,8 @@ for m in veth bridge nf_tables nf_nat nft_chain_nat nft_nat; do
 	grep -q "^$m " /proc/modules || echo "check module $m missing"
 done
 
-# The pod: a network namespace held by a sleeping process.
-unshare -n sleep 600 &
-holder=$!
-i=0
-while [ "$(readlink /proc/$holder/ns/net)" = "$(readlink /proc/self/ns/net)" ]; do
-	i=$((i + 1))
-	[ $i -ge 50 ] && { echo "check no pod netns"; break; }
-	sleep 0.1
-done
-inpod() { nsenter -t "$holder" -n "$@"; }
-# busybox ip ignores "peer name": the kernel names the peer (veth0); find it, move it, rename it.
-ip link add vnode0 type veth || echo "check veth failed"
-peer=$(ip -o link show | sed -n 's/^[0-9]*: \([^@:]*\)@vnode0:.*/\1/p')
-[ -n "$peer" ] && ip link set "$peer" netns "$holder" || echo "check netns move failed"
-inpod ip link set "$peer" name eth0
-ip addr add 10.244.0.1/24 dev vnode0
-ip link set vnode0 up
-inpod ip link set lo up
-inpod ip addr add 10.244.0.5/24 dev eth0
-inpod ip link set eth0 up
-inpod ip route add default via 10.244.0.1
-echo "nameserver 10.244.0.1" > resolv.conf
+# The pod: a network namespace with eth0 10.244.0.5/24, the node 10.244.0.1 (prelude.sh).
+pod_network_up
 
 # The node's server: records the peer address of its connection and what it received.
 cat > srv.sh <<'EOF'
@@ -108,8 +88,7 @@ echo "check node peer raw $(cat peer.txt 2>/dev/null)"
 echo "check node peer $(sed 's/:[0-9]*$//; s/^::ffff://' peer.txt 2>/dev/null)"
 sed 's/^/check term /' term.log 2>/dev/null
 echo "check pod links after $(inpod ip -o link show | awk -F': ' '{sub(/@.*/, "", $2); print $2}' | tr '\n' ' ')"
-kill $holder 2>/dev/null
-ip link del vnode0 2>/dev/null
+pod_network_down
 "##;
 
 #[test]

@@ -606,43 +606,78 @@ ip link del sbtap0 2>/dev/null
     )
 }
 
+/// One `T VMM RUN WHAT [NUMBER...]` line of a benchmark's test-host output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TLine<'a> {
+    pub vmm: &'a str,
+    pub run: usize,
+    pub what: &'a str,
+    /// The numbers after WHAT, up to the first word that is not one.
+    pub values: Vec<f64>,
+}
+
+/// The `T ...` lines of a benchmark's output, also when the test host's console prefixed them
+/// (`[l1 12.3] T ...`); other lines are skipped.
+pub fn t_lines(lines: &[String]) -> Vec<TLine<'_>> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let rest = l
+                .split_once("] T ")
+                .map(|(_, r)| r)
+                .or(l.strip_prefix("T "))?;
+            let mut w = rest.split_whitespace();
+            let vmm = w.next()?;
+            let run = w.next()?.parse().ok()?;
+            let what = w.next()?;
+            let values = w.map_while(|v| v.parse().ok()).collect();
+            Some(TLine {
+                vmm,
+                run,
+                what,
+                values,
+            })
+        })
+        .collect()
+}
+
+/// The position of the sample `is` picks in `out`, pushing `new()` first when there is none.
+pub fn sample_index<T>(
+    out: &mut Vec<T>,
+    is: impl Fn(&T) -> bool,
+    new: impl FnOnce() -> T,
+) -> usize {
+    match out.iter().position(is) {
+        Some(i) => i,
+        None => {
+            out.push(new());
+            out.len() - 1
+        }
+    }
+}
+
 /// Parses the `T ...` lines of [`bench_body`]'s output.
 pub fn parse_bench(lines: &[String]) -> Vec<StockSample> {
     let mut out: Vec<StockSample> = Vec::new();
-    for l in lines {
-        let Some(rest) = l
-            .split_once("] T ")
-            .map(|(_, r)| r)
-            .or(l.strip_prefix("T "))
-        else {
+    for t in t_lines(lines) {
+        let Some(&secs) = t.values.first() else {
             continue;
         };
-        let w: Vec<&str> = rest.split_whitespace().collect();
-        let (Some(vmm), Some(run), Some(what), Some(secs)) = (
-            w.first(),
-            w.get(1).and_then(|r| r.parse::<usize>().ok()),
-            w.get(2),
-            w.get(3).and_then(|s| s.parse::<f64>().ok()),
-        ) else {
-            continue;
-        };
-        let i = match out.iter().position(|s| s.vmm == *vmm && s.run == run) {
-            Some(i) => i,
-            None => {
-                out.push(StockSample {
-                    vmm: vmm.to_string(),
-                    run,
-                    init_secs: None,
-                    exit_secs: None,
-                    guest_uptime_at_init: None,
-                });
-                out.len() - 1
-            }
-        };
-        match *what {
+        let i = sample_index(
+            &mut out,
+            |s| s.vmm == t.vmm && s.run == t.run,
+            || StockSample {
+                vmm: t.vmm.to_string(),
+                run: t.run,
+                init_secs: None,
+                exit_secs: None,
+                guest_uptime_at_init: None,
+            },
+        );
+        match t.what {
             "init" => {
                 out[i].init_secs = Some(secs);
-                out[i].guest_uptime_at_init = w.get(4).and_then(|s| s.parse().ok());
+                out[i].guest_uptime_at_init = t.values.get(1).copied();
             }
             "end" => out[i].exit_secs = Some(secs),
             _ => {}

@@ -268,35 +268,18 @@ rm -f overlay.img
 /// prefixes them).
 pub fn parse_bench(lines: &[String]) -> Vec<Sample> {
     let mut out: Vec<Sample> = Vec::new();
-    for l in lines {
-        let Some(rest) = l
-            .split_once("] T ")
-            .map(|(_, r)| r)
-            .or(l.strip_prefix("T "))
-        else {
-            continue;
-        };
-        let w: Vec<&str> = rest.split_whitespace().collect();
-        let (Some(vmm), Some(run), Some(what)) = (
-            w.first(),
-            w.get(1).and_then(|r| r.parse::<usize>().ok()),
-            w.get(2),
-        ) else {
-            continue;
-        };
-        let i = match out.iter().position(|s| s.vmm == *vmm && s.run == run) {
-            Some(i) => i,
-            None => {
-                out.push(Sample {
-                    vmm: vmm.to_string(),
-                    run,
-                    ..Default::default()
-                });
-                out.len() - 1
-            }
-        };
-        let secs = w.get(3).and_then(|s| s.parse::<f64>().ok());
-        match *what {
+    for t in stock::t_lines(lines) {
+        let i = stock::sample_index(
+            &mut out,
+            |s| s.vmm == t.vmm && s.run == t.run,
+            || Sample {
+                vmm: t.vmm.to_string(),
+                run: t.run,
+                ..Default::default()
+            },
+        );
+        let secs = t.values.first().copied();
+        match t.what {
             "kernel" => out[i].kernel = secs,
             "systemd" => out[i].systemd = secs,
             "multi-user" => out[i].multi_user = secs,
