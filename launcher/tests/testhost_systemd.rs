@@ -86,7 +86,8 @@ EOF
 mkdir -p pod
 cat > pod/virt-launcher <<EOF
 #!/bin/sh
-echo \$\$ > $WORK/launcher.pid
+# The VM's process (exec keeps the pid); not the stall watch's vcpu-state calls.
+[ "\$1" = run ] && echo \$\$ > $WORK/launcher.pid
 MICROVIRT_RESOLV_CONF=$WORK/resolv.conf exec nsenter -t $holder -n $LAUNCHER "\$@"
 EOF
 chmod +x pod/virt-launcher
