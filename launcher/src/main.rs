@@ -45,9 +45,12 @@ struct Cli {
 enum Cmd {
     /// Boot a VMI (YAML or JSON) on this machine, its console on this terminal.
     ///
-    /// Ctrl-C or SIGTERM asks the guest to shut down (Ctrl-Alt-Del) and stops it after the
-    /// grace period (terminationGracePeriodSeconds, default 30 s); a second signal stops it at
-    /// once. A VMI without firmware.kernelBoot.container boots the built-in demo guest (run only; pod never does); its kernelArgs
+    /// Ctrl-C or SIGTERM asks the guest to shut down (the ACPI power button when the guest armed
+    /// it, else Ctrl-Alt-Del) and stops it after the grace period (terminationGracePeriodSeconds,
+    /// default 30 s); a second signal stops it at once. A VMI without
+    /// firmware.kernelBoot.container boots the kernel its first disk's boot configuration names
+    /// (GRUB, BLS, extlinux) when that disk has one, else the built-in demo guest (run only; pod
+    /// never does); its kernelArgs
     /// pick a scenario (testguest.scenario=echo|ctrlaltdel|halt-forever|blk|...). Local files:
     /// kernelPath/initrdPath and containerDisk.path are paths on this machine (absolute, or
     /// relative to the VMI file's directory; images are not pulled); a persistentVolumeClaim's
