@@ -556,6 +556,11 @@ pub fn cloud_image(boot: &StockGuest) -> Result<CloudImage, StockError> {
     Ok(out)
 }
 
+/// microvm's default kernel arguments (without its `virtio_mmio.device=` entries), which the
+/// benchmarks give QEMU too so that both guests boot with one command line.
+pub const MICROVM_DEFAULT_ARGS: &str =
+    "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce";
+
 /// One boot of the stock guest in [`bench`] (test-host seconds from the VMM's start).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StockSample {
@@ -575,7 +580,7 @@ pub struct StockSample {
 /// vCPUs and command line (microvm's defaults, given to QEMU too without the
 /// `virtio_mmio.device=` entries), and prints `T VMM RUN init|end SECS [UPTIME]` lines.
 pub fn bench_body(runs: usize) -> String {
-    let defaults = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce";
+    let defaults = MICROVM_DEFAULT_ARGS;
     format!(
         r#"export WORK=/tmp/stock-bench; mkdir -p $WORK; cd $WORK
 dd if=/dev/zero of=data.img bs=1M count=4 2>/dev/null
