@@ -282,11 +282,7 @@ pub fn bench_systemd_main(args: &[String]) -> Result<()> {
         runs,
         std::env::var_os("MICROVIRT_VERBOSE").is_some(),
     )?;
-    let median = |v: Vec<f64>| -> Option<f64> {
-        let mut v = v;
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied()
-    };
+    let median = bench::median;
     let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
     println!(
         "{} {} ({}) with systemd, 512 MiB, 2 vCPUs, {runs} runs each; test-host seconds from the VMM's start (log {}):",

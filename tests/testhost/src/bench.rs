@@ -84,7 +84,8 @@ pub struct Summary {
     pub kvm: BTreeMap<String, f64>,
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+/// The median (the mean of the middle two for an even count); `None` when empty.
+pub fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }

@@ -15,6 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::bench::median;
 use crate::cmd;
 use crate::stock::{StockError, StockGuest};
 
@@ -283,19 +284,6 @@ pub fn parse(lines: &[String]) -> (Vec<DiskSample>, Vec<String>) {
         });
     }
     (samples, errors)
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
 }
 
 /// Medians of one VMM × disk: (sequential MiB/s, random IOPS, random mean µs, samples).
