@@ -130,8 +130,8 @@ fn masquerade_pod_network_with_a_linux_guest() {
     assert!(checks.contains(&"node peer 10.244.0.5"), "{ctx}");
     // node -> pod IP through DNAT: the guest's server got the node's message.
     assert!(out.contains("microvirt: net got hello-from-node"), "{ctx}");
-    // The guest rebooted and the launcher exited 0 after a guest shutdown.
-    assert!(out.contains("microvirt: reboot"), "{ctx}");
+    // The guest powered off (ACPI S5) and the launcher exited 0 after a guest shutdown.
+    assert!(out.contains("microvirt: poweroff"), "{ctx}");
     assert_eq!(sec.vm_exit("net").as_deref(), Some("0"), "{ctx}");
     assert!(checks.contains(&"term reason=GuestShutdown"), "{ctx}");
     // run mode removes what it set up in the pod netns when it exits.

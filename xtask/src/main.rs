@@ -31,7 +31,7 @@ fn usage() -> &'static str {
      \x20 bench [RUNS] [--snapshot-only|--boot-only] [--rt] [--microvm-bin PATH] [--launcher-bin PATH]  VMM benchmarks on /dev/kvm: start-to-guest, memory overhead, boots/s, snapshot/restore\n\
      \x20 images          build (or find cached) the guest kernel + rootfs, print their paths\n\
      \x20 testhost [SCENARIO...|--list]  run end-to-end scenarios in the QEMU-TCG test host\n\
-     \x20 bench-testhost [RUNS] [--initrd] [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE]  microvm vs QEMU -M microvm boot time and RSS, Linux restores, in the test host\n\
+     \x20 bench-testhost [RUNS] [--initrd] [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE] [--no-qemu] [--boot-only] [--variant-append ARGS]  microvm vs QEMU -M microvm boot time and RSS, Linux restores, in the test host\n\
      \x20 bench-stock [RUNS]  Debian's stock cloud kernel + initramfs: microvm vs QEMU -M microvm,acpi=on start -> init, in the test host\n\
      \x20 bench-systemd [RUNS]  a Debian cloud image with systemd: microvm vs QEMU -M microvm,acpi=on start -> multi-user.target, in the test host\n\
      \x20 bench-disk [RUNS] [--boots N]  guest O_DIRECT reads of a raw, qcow2 and qcow2 -c disk: microvm vs QEMU, in the test host\n\

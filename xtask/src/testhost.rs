@@ -1,8 +1,9 @@
 //! `cargo xtask testhost [SCENARIO...]`: run end-to-end scenarios by hand in the QEMU-TCG test host
 //! (directly on hardware KVM when the host has it), and `cargo xtask bench-testhost [RUNS] [--disk|--initrd]
 //! [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE] [--microvm-bin PATH]
-//! [--no-qemu] [--boot-only]`: the microvm vs QEMU `-M microvm` comparison in the test host (with
-//! `--microvm-bin`, another microvm binary — e.g. an older revision's — as `microvm-base` too),
+//! [--no-qemu] [--boot-only] [--variant-append ARGS]`: the microvm vs QEMU `-M microvm` comparison in
+//! the test host (with `--microvm-bin`, another microvm binary — e.g. an older revision's — as
+//! `microvm-base` too; with `--variant-append`, microvm again with ARGS appended, e.g. `acpi=off`),
 //! then restores of a Linux guest (only those with `--snapshot-only`, none with `--boot-only`).
 
 use anyhow::{bail, Result};
@@ -73,6 +74,7 @@ pub fn bench_main(args: &[String]) -> Result<()> {
         baseline_microvm: None,
         no_qemu: false,
         boot_only: false,
+        variant_append: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -110,6 +112,13 @@ pub fn bench_main(args: &[String]) -> Result<()> {
                     it.next()
                         .ok_or_else(|| anyhow::anyhow!("--kernel needs a path"))?
                         .into(),
+                )
+            }
+            "--variant-append" => {
+                o.variant_append = Some(
+                    it.next()
+                        .ok_or_else(|| anyhow::anyhow!("--variant-append needs a value"))?
+                        .clone(),
                 )
             }
             "--append" => {
@@ -161,6 +170,9 @@ pub fn bench_main(args: &[String]) -> Result<()> {
     }
     if let Some(b) = &o.baseline_microvm {
         println!("microvm-base: {}", b.display());
+    }
+    if let Some(v) = &o.variant_append {
+        println!("{}: microvm with `{v}` appended", bench::VARIANT_NAME);
     }
     if !r.microvm_exit_table.is_empty() {
         println!("microvm --exit-stats of its last run:\n```");

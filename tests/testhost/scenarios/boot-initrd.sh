@@ -1,3 +1,4 @@
-# The same rootfs as an initramfs (no disk): kernel + serial + boot timer + reboot -> exit 0.
+# The same rootfs as an initramfs (no disk): kernel + serial + boot timer + ACPI power-off
+# (S5) -> exit 0.
 vm initrd --kernel "$VMLINUX" --initrd "$INITRD" --mem-mib 256 \
 	--cmdline "microvirt.scenario=boot"

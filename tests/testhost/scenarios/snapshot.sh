@@ -1,14 +1,25 @@
-# Snapshot and restore of a Linux guest. Boot with the root on an overlay and a NIC on a TAP,
+# Snapshot and restore of a Linux guest. Boot with the root on an overlay, a NIC on a TAP and a
+# virtio-rng device,
 # write a file, snapshot through the control socket, resume and shut the original down. Five
 # seconds later restore onto another overlay and the same TAP: a command typed on the console
 # runs, the file and a new write are on the root disk, TCP to the test host works, and the
 # guest's wall clock matches the test host's (restore advances the guest's clocks by the time
-# that passed): the guest's `date +%s` against the test host's when that line arrives.
+# that passed): the guest's `date +%s` against the test host's when that line arrives. The
+# restore's new VM generation ID makes the kernel reseed its RNG (`crng reseeded due to virtual
+# machine fork` in its log: none before the snapshot, one after the restore).
 tunctl -t mvtap0 >/dev/null || echo "check tunctl failed"
 ip addr add 10.0.2.1/24 dev mvtap0
 ip link set mvtap0 up
 CMD="root=/dev/vda rw quiet ip=10.0.2.2::10.0.2.1:255.255.255.0::eth0:off microvirt.scenario=console"
 mkfifo in1.fifo in2.fifo
+wait_first() {
+	i=0
+	until grep -q "$1" first.log 2>/dev/null; do
+		i=$((i + 1))
+		[ $i -ge 150 ] && break
+		sleep 0.2
+	done
+}
 (
 	i=0
 	until grep -q "microvirt: shell ready" first.log 2>/dev/null; do
@@ -17,6 +28,14 @@ mkfifo in1.fifo in2.fifo
 		sleep 0.2
 	done
 	sleep 1
+	# /dev/random blocks until the kernel's RNG is seeded (the virtio-rng device seeds it at
+	# once): only a seeded RNG reseeds on a new VM generation ID, and says so in the kernel log.
+	# Each typed line is shorter than the UART's 64-byte FIFO and typed once the previous one's
+	# output came (console.sh).
+	printf 'head -c 1 /dev/random > /dev/null; echo rng-seeded\n'
+	wait_first "^rng-seeded"
+	printf 'echo "vm-forks-$(dmesg | grep -c "machine fork")"\n'
+	wait_first "^vm-forks-"
 	printf 'echo before-snapshot > /marker; sync; echo "marker-$((40 + 2))"\n'
 	i=0
 	until grep -q "^marker-42" first.log 2>/dev/null; do
@@ -31,7 +50,7 @@ mkfifo in1.fifo in2.fifo
 	sleep 60
 ) > in1.fifo &
 feeder=$!
-vm first --kernel "$VMLINUX" --mem-mib 256 --disk "path=$ROOTFS,overlay=$WORK/o1.ovl" \
+vm first --kernel "$VMLINUX" --mem-mib 256 --disk "path=$ROOTFS,overlay=$WORK/o1.ovl" --rng \
 	--net tap=mvtap0,mac=06:00:0a:00:02:02 --control-socket "$WORK/ctl.sock" --cmdline "$CMD" < in1.fifo
 kill $feeder 2>/dev/null
 echo "check snapshot $(cat snapshot.json)"
@@ -53,11 +72,15 @@ wait_second() {
 	sleep 2
 	printf 'echo "typed-$((6 * 7))"\n'
 	wait_second "^typed-42"
+	printf 'echo "vm-forks-$(dmesg | grep -c "machine fork")"\n'
+	wait_second "^vm-forks-"
 	printf 'echo "guest-time $(date +%%s)"\n'
 	wait_second "^guest-time "
-	printf 'cat /marker; echo after-restore > /after; sync; echo "disk-$(cat /after)"\n'
+	printf 'cat /marker\n'
+	wait_second "^before-snapshot"
+	printf 'echo after-restore > /after; sync; echo "disk-$(cat /after)"\n'
 	wait_second "^disk-"
-	printf 'echo hello-after-restore | nc -w 5 10.0.2.1 5000 && echo "net-sent"\n'
+	printf 'echo hello-after-restore|nc -w 5 10.0.2.1 5000&&echo net-sent\n'
 	wait_second "^net-sent"
 	printf 'exit\n'
 	sleep 60

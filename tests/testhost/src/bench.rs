@@ -290,6 +290,9 @@ pub struct BenchOptions {
     pub no_qemu: bool,
     /// Leave the restores out.
     pub boot_only: bool,
+    /// Also boot `microvm` with these kernel arguments appended (e.g. `acpi=off`), as
+    /// `microvm-variant`, interleaved with the others: the same VMM and kernel, one switch apart.
+    pub variant_append: Option<String>,
 }
 
 /// Modes `transparent_hugepage/shmem_enabled` takes.
@@ -301,10 +304,10 @@ pub const GUEST_ARGS: &str = "";
 
 /// The microvm and QEMU command lines (busybox sh), same kernel, memory, root and command line.
 ///
-/// QEMU's microvm machine: `acpi=off` so that QEMU puts the virtio-mmio devices on the kernel command
-/// line (our kernel has no ACPI), and `reboot=t` because it has no i8042 (with `reboot=k` the guest
-/// falls back to a BIOS jump and qboot boots it again, forever). The rest of microvm's default
-/// command line is given to QEMU's guest too.
+/// QEMU's microvm machine: `acpi=on` as microvm (the guest finds its virtio-mmio devices in the
+/// DSDT and powers off through S5 at the end), and `reboot=t` because it has no i8042 (with
+/// `reboot=k` a guest falls back to a BIOS jump and qboot boots it again, forever). The rest of
+/// microvm's default command line is given to QEMU's guest too.
 fn commands(o: &BenchOptions) -> (String, String, String) {
     let (mvm_root, qemu_root, root_args) = match o.root {
         RootMode::Disk => (
@@ -336,7 +339,7 @@ fn commands(o: &BenchOptions) -> (String, String, String) {
         "/bin/{BASELINE_BIN} --kernel $KERNEL --mem-mib {GUEST_MIB} {mvm_root} --cmdline '{cmdline}'"
     );
     let qemu = format!(
-        "/bin/qemu-system-x86_64 -L /usr/share/qemu -M microvm,acpi=off,x-option-roms=off,rtc=off -accel kvm -cpu host -m {GUEST_MIB} -smp 1 \
+        "/bin/qemu-system-x86_64 -L /usr/share/qemu -M microvm,acpi=on,x-option-roms=off,rtc=off -accel kvm -cpu host -m {GUEST_MIB} -smp 1 \
          -nodefaults -no-user-config -nographic -serial stdio -monitor none -no-reboot \
          -kernel $KERNEL -append 'console=ttyS0 reboot=t panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd swiotlb=noforce {cmdline}' \
          {qemu_root}"
@@ -344,8 +347,21 @@ fn commands(o: &BenchOptions) -> (String, String, String) {
     (microvm, qemu, baseline)
 }
 
+/// The `microvm` command of the [`VARIANT_NAME`] row: microvm's own, with
+/// [`BenchOptions::variant_append`] after the rest of its command line.
+fn variant_command(o: &BenchOptions) -> Option<String> {
+    let extra = o.variant_append.as_ref()?;
+    let (v, _, _) = commands(&BenchOptions {
+        append: format!("{} {extra}", o.append).trim().to_string(),
+        ..o.clone()
+    });
+    Some(v)
+}
+
 /// The baseline binary's name inside the test host (`/bin/<name>`).
 const BASELINE_BIN: &str = "microvm-base";
+/// The row of `microvm` booted with [`BenchOptions::variant_append`].
+pub const VARIANT_NAME: &str = "microvm-variant";
 
 /// The test-host shell that snapshots a Linux guest in the middle of `sleep 2; echo
 /// restored-output; exit` and then restores it `runs` times (plus a warm-up) under `bootwatch`.
@@ -413,9 +429,13 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
         })?;
         binaries.push(dest);
     }
+    let variant_cmd = variant_command(o);
     let mut vmms = vec![("microvm", &microvm)];
     if o.baseline_microvm.is_some() {
         vmms.push((BASELINE_BIN, &baseline_cmd));
+    }
+    if let Some(v) = &variant_cmd {
+        vmms.push((VARIANT_NAME, v));
     }
     if !o.no_qemu {
         vmms.push(("qemu-microvm", &qemu_cmd));
@@ -585,6 +605,7 @@ mod tests {
             baseline_microvm: Some("/old/microvm".into()),
             no_qemu: true,
             boot_only: true,
+            variant_append: None,
         };
         let (microvm, qemu, baseline) = commands(&o);
         assert!(
@@ -603,6 +624,33 @@ mod tests {
             baseline.strip_prefix("/bin/microvm-base")
         );
         assert!(baseline.contains("foo=1") && qemu.contains("foo=1"));
+    }
+
+    #[test]
+    fn the_variant_is_microvm_with_its_arguments_last() {
+        let mut o = BenchOptions {
+            runs: 1,
+            root: RootMode::Disk,
+            kernel: None,
+            append: "foo=1".into(),
+            boot_log: false,
+            snapshot_only: false,
+            shmem_thp: None,
+            baseline_microvm: None,
+            no_qemu: true,
+            boot_only: true,
+            variant_append: None,
+        };
+        assert_eq!(variant_command(&o), None);
+        o.variant_append = Some("acpi=off".into());
+        let (microvm, _, _) = commands(&o);
+        let variant = variant_command(&o).expect("a variant");
+        assert_eq!(
+            variant,
+            microvm.replace("foo=1'", "foo=1 acpi=off'"),
+            "{microvm}\n{variant}"
+        );
+        assert!(!microvm.contains("acpi=off"), "{microvm}");
     }
 
     #[test]

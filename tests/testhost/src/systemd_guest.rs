@@ -226,9 +226,13 @@ pub fn bench_body(runs: usize) -> String {
 now() {{ cut -d' ' -f1 /proc/uptime; }}
 el() {{ awk -v a=$(now) -v b=$t0 'BEGIN{{print a-b}}'; }}
 # stamp VMM RUN: T lines at the kernel's first line, systemd's and multi-user.target (where it
-# kills the VM); the console goes to $WORK/VMMRUN.log.
+# kills the VM); the console goes to $WORK/VMMRUN.log, its first 25 lines to the test host's
+# console too (what a VM that never gets to its kernel printed).
 stamp() {{
+	_n=0
 	while IFS= read -r l; do
+		_n=$((_n + 1))
+		[ $_n -le 25 ] && echo "[$1$2] $l"
 		case "$l" in
 		*"Linux version "*) echo "T $1 $2 kernel $(el)" ;;
 		*"running in system mode"*) echo "T $1 $2 systemd $(el)" ;;
