@@ -223,6 +223,8 @@ pub fn bench_body(runs: usize) -> String {
     );
     format!(
         r#"export WORK=/tmp/systemd-bench; mkdir -p $WORK; cd $WORK
+# QEMU's snapshot=on puts its temporary overlay in $TMPDIR (default /var/tmp: not in the test host)
+export TMPDIR=$WORK
 now() {{ cut -d' ' -f1 /proc/uptime; }}
 el() {{ awk -v a=$(now) -v b=$t0 'BEGIN{{print a-b}}'; }}
 # stamp VMM RUN: T lines at the kernel's first line, systemd's and multi-user.target (where it
@@ -243,11 +245,13 @@ stamp() {{
 		echo "$l" >> "$1$2.log"
 	done
 }}
-# bounded VMM...: runs it in the background (pid in vmm.pid), killed after 1200 s.
+# bounded VMM...: runs it in the background (pid in vmm.pid), killed after 1200 s. The guard
+# must not hold the pipe to `stamp` open (its `sleep` outlives it): the pipeline would not end
+# until the sleep did, and the next VM would start 1200 s late.
 bounded() {{
 	"$@" 2>&1 &
 	echo $! > vmm.pid
-	( sleep 1200; kill -9 "$(cat vmm.pid)" 2>/dev/null ) &
+	( sleep 1200; kill -9 "$(cat vmm.pid)" 2>/dev/null ) > /dev/null 2>&1 &
 	_guard=$!
 	wait "$(cat vmm.pid)"
 	kill $_guard 2>/dev/null
