@@ -238,6 +238,12 @@ stamp() {{
 		case "$l" in
 		*"Linux version "*) echo "T $1 $2 kernel $(el)" ;;
 		*"running in system mode"*) echo "T $1 $2 systemd $(el)" ;;
+		# milestones of the kernel + initramfs phase (M lines: read by people, not parsed)
+		*"Run /init as init process"*|*"Loading, please wait"*|*"Begin: Loading essential drivers"*|\
+		*"Begin: Running /scripts/local-premount"*|*"Begin: Will now check root file system"*|\
+		*"EXT4-fs (vda1): mounted"*|*"Begin: Running /scripts/init-bottom"*|*"crng init done"*|\
+		*"virtio_blk virtio"*"[vda]"*|*"Waiting for"*)
+			echo "M $1 $2 $(el) $(echo "$l" | cut -c1-90)" ;;
 		*"Reached target"*"Multi-User System"*)
 			echo "T $1 $2 multi-user $(el)"
 			kill -9 "$(cat vmm.pid)" 2>/dev/null ;;
