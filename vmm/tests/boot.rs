@@ -132,6 +132,28 @@ fn serial_input_is_interrupt_driven_and_lossless() {
 }
 
 #[test]
+fn a_line_longer_than_the_fifo_arrives_without_further_input() {
+    let mut vm = Live::start(&[
+        "--kernel",
+        guest().pvh.to_str().unwrap(),
+        "--cmdline",
+        "testguest.scenario=echo",
+    ]);
+    vm.wait_for("echo: ready");
+    // 200 bytes, more than three receive FIFOs' worth, and then nothing until the guest echoed
+    // them: the VMM must feed the FIFO from fd 0 as the guest drains it, without a keystroke
+    // to wake it (it read stdin through std's buffered `Stdin`, whose buffer epoll cannot
+    // see, and the line's tail waited for the next input).
+    let long = "y".repeat(200);
+    vm.write(format!("{long}\n").as_bytes());
+    vm.wait_for(&format!("echo: {long}"));
+    vm.write(b"quit\n");
+    let r = vm.finish(Duration::from_secs(20));
+    r.assert_ok();
+    assert!(r.stdout.contains("echo: bye"), "{}", r.stdout);
+}
+
+#[test]
 fn triple_fault_is_an_error_with_registers() {
     // (#BP via int3 is not used: PVM's instruction emulator fails on it with an internal error.)
     for fault in ["ud2", "gp"] {

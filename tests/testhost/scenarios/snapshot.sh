@@ -30,8 +30,7 @@ wait_first() {
 	sleep 1
 	# /dev/random blocks until the kernel's RNG is seeded (the virtio-rng device seeds it at
 	# once): only a seeded RNG reseeds on a new VM generation ID, and says so in the kernel log.
-	# Each typed line is shorter than the UART's 64-byte FIFO and typed once the previous one's
-	# output came (console.sh).
+	# Each line is typed once the previous one's output came.
 	printf 'head -c 1 /dev/random > /dev/null; echo rng-seeded\n'
 	wait_first "^rng-seeded"
 	printf 'echo "vm-forks-$(dmesg | grep -c "machine fork")"\n'

@@ -367,13 +367,19 @@ fn smp_guest_sees_two_cpus() {
 }
 
 #[test]
-fn serial_console_runs_typed_command_with_and_without_acpi() {
+fn serial_console_runs_typed_commands_short_and_longer_than_the_fifo() {
     let sec = section("console");
     for vm in ["console", "console-noacpi"] {
         let lines = sec.vm_lines(vm);
         assert!(
             lines.iter().any(|l| l.trim() == "typed-42"),
             "{vm}: the typed command's output did not come back:\n{}",
+            lines.join("\n")
+        );
+        // 180 characters and its newline, in a line of ~210 bytes typed at once.
+        assert!(
+            lines.iter().any(|l| l.trim() == "long-181"),
+            "{vm}: the long typed command's output did not come back:\n{}",
             lines.join("\n")
         );
         assert_exit0(sec, vm);

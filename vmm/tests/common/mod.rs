@@ -146,6 +146,13 @@ impl Live {
         self.child.id()
     }
 
+    /// Writes `bytes` to the VM's console input and keeps it open.
+    pub fn write(&mut self, bytes: &[u8]) {
+        let input = self.child.stdin.as_mut().expect("stdin is piped");
+        input.write_all(bytes).expect("writing to microvm's stdin");
+        input.flush().expect("flushing microvm's stdin");
+    }
+
     pub fn signal(&self, sig: i32) {
         // SAFETY: sending a signal to our own child process.
         unsafe { libc::kill(self.child.id() as i32, sig) };

@@ -589,7 +589,7 @@ impl SerialConsole {
         let want = cap.min(buf.len());
         let n = match &mut self.client {
             Some(c) => c.read(&mut buf[..want]),
-            None => io::stdin().lock().read(&mut buf[..want]),
+            None => read_stdin(&mut buf[..want]),
         };
         match n {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -652,6 +652,21 @@ impl SerialConsole {
         }
         self.sync(ops);
         self.write_output(ops);
+    }
+}
+
+/// Reads what fd 0 holds, up to `buf.len()` bytes, straight from the descriptor. Not through
+/// `std::io::Stdin`: that buffers up to 8 KiB, and bytes held in its buffer are invisible to
+/// epoll — a line longer than the receive FIFO was read whole into it, the FIFO took its first
+/// 64 bytes, and the rest waited until the next keystroke made fd 0 readable again.
+fn read_stdin(buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the whole call, and `read(2)`
+    // writes at most that many; fd 0 stays open for the life of the process.
+    let n = unsafe { libc::read(libc::STDIN_FILENO, buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 
