@@ -5,7 +5,7 @@
 # (the MP table's).
 cp "$ROOTFS" root.ext4
 for v in console:"" console-noacpi:" acpi=off"; do
-	name=${v%:*}
+	name=${v%%:*}
 	rm -f in.fifo
 	mkfifo in.fifo
 	(
