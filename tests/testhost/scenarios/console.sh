@@ -9,27 +9,12 @@ for v in console:"" console-noacpi:" acpi=off"; do
 	rm -f in.fifo
 	mkfifo in.fifo
 	(
-		i=0
-		until grep -q "microvirt: shell ready" "$name.log" 2>/dev/null; do
-			i=$((i + 1))
-			[ $i -ge 600 ] && break
-			sleep 0.2
-		done
+		wait_line "$name.log" "microvirt: shell ready" 600
 		sleep 1
 		printf 'echo "typed-$((6 * 7))"\n'
-		i=0
-		until grep -q "^typed-42" "$name.log" 2>/dev/null; do
-			i=$((i + 1))
-			[ $i -ge 100 ] && break
-			sleep 0.2
-		done
+		wait_line "$name.log" "^typed-42"
 		printf 'echo "long-$(echo xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx | wc -c)"\n'
-		i=0
-		until grep -q "^long-" "$name.log" 2>/dev/null; do
-			i=$((i + 1))
-			[ $i -ge 100 ] && break
-			sleep 0.2
-		done
+		wait_line "$name.log" "^long-"
 		printf 'exit\n'
 		sleep 60
 	) > in.fifo &

@@ -59,6 +59,17 @@ _vm_watch() {
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
+# wait_line FILE PATTERN [TRIES]: until a line of FILE matches the grep PATTERN, at most TRIES
+# (default 100) turns of 0.2 s; false when it never came.
+wait_line() {
+	_i=0
+	until grep -q "$2" "$1" 2>/dev/null; do
+		_i=$((_i + 1))
+		[ "$_i" -ge "${3:-100}" ] && return 1
+		sleep 0.2
+	done
+}
+
 token() { echo "tok$(head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \n')"; }
 
 # pod_network_up: a "pod" network namespace held by a sleeping process ($holder; `inpod CMD`

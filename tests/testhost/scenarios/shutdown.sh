@@ -6,12 +6,7 @@ for v in shutdown:"" shutdown-noacpi:" acpi=off"; do
 	name=${v%%:*}
 	vm "$name" --kernel "$VMLINUX" --mem-mib 256 --disk path=root.ext4 \
 		--cmdline "root=/dev/vda rw quiet microvirt.scenario=wait-shutdown${v#*:}" &
-	i=0
-	until grep -q "microvirt: waiting for shutdown" "$WORK/$name.log" 2>/dev/null; do
-		i=$((i + 1))
-		[ $i -ge 600 ] && break
-		sleep 0.2
-	done
+	wait_line "$WORK/$name.log" "microvirt: waiting for shutdown" 600
 	echo "check sigterm $name $(cut -d' ' -f1 /proc/uptime)"
 	kill -TERM $(pidof microvm)
 	wait

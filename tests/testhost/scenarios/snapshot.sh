@@ -12,36 +12,18 @@ ip addr add 10.0.2.1/24 dev mvtap0
 ip link set mvtap0 up
 CMD="root=/dev/vda rw quiet ip=10.0.2.2::10.0.2.1:255.255.255.0::eth0:off microvirt.scenario=console"
 mkfifo in1.fifo in2.fifo
-wait_first() {
-	i=0
-	until grep -q "$1" first.log 2>/dev/null; do
-		i=$((i + 1))
-		[ $i -ge 150 ] && break
-		sleep 0.2
-	done
-}
 (
-	i=0
-	until grep -q "microvirt: shell ready" first.log 2>/dev/null; do
-		i=$((i + 1))
-		[ $i -ge 600 ] && break
-		sleep 0.2
-	done
+	wait_line first.log "microvirt: shell ready" 600
 	sleep 1
 	# /dev/random blocks until the kernel's RNG is seeded (the virtio-rng device seeds it at
 	# once): only a seeded RNG reseeds on a new VM generation ID, and says so in the kernel log.
 	# Each line is typed once the previous one's output came.
 	printf 'head -c 1 /dev/random > /dev/null; echo rng-seeded\n'
-	wait_first "^rng-seeded"
+	wait_line first.log "^rng-seeded" 150
 	printf 'echo "vm-forks-$(dmesg | grep -c "machine fork")"\n'
-	wait_first "^vm-forks-"
+	wait_line first.log "^vm-forks-" 150
 	printf 'echo before-snapshot > /marker; sync; echo "marker-$((40 + 2))"\n'
-	i=0
-	until grep -q "^marker-42" first.log 2>/dev/null; do
-		i=$((i + 1))
-		[ $i -ge 150 ] && break
-		sleep 0.2
-	done
+	wait_line first.log "^marker-42" 150
 	"$MICROVM" control "$WORK/ctl.sock" "{\"cmd\":\"snapshot\",\"dir\":\"$WORK/snap\"}" > snapshot.json 2>&1
 	# The original goes on (on its own overlay) and shuts down.
 	"$MICROVM" control "$WORK/ctl.sock" '{"cmd":"resume"}' > /dev/null 2>&1
@@ -59,28 +41,20 @@ nc -l -p 5000 </dev/null > from-guest.txt &
 listener=$!
 # Each command is typed once the previous one's output arrived (a line typed earlier is echoed
 # into the middle of that output on a slow test host).
-wait_second() {
-	i=0
-	until grep -q "$1" second.log 2>/dev/null; do
-		i=$((i + 1))
-		[ $i -ge 100 ] && break
-		sleep 0.2
-	done
-}
 (
 	sleep 2
 	printf 'echo "typed-$((6 * 7))"\n'
-	wait_second "^typed-42"
+	wait_line second.log "^typed-42"
 	printf 'echo "vm-forks-$(dmesg | grep -c "machine fork")"\n'
-	wait_second "^vm-forks-"
+	wait_line second.log "^vm-forks-"
 	printf 'echo "guest-time $(date +%%s)"\n'
-	wait_second "^guest-time "
+	wait_line second.log "^guest-time "
 	printf 'cat /marker\n'
-	wait_second "^before-snapshot"
+	wait_line second.log "^before-snapshot"
 	printf 'echo after-restore > /after; sync; echo "disk-$(cat /after)"\n'
-	wait_second "^disk-"
+	wait_line second.log "^disk-"
 	printf 'echo hello-after-restore|nc -w 5 10.0.2.1 5000&&echo net-sent\n'
-	wait_second "^net-sent"
+	wait_line second.log "^net-sent"
 	printf 'exit\n'
 	sleep 60
 ) > in2.fifo &
