@@ -14,7 +14,7 @@ use crate::actions::{
     Action, Envelope, ExitReason, Reply, Request, RunTimings, VmStatus, VmmController,
 };
 use crate::devices::bus::Bus;
-use crate::devices::interrupt::ResetLine;
+use crate::devices::interrupt::{PowerOffLine, ResetLine};
 use crate::devices::legacy::boot_timer::BootTime;
 use crate::devices::legacy::serial::OutputQueue;
 use crate::devices::virtio::VmmEventManager;
@@ -60,8 +60,8 @@ pub(crate) struct Control {
     pub(crate) machine: Machine,
     /// Raised by the i8042 and the ACPI reset register; lowered once a reboot paused the vCPUs.
     pub(crate) reset: ResetLine,
-    /// Written by the ACPI sleep control register on S5.
-    pub(crate) poweroff_evt: Arc<EventFd>,
+    /// Raised by the ACPI sleep control register on S5 (the vCPUs stay out of the guest).
+    pub(crate) poweroff: PowerOffLine,
     pub(crate) vcpu_exit_evt: Arc<EventFd>,
     pub(crate) vcpu_exits: Receiver<(u8, VcpuExitReason)>,
     pub(crate) action_evt: Arc<EventFd>,
@@ -335,7 +335,7 @@ impl MutEventSubscriber for Control {
     fn init(&mut self, ops: &mut EventOps) {
         for (evt, data) in [
             (self.reset.eventfd(), EV_RESET),
-            (self.poweroff_evt.as_ref(), EV_POWEROFF),
+            (self.poweroff.eventfd(), EV_POWEROFF),
             (self.vcpu_exit_evt.as_ref(), EV_VCPU_EXIT),
             (self.action_evt.as_ref(), EV_ACTION),
         ] {
@@ -352,7 +352,7 @@ impl MutEventSubscriber for Control {
                 self.guest_reset();
             }
             EV_POWEROFF => {
-                let _ = self.poweroff_evt.read();
+                let _ = self.poweroff.eventfd().read();
                 self.finish(ExitReason::GuestPowerOff);
             }
             EV_VCPU_EXIT => {

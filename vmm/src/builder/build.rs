@@ -223,6 +223,7 @@ impl Vmm {
             marks: marks.clone(),
             save_spec: save_spec.clone(),
             reset: legacy.reset.clone(),
+            poweroff: legacy.poweroff.clone(),
         };
         let mut vcpus = Vec::with_capacity(vcpu_count as usize);
         let (kernel_protocol, kernel_entry) = (kernel.protocol, kernel.entry);

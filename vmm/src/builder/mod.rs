@@ -20,7 +20,7 @@ use crate::device_manager::attach::{AttachError, AttachedDevice, Devices};
 use crate::device_manager::persist::{DeviceStates, PersistError};
 use crate::devices::acpi::{AcpiPmArgs, AcpiPmDevice};
 use crate::devices::bus::Bus;
-use crate::devices::interrupt::{IrqLine, ResetLine};
+use crate::devices::interrupt::{IrqLine, PowerOffLine, ResetLine};
 use crate::devices::legacy::boot_timer::{BootTime, BootTimer};
 use crate::devices::legacy::debug_port::DebugPort;
 use crate::devices::legacy::i8042::{I8042Args, I8042Device};
@@ -239,7 +239,7 @@ struct Legacy {
     /// The ACPI registers, when the VM has ACPI.
     acpi_pm: Option<Arc<Mutex<AcpiPmDevice>>>,
     reset: ResetLine,
-    poweroff_evt: Arc<EventFd>,
+    poweroff: PowerOffLine,
     first_debug_port_us: Arc<Mutex<Option<u64>>>,
     boot_time: Arc<Mutex<Option<BootTime>>>,
 }
@@ -306,19 +306,19 @@ fn legacy_devices(
         .map_err(bus_err)?;
     // The ACPI registers (the FADT's and the GED's), handled inline on vCPU threads like the
     // i8042: see devices/acpi.rs.
-    let poweroff_evt = event_fd()?;
+    let poweroff = PowerOffLine::new().map_err(|e| VmmError::Device(format!("eventfd: {e}")))?;
     let acpi_pm = if acpi {
         let args = AcpiPmArgs {
             ged_irq: irq(layout::ACPI_GED_IRQ)?,
             reset: reset.clone(),
-            poweroff_evt: poweroff_evt.clone(),
+            poweroff: poweroff.clone(),
         };
         let pm = match saved.and_then(|s| s.acpi_pm.as_ref()) {
             Some(st) => {
                 let Ok(pm) = AcpiPmDevice::restore(args, st);
                 pm
             }
-            None => AcpiPmDevice::new(args.ged_irq, args.reset, args.poweroff_evt),
+            None => AcpiPmDevice::new(args.ged_irq, args.reset, args.poweroff),
         };
         let pm = Arc::new(Mutex::new(pm));
         p.pio
@@ -365,7 +365,7 @@ fn legacy_devices(
         i8042,
         acpi_pm,
         reset,
-        poweroff_evt,
+        poweroff,
         first_debug_port_us,
         boot_time,
     })
@@ -418,7 +418,7 @@ impl Vmm {
             vcpus: handles,
             machine,
             reset: legacy.reset,
-            poweroff_evt: legacy.poweroff_evt,
+            poweroff: legacy.poweroff,
             vcpu_exit_evt,
             vcpu_exits: exit_rx,
             action_evt: action_evt.clone(),

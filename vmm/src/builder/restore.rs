@@ -154,6 +154,7 @@ impl Vmm {
             marks: marks.clone(),
             save_spec: save_spec.clone(),
             reset: legacy.reset.clone(),
+            poweroff: legacy.poweroff.clone(),
         };
         let tsc_scaling = p.kvm.check_extension(kvm_ioctls::Cap::TscControl);
         let mut vcpus = Vec::with_capacity(st.vcpus.len());

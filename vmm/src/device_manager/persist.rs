@@ -465,7 +465,7 @@ mod tests {
         assert_eq!(back.save(), st);
 
         // ACPI registers: a power button press the guest has not read.
-        let off = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+        let off = crate::devices::interrupt::PowerOffLine::new().unwrap();
         let mut pm = AcpiPmDevice::new(irq(), reset.clone(), off.clone());
         pm.press_power_button().unwrap();
         let st = through_json(&pm.save());
@@ -473,7 +473,7 @@ mod tests {
         let args = AcpiPmArgs {
             ged_irq: irq(),
             reset,
-            poweroff_evt: off,
+            poweroff: off,
         };
         let Ok(back) = AcpiPmDevice::restore(args, &st);
         assert_eq!(back.save(), st);

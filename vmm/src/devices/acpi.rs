@@ -16,13 +16,11 @@
 //! covers (0 past the end), a write acts byte by byte on the registers it covers.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use vmm_sys_util::eventfd::EventFd;
 
 use crate::devices::bus::BusDevice;
-use crate::devices::interrupt::{IrqLine, ResetLine};
+use crate::devices::interrupt::{IrqLine, PowerOffLine, ResetLine};
 use crate::persist::Persist;
 
 pub const REG_GED_EVENT: u64 = 0;
@@ -56,14 +54,14 @@ pub struct AcpiPmDevice {
     ged_pending: u8,
     ged_irq: IrqLine,
     reset: ResetLine,
-    poweroff_evt: Arc<EventFd>,
+    poweroff: PowerOffLine,
 }
 
 /// What restored registers get from the new VM: as [`AcpiPmDevice::new`].
 pub struct AcpiPmArgs {
     pub ged_irq: IrqLine,
     pub reset: ResetLine,
-    pub poweroff_evt: Arc<EventFd>,
+    pub poweroff: PowerOffLine,
 }
 
 impl Persist for AcpiPmDevice {
@@ -81,21 +79,21 @@ impl Persist for AcpiPmDevice {
     /// Registers with the saved pending events; the interrupt is raised again by
     /// [`AcpiPmDevice::raise_if_pending`].
     fn restore(args: AcpiPmArgs, s: &AcpiPmState) -> Result<Self, Infallible> {
-        let mut d = Self::new(args.ged_irq, args.reset, args.poweroff_evt);
+        let mut d = Self::new(args.ged_irq, args.reset, args.poweroff);
         d.ged_pending = s.ged_pending;
         Ok(d)
     }
 }
 
 impl AcpiPmDevice {
-    /// `ged_irq`: the GED's interrupt; `reset` is raised and `poweroff_evt` written when the
-    /// guest resets / powers off through the registers.
-    pub fn new(ged_irq: IrqLine, reset: ResetLine, poweroff_evt: Arc<EventFd>) -> Self {
+    /// `ged_irq`: the GED's interrupt; `reset` / `poweroff` are raised when the guest resets /
+    /// powers off through the registers.
+    pub fn new(ged_irq: IrqLine, reset: ResetLine, poweroff: PowerOffLine) -> Self {
         Self {
             ged_pending: 0,
             ged_irq,
             reset,
-            poweroff_evt,
+            poweroff,
         }
     }
 
@@ -141,7 +139,7 @@ impl AcpiPmDevice {
                 let typ = (v & SLP_TYP_MASK) >> SLP_TYP_SHIFT;
                 if typ == S5_SLP_TYP {
                     log::debug!("ACPI: the guest entered S5");
-                    if let Err(e) = self.poweroff_evt.write(1) {
+                    if let Err(e) = self.poweroff.raise() {
                         log::error!("ACPI power-off: {e}");
                     }
                 } else {
@@ -191,10 +189,10 @@ impl BusDevice for AcpiPmDevice {
 mod tests {
     use super::*;
 
-    fn dev() -> (AcpiPmDevice, IrqLine, ResetLine, Arc<EventFd>) {
+    fn dev() -> (AcpiPmDevice, IrqLine, ResetLine, PowerOffLine) {
         let irq = IrqLine::new(3).unwrap();
         let reset = ResetLine::new().unwrap();
-        let off = Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap());
+        let off = PowerOffLine::new().unwrap();
         (
             AcpiPmDevice::new(irq.clone(), reset.clone(), off.clone()),
             irq,
@@ -224,11 +222,12 @@ mod tests {
         // S3 (SLP_TYP 3) and S5 without SLP_EN: nothing.
         d.write(REG_SLEEP_CONTROL, &[(3 << 2) | SLP_EN]);
         d.write(REG_SLEEP_CONTROL, &[S5_SLP_TYP << 2]);
-        assert!(off.read().is_err());
+        assert!(off.eventfd().read().is_err());
         // What Linux's acpi_hw_extended_sleep writes: clear the wake status, then S5 | SLP_EN.
         d.write(REG_SLEEP_STATUS, &[0x80]);
         d.write(REG_SLEEP_CONTROL, &[(S5_SLP_TYP << 2) | SLP_EN]);
-        assert_eq!(off.read().unwrap(), 1);
+        assert!(off.is_raised(), "the vCPU that wrote it holds");
+        assert_eq!(off.eventfd().read().unwrap(), 1);
         assert!(reset.eventfd().read().is_err());
     }
 
@@ -241,7 +240,7 @@ mod tests {
         d.write(REG_RESET, &[RESET_VALUE]);
         assert!(reset.is_raised(), "the vCPU that wrote it holds");
         assert_eq!(reset.eventfd().read().unwrap(), 1);
-        assert!(off.read().is_err());
+        assert!(off.eventfd().read().is_err());
     }
 
     #[test]
@@ -260,7 +259,7 @@ mod tests {
         // A dword write at offset 0 that carries S5|SLP_EN in byte 1 and the reset value in
         // byte 3 does both, byte by byte.
         d.write(0, &[0, (S5_SLP_TYP << 2) | SLP_EN, 0, RESET_VALUE]);
-        assert_eq!(off.read().unwrap(), 1);
+        assert_eq!(off.eventfd().read().unwrap(), 1);
         assert_eq!(reset.eventfd().read().unwrap(), 1);
         assert_eq!(d.register_name(1), Some("sleep-control"));
         assert_eq!(d.register_name(9), None);
@@ -287,11 +286,11 @@ mod tests {
         d.press_power_button().unwrap();
         let _ = irq.eventfd().read();
         let st = d.save();
-        let (_, irq2, reset, poweroff_evt) = dev();
+        let (_, irq2, reset, poweroff) = dev();
         let args = AcpiPmArgs {
             ged_irq: irq2.clone(),
             reset,
-            poweroff_evt,
+            poweroff,
         };
         let Ok(mut r) = AcpiPmDevice::restore(args, &st);
         assert_eq!(r.save(), st);

@@ -1,6 +1,6 @@
 //! Interrupt lines backed by irqfd: an eventfd registered with KVM for a GSI.
 //! Writing the eventfd injects the interrupt without a vCPU exit or ioctl.
-//! Also the machine's reset line ([`ResetLine`]).
+//! Also the machine's reset line ([`ResetLine`]) and the guest's power-off ([`PowerOffLine`]).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -86,6 +86,38 @@ impl ResetLine {
     /// The eventfd the event loop watches.
     pub fn eventfd(&self) -> &EventFd {
         &self.evt
+    }
+}
+
+/// The guest's ACPI power-off (S5), raised by the vCPU that wrote `SLP_EN`.
+///
+/// Held like the [`ResetLine`]: no vCPU enters the guest again once it is raised, and the event
+/// loop, woken by the eventfd, ends the VM. A guest that powered off does not run on: Linux
+/// goes on after its `SLP_EN` write (it reads the sleep status, then halts or spins), and a
+/// vCPU left in the guest until the event loop stops it keeps a host CPU for nothing (on a
+/// busy or nested host, for as long as the event loop waits for one). Never lowered: the VM
+/// ends.
+#[derive(Clone, Debug)]
+pub struct PowerOffLine(ResetLine);
+
+impl PowerOffLine {
+    pub fn new() -> io::Result<Self> {
+        ResetLine::new().map(Self)
+    }
+
+    /// Raises the line and wakes the event loop.
+    pub fn raise(&self) -> io::Result<()> {
+        self.0.raise()
+    }
+
+    /// Whether the guest powered off.
+    pub fn is_raised(&self) -> bool {
+        self.0.is_raised()
+    }
+
+    /// The eventfd the event loop watches.
+    pub fn eventfd(&self) -> &EventFd {
+        self.0.eventfd()
     }
 }
 

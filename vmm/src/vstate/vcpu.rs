@@ -16,7 +16,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 use super::exits::{self, Access, ExitKind, VcpuExitCounters, VcpuExitReport};
 use crate::arch::x86_64::{cpuid, regs};
 use crate::devices::bus::Bus;
-use crate::devices::interrupt::ResetLine;
+use crate::devices::interrupt::{PowerOffLine, ResetLine};
 use crate::threads::{ThreadHook, VmThread};
 use crate::vstate::memory::GuestMemoryMmap;
 use crate::vstate::persist::{self, StateError, VcpuCaps, VcpuState};
@@ -142,6 +142,7 @@ pub struct Vcpu {
     /// The state it was built in, kept for in-place reboots ([`VcpuCmd::Reset`]).
     boot_state: Option<Box<VcpuState>>,
     reset: ResetLine,
+    poweroff: PowerOffLine,
 }
 
 /// Everything the vCPUs need from the VM.
@@ -158,6 +159,8 @@ pub struct VcpuContext<'a> {
     pub save_spec: Arc<OnceLock<SaveSpec>>,
     /// The machine's reset line: a vCPU does not enter the guest while it is raised.
     pub reset: ResetLine,
+    /// The guest's ACPI power-off: once raised, no vCPU enters the guest again.
+    pub poweroff: PowerOffLine,
 }
 
 /// What to read from a vCPU for a snapshot: which MSRs, which optional state.
@@ -245,6 +248,7 @@ impl Vcpu {
             save_spec: ctx.save_spec.clone(),
             boot_state: None,
             reset: ctx.reset.clone(),
+            poweroff: ctx.poweroff.clone(),
         }
     }
 
@@ -598,9 +602,10 @@ impl Vcpu {
                 running = false;
                 let _ = exits.send((self.id, reason));
                 let _ = exit_evt.write(1);
-            } else if self.reset.is_raised() {
-                // Held out of the guest until the event loop pauses, resets and resumes it:
-                // a guest carries on after asking for a reset (ResetLine).
+            } else if self.reset.is_raised() || self.poweroff.is_raised() {
+                // Held out of the guest until the event loop pauses, resets and resumes it, or
+                // ends the VM: a guest carries on after asking for a reset or powering off
+                // (ResetLine, PowerOffLine).
                 running = false;
             }
         }
