@@ -592,9 +592,9 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
 mod tests {
     use super::*;
 
-    #[test]
-    fn baseline_boots_the_same_guest_without_exit_stats() {
-        let o = BenchOptions {
+    /// One boot run, disk root, `foo=1` appended, no QEMU, no restores.
+    fn options() -> BenchOptions {
+        BenchOptions {
             runs: 1,
             root: RootMode::Disk,
             kernel: None,
@@ -602,10 +602,18 @@ mod tests {
             boot_log: false,
             snapshot_only: false,
             shmem_thp: None,
-            baseline_microvm: Some("/old/microvm".into()),
+            baseline_microvm: None,
             no_qemu: true,
             boot_only: true,
             variant_append: None,
+        }
+    }
+
+    #[test]
+    fn baseline_boots_the_same_guest_without_exit_stats() {
+        let o = BenchOptions {
+            baseline_microvm: Some("/old/microvm".into()),
+            ..options()
         };
         let (microvm, qemu, baseline) = commands(&o);
         assert!(
@@ -628,19 +636,7 @@ mod tests {
 
     #[test]
     fn the_variant_is_microvm_with_its_arguments_last() {
-        let mut o = BenchOptions {
-            runs: 1,
-            root: RootMode::Disk,
-            kernel: None,
-            append: "foo=1".into(),
-            boot_log: false,
-            snapshot_only: false,
-            shmem_thp: None,
-            baseline_microvm: None,
-            no_qemu: true,
-            boot_only: true,
-            variant_append: None,
-        };
+        let mut o = options();
         assert_eq!(variant_command(&o), None);
         o.variant_append = Some("acpi=off".into());
         let (microvm, _, _) = commands(&o);
