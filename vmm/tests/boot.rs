@@ -14,6 +14,11 @@ fn boot(kernel: &std::path::Path, extra: &[&str]) -> Run {
     run(&args, b"")
 }
 
+/// `microvm` booting `kernel` with `cmdline`, its console read as it comes.
+fn live(kernel: &std::path::Path, cmdline: &str) -> Live {
+    Live::start(&["--kernel", kernel.to_str().unwrap(), "--cmdline", cmdline])
+}
+
 fn check_basic(r: &Run, entry: &str, mem_mib: u64, cpus: u32) {
     r.assert_ok();
     assert_eq!(r.line("microvirt-testguest: entry="), entry);
@@ -133,12 +138,7 @@ fn serial_input_is_interrupt_driven_and_lossless() {
 
 #[test]
 fn a_line_longer_than_the_fifo_arrives_without_further_input() {
-    let mut vm = Live::start(&[
-        "--kernel",
-        guest().pvh.to_str().unwrap(),
-        "--cmdline",
-        "testguest.scenario=echo",
-    ]);
+    let mut vm = live(&guest().pvh, "testguest.scenario=echo");
     vm.wait_for("echo: ready");
     // 200 bytes, more than three receive FIFOs' worth, and then nothing until the guest echoed
     // them: the VMM must feed the FIFO from fd 0 as the guest drains it, without a keystroke
@@ -194,12 +194,7 @@ fn unknown_port_and_mmio_read_all_ones() {
 
 #[test]
 fn sigterm_sends_ctrl_alt_del_and_the_guest_resets() {
-    let mut vm = Live::start(&[
-        "--kernel",
-        guest().pvh.to_str().unwrap(),
-        "--cmdline",
-        "testguest.scenario=ctrlaltdel",
-    ]);
+    let mut vm = live(&guest().pvh, "testguest.scenario=ctrlaltdel");
     vm.wait_for("waiting for ctrl-alt-del");
     vm.signal(libc::SIGTERM);
     let r = vm.finish(Duration::from_secs(20));
@@ -209,12 +204,7 @@ fn sigterm_sends_ctrl_alt_del_and_the_guest_resets() {
 
 #[test]
 fn second_signal_stops_a_guest_that_ignores_the_first() {
-    let mut vm = Live::start(&[
-        "--kernel",
-        guest().linux64.to_str().unwrap(),
-        "--cmdline",
-        "testguest.scenario=halt-forever",
-    ]);
+    let mut vm = live(&guest().linux64, "testguest.scenario=halt-forever");
     vm.wait_for("halting");
     // Two SIGINTs pending at once are one: the second goes out once the first was taken.
     microvirt_testsupport::signal_taken(vm.pid(), libc::SIGINT).expect("first SIGINT");
