@@ -45,6 +45,7 @@ pub mod vm;
 pub mod vmi;
 #[cfg(feature = "kube")]
 pub mod vmirs;
+pub mod workload;
 
 #[cfg(feature = "kube")]
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -43,6 +43,8 @@ pub mod exit_code {
     pub const GRACE_EXPIRED: u8 = 4;
     /// Stopped on request (control `stop`, or a second SIGTERM/SIGINT).
     pub const STOPPED: u8 = 5;
+    /// The guest's workload (a VM booted from an OCI image) exited with a non-zero status.
+    pub const WORKLOAD_FAILED: u8 = 6;
 }
 
 /// Why the launcher ended: the `reason=` of its termination message. This is the one list of
@@ -67,11 +69,14 @@ pub enum Reason {
     NoBootableKernel,
     /// The VMI document (or the launcher's user) is not usable.
     InvalidVmi,
+    /// The workload of a VM booted from an OCI image exited with a non-zero status (the
+    /// message names it); status 0 is a [`Reason::GuestShutdown`], as a Job's pod succeeds.
+    WorkloadFailed,
 }
 
 impl Reason {
     /// Every value.
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 9] = [
         Self::GuestShutdown,
         Self::GracePeriodExpired,
         Self::Stopped,
@@ -80,6 +85,7 @@ impl Reason {
         Self::SetupFailed,
         Self::NoBootableKernel,
         Self::InvalidVmi,
+        Self::WorkloadFailed,
     ];
 
     /// The value as written after `reason=`.
@@ -93,6 +99,7 @@ impl Reason {
             Self::SetupFailed => "SetupFailed",
             Self::NoBootableKernel => "NoBootableKernel",
             Self::InvalidVmi => "InvalidVMI",
+            Self::WorkloadFailed => "WorkloadFailed",
         }
     }
 
@@ -110,6 +117,7 @@ impl Reason {
             Self::GuestCrashed | Self::VmmFailed => exit_code::CRASH,
             Self::SetupFailed | Self::NoBootableKernel => exit_code::SETUP,
             Self::InvalidVmi => exit_code::USAGE,
+            Self::WorkloadFailed => exit_code::WORKLOAD_FAILED,
         }
     }
 
@@ -118,7 +126,7 @@ impl Reason {
     pub fn is_vmi_reason(self) -> bool {
         matches!(
             self,
-            Self::NoBootableKernel | Self::GuestCrashed | Self::VmmFailed
+            Self::NoBootableKernel | Self::GuestCrashed | Self::VmmFailed | Self::WorkloadFailed
         )
     }
 }
@@ -276,12 +284,21 @@ mod tests {
         assert_eq!(Reason::NoBootableKernel.exit_code(), 3);
         assert_eq!(Reason::GracePeriodExpired.exit_code(), 4);
         assert_eq!(Reason::Stopped.exit_code(), 5);
+        assert_eq!(Reason::WorkloadFailed.exit_code(), 6);
         let vmi: Vec<&str> = Reason::ALL
             .into_iter()
             .filter(|r| r.is_vmi_reason())
             .map(Reason::as_str)
             .collect();
-        assert_eq!(vmi, ["GuestCrashed", "VmmFailed", "NoBootableKernel"]);
+        assert_eq!(
+            vmi,
+            [
+                "GuestCrashed",
+                "VmmFailed",
+                "NoBootableKernel",
+                "WorkloadFailed"
+            ]
+        );
     }
 
     #[test]

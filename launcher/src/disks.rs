@@ -8,6 +8,7 @@
 //! | persistentVolumeClaim | `<root>/pvcs/<vol>`: `disk.img` inside (`volumeMode: Filesystem`), else the block device `<pvc-devices>/<vol>` (`volumeMode: Block`, default `/dev/microvirt/pvcs`) | `claimName`: a path when it has a `/`, else `<pvc-root>/<claimName>`; a directory means its `disk.img`; a block device is the disk |
 //! | emptyDisk | sparse `<root>/empty-disks/<vol>/disk.img` | sparse file in the runtime directory |
 //! | cloudInitNoCloud | VFAT `cidata` image in the runtime directory | same |
+//! | containerRootfs | not yet (docs/oci-images.md) | `path`: a directory with `rootfs/` (and `config.json`), built into a read-only erofs image `<vol>.erofs` in the runtime directory |
 //!
 //! containerDisks are used through a per-VMI copy-on-write overlay in the runtime directory (the
 //! image is never written, so any number of VMIs share it), unless the disk is read-only.
@@ -33,7 +34,7 @@ use crate::vmi::{VmiDocument, VmiError, Volume};
 pub enum DiskError {
     #[error("disk {0:?} names no volume in spec.volumes")]
     NoVolume(String),
-    #[error("volume {0:?} has no source (containerDisk, persistentVolumeClaim, emptyDisk or cloudInitNoCloud)")]
+    #[error("volume {0:?} has no source (containerDisk, persistentVolumeClaim, emptyDisk, cloudInitNoCloud or containerRootfs)")]
     NoSource(String),
     #[error("volume {volume:?}: {detail}")]
     Invalid { volume: String, detail: String },
@@ -78,6 +79,8 @@ pub enum DiskKind {
     PersistentVolumeClaim,
     EmptyDisk,
     CloudInitNoCloud,
+    /// An OCI image's files as a read-only erofs image ([`crate::oci`]).
+    ContainerRootfs,
 }
 
 #[derive(Debug)]
@@ -392,6 +395,43 @@ fn volume_disk(
             ));
         }
         return Ok((DiskKind::ContainerDisk, d, true, false));
+    }
+    if let Some(cr) = &vol.container_rootfs {
+        let dir = match (layout, cr.path.as_deref()) {
+            (Layout::Local { base_dir, .. }, Some(p)) => local(base_dir, p),
+            (Layout::Local { .. }, None) => {
+                return Err(invalid(
+                    name,
+                    "containerRootfs.path must name a local image directory in run mode (images are not pulled)",
+                ))
+            }
+            (Layout::Pod { .. }, _) => {
+                return Err(invalid(
+                    name,
+                    "containerRootfs is not supported in a launcher pod yet (only virt-launcher run; docs/oci-images.md)",
+                ))
+            }
+        };
+        let image = crate::oci::ImageDir::open(&dir).map_err(|e| invalid(name, e))?;
+        let t = std::time::Instant::now();
+        let stats = crate::oci::check_tree(&image.rootfs, crate::oci::LIMITS)
+            .map_err(|e| invalid(name, format!("image refused: {e}")))?;
+        let out = scratch.join(format!("{name}.erofs"));
+        log::info!(
+            "volume {name:?}: building the read-only image of {} ({} files, {} MiB) ...",
+            image.rootfs.display(),
+            stats.entries,
+            stats.bytes >> 20
+        );
+        crate::oci::build_erofs(&image.rootfs, &out).map_err(|e| invalid(name, e))?;
+        log::info!(
+            "volume {name:?}: {} built in {} ms",
+            out.display(),
+            t.elapsed().as_millis()
+        );
+        let rel = PathBuf::from(format!("{name}.erofs"));
+        let f = DiskFile::beneath(name, scratch, &rel, OpenMode::ReadOnly)?;
+        return Ok((DiskKind::ContainerRootfs, f, false, true));
     }
     if let Some(pvc) = &vol.persistent_volume_claim {
         let read_only = pvc.read_only.unwrap_or(false);

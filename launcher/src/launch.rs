@@ -67,6 +67,8 @@ pub enum LaunchError {
     Network(String),
     #[error("{0}")]
     User(String),
+    #[error("containerRootfs: {0}")]
+    ContainerRootfs(String),
     #[error("runtime directory {path}: {source}")]
     RuntimeDir {
         path: String,
@@ -125,6 +127,9 @@ pub struct Options {
     /// Pod mode: become this uid:gid once the privileged setup (pod network, opening
     /// /dev/kvm and the TAP) is done, before any volume is opened.
     pub run_as: Option<(u32, u32)>,
+    /// The guest init of VMs booted from an OCI image (`containerRootfs`); None: where
+    /// [`crate::oci::find_init`] looks.
+    pub guest_init: Option<PathBuf>,
 }
 
 /// `run --restore DIR [--paused]`.
@@ -330,6 +335,10 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
         &opts.runtime_dir,
         opts.restore.is_none(),
     )?;
+    let mut chosen = chosen;
+    if opts.restore.is_none() {
+        container_rootfs_boot(doc, &prepared, &mut chosen, opts, !nics.is_empty())?;
+    }
     log::info!("kernel: {}", chosen.summary);
     let mut vm = VmConfig::new(&chosen.kernel);
     vm.initrd = chosen.initrd;
@@ -405,6 +414,95 @@ pub fn prepare(doc: &VmiDocument, opts: &Options, start: Clock) -> Result<Prepar
         network: net_setup,
         held,
     })
+}
+
+/// A VMI with a `containerRootfs` disk boots the chosen Linux kernel with an initramfs of the
+/// launcher's: the guest init and the workload (docs/oci-images.md). `dhcp`: the VM has a NIC,
+/// which the kernel configures (`ip=dhcp`) before the init runs.
+fn container_rootfs_boot(
+    doc: &VmiDocument,
+    prepared: &[disks::PreparedDisk],
+    chosen: &mut kernel::Chosen,
+    opts: &Options,
+    dhcp: bool,
+) -> Result<(), LaunchError> {
+    let err = LaunchError::ContainerRootfs;
+    let mut rootfs = prepared
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.kind == disks::DiskKind::ContainerRootfs);
+    let Some((index, disk)) = rootfs.next() else {
+        return Ok(());
+    };
+    if rootfs.next().is_some() {
+        return Err(err("only one containerRootfs disk per VMI".into()));
+    }
+    if chosen.demo.is_some() {
+        return Err(err(
+            "it boots a Linux kernel: name one with spec.domain.firmware.kernelBoot.container.kernelPath".into(),
+        ));
+    }
+    if chosen.initrd.is_some() {
+        return Err(err(
+            "kernelBoot.container.initrdPath cannot be used with it: the launcher builds the initramfs (the guest init and the workload)".into(),
+        ));
+    }
+    let letter = u8::try_from(index)
+        .ok()
+        .filter(|i| *i < 26)
+        .map(|i| (b'a' + i) as char)
+        .ok_or_else(|| err(format!("disk {:?} is beyond /dev/vdz", disk.name)))?;
+    let vol = doc
+        .spec
+        .volumes
+        .iter()
+        .find(|v| v.name == disk.name)
+        .and_then(|v| v.container_rootfs.as_ref())
+        .ok_or_else(|| err(format!("no containerRootfs volume {:?}", disk.name)))?;
+    let image = match &opts.layout {
+        disks::Layout::Local { base_dir, .. } => {
+            let dir = disks::local(base_dir, vol.path.as_deref().unwrap_or_default());
+            crate::oci::ImageDir::open(&dir).map_err(err)?.config
+        }
+        disks::Layout::Pod { .. } => return Err(err("not supported in a launcher pod yet".into())),
+    };
+    let workload = microvirt_crds::workload::resolve(
+        &image,
+        &crate::oci::overrides(vol),
+        &format!("/dev/vd{letter}"),
+        doc.hostname(),
+        0,
+    )
+    .map_err(|e| err(format!("volume {:?}: {e}", disk.name)))?;
+    let init = crate::oci::find_init(opts.guest_init.as_deref()).map_err(err)?;
+    let init = std::fs::read(&init).map_err(|e| err(format!("{}: {e}", init.display())))?;
+    let rel = PathBuf::from(format!("{}.initramfs", disk.name));
+    let path = opts.runtime_dir.join(&rel);
+    let mut f = crate::paths::open_beneath(&opts.runtime_dir, &rel, crate::paths::OpenMode::Create)
+        .map_err(|e| err(format!("{}: {e}", path.display())))?;
+    std::io::Write::write_all(&mut f, &crate::oci::initramfs(&init, &workload))
+        .map_err(|e| err(format!("{}: {e}", path.display())))?;
+    chosen.initrd = Some(crate::paths::proc_path(&f));
+    chosen.held.push(f);
+    // The initramfs is the root: no root= (the init mounts the image); the kernel's DHCP
+    // client configures the NIC and leaves the lease's name servers for the init.
+    let mut args: Vec<&str> = chosen
+        .cmdline
+        .as_deref()
+        .unwrap_or("")
+        .split_ascii_whitespace()
+        .filter(|w| !w.starts_with("root=") && !w.starts_with("rdinit=") && !w.starts_with("ip="))
+        .collect();
+    args.push("rdinit=/init");
+    if dhcp {
+        args.push("ip=dhcp");
+    }
+    chosen.cmdline = Some(args.join(" "));
+    chosen.summary = format!(
+        "{} with the guest init; workload {:?} on /dev/vd{letter}",
+        chosen.summary, workload.argv
+    );
+    Ok(())
 }
 
 /// The directory of a VMI file (for relative paths in it).

@@ -5,7 +5,8 @@
 //! - [`vmi`]: the VMI document (manifest or the operator's `vmi.json`).
 //! - [`launch`]: VMI → VM configuration; [`disks`]: volumes → virtio-blk disks; [`paths`]:
 //!   names that become paths, files opened without following links;
-//!   [`cloudinit`]: the NoCloud seed image (VFAT writer); [`demo`]: the embedded demo guest.
+//!   [`cloudinit`]: the NoCloud seed image (VFAT writer); [`demo`]: the embedded demo guest;
+//!   [`oci`]: a root file system and workload from an OCI image (`containerRootfs`).
 //! - [`runner`]: boot, signals, grace period, outcome; [`control`]: the control socket.
 //! - [`seccomp`], [`caps`], [`teardown`]: least privilege.
 
@@ -18,6 +19,7 @@ pub mod demo;
 pub mod disks;
 pub mod kernel;
 pub mod launch;
+pub mod oci;
 pub mod paths;
 pub mod runner;
 pub mod seccomp;

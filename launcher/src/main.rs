@@ -164,6 +164,10 @@ struct RunArgs {
     /// With --restore: keep the VM paused until `resume`.
     #[arg(long, requires = "restore")]
     paused: bool,
+    /// The guest init (static) of a VMI with a containerRootfs volume [default: microvirt-init
+    /// next to virt-launcher]
+    #[arg(long, value_name = "PATH", env = "MICROVIRT_GUEST_INIT")]
+    guest_init: Option<PathBuf>,
 }
 
 fn parse_grace(v: &str) -> Result<Duration, String> {
@@ -345,6 +349,7 @@ fn cmd_run(a: RunArgs, start: Clock) -> ExitCode {
             paused: a.paused,
         }),
         demo_guest: true,
+        guest_init: a.guest_init,
         default_pod_interface: true,
         run_as: None,
     };
@@ -456,6 +461,7 @@ fn cmd_pod(start: Clock) -> ExitCode {
         restore,
         snapshot_dir: Some(root.join("snapshot")),
         demo_guest: false,
+        guest_init: None,
         default_pod_interface: false,
         run_as,
     };

@@ -442,7 +442,24 @@ pub fn run(
     if let Some(p) = &cfg.control_socket {
         let _ = std::fs::remove_file(p);
     }
+    let workload = result
+        .as_ref()
+        .ok()
+        .and_then(|(_, t)| t.workload_exit_status);
     let (reason, message) = match result {
+        // A VM booted from an OCI image ends with its workload (docs/oci-images.md): a non-zero
+        // status fails it, as it fails a Job's pod.
+        Ok((ExitReason::GuestReset | ExitReason::GuestPowerOff, _)) if workload.is_some() => {
+            let status = workload.unwrap_or_default();
+            (
+                if status == 0 {
+                    Reason::GuestShutdown
+                } else {
+                    Reason::WorkloadFailed
+                },
+                format!("workload exited with status {status}"),
+            )
+        }
         Ok((ExitReason::GuestReset, _)) => (
             Reason::GuestShutdown,
             if shutdown_requested {

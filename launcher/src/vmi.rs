@@ -266,6 +266,36 @@ pub struct Volume {
     pub cloud_init_no_cloud: Option<CloudInitNoCloud>,
     #[serde(default)]
     pub empty_disk: Option<EmptyDisk>,
+    #[serde(default)]
+    pub container_rootfs: Option<ContainerRootfs>,
+}
+
+/// A root file system from an OCI image, with the image's entrypoint as the workload
+/// (docs/oci-images.md). The overrides are a Pod container's.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerRootfs {
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Run mode: a local directory with the image's files in `rootfs/` and its OCI image
+    /// configuration in `config.json` (optional).
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    #[serde(default)]
+    pub args: Option<Vec<String>>,
+    #[serde(default)]
+    pub env: Vec<EnvVar>,
+    #[serde(default)]
+    pub working_dir: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct EnvVar {
+    pub name: String,
+    #[serde(default)]
+    pub value: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

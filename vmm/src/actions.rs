@@ -177,6 +177,8 @@ pub struct RunTimings {
     pub build_us: u64,
     pub first_debug_port_us: Option<u64>,
     pub boot_timer: Option<BootTime>,
+    /// The exit status the guest's workload init reported (docs/oci-images.md), if any.
+    pub workload_exit_status: Option<u8>,
     /// First KVM_RUN of any vCPU: the guest is running.
     pub first_vcpu_entry_us: Option<u64>,
     /// First return from KVM_RUN: the guest executed instructions.

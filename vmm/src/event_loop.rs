@@ -15,7 +15,7 @@ use crate::actions::{
 };
 use crate::devices::bus::Bus;
 use crate::devices::interrupt::{PowerOffLine, ResetLine};
-use crate::devices::legacy::boot_timer::BootTime;
+use crate::devices::legacy::boot_timer::{BootTime, GuestSignals};
 use crate::devices::legacy::serial::OutputQueue;
 use crate::devices::virtio::VmmEventManager;
 use crate::lifecycle::{InvalidTransition, Lifecycle, VmState};
@@ -423,7 +423,7 @@ pub struct Vmm {
     pub(crate) mmio: Bus,
     pub(crate) timings: RunTimings,
     pub(crate) first_debug_port_us: Arc<Mutex<Option<u64>>>,
-    pub(crate) boot_time: Arc<Mutex<Option<BootTime>>>,
+    pub(crate) boot_time: Arc<Mutex<GuestSignals>>,
     pub(crate) cmdline: String,
     pub(crate) restored: bool,
     pub(crate) thread_hook: Option<ThreadHook>,
@@ -536,7 +536,9 @@ impl Vmm {
             },
         );
         self.timings.first_debug_port_us = *self.first_debug_port_us.lock().expect("lock");
-        self.timings.boot_timer = *self.boot_time.lock().expect("lock");
+        let signals = *self.boot_time.lock().expect("lock");
+        self.timings.boot_timer = signals.boot;
+        self.timings.workload_exit_status = signals.exit_status;
         self.timings.first_vcpu_entry_us = self.marks.first_entry_us();
         self.timings.first_vcpu_exit_us = self.marks.first_exit_us();
         Ok((reason, self.timings))

@@ -46,6 +46,26 @@ pub enum ImagesError {
     NoSource,
     #[error("kernel build produced no {0}")]
     Missing(PathBuf),
+    #[error("the kernel configuration lost options of guest-images/kernel/microvm.config (a dependency is off): {0}")]
+    Unmet(String),
+}
+
+/// The fragment's `CONFIG_X=y|n` lines that the final configuration does not carry (a `y`
+/// whose dependencies are off is dropped silently by `olddefconfig`).
+pub fn unmet_options(fragment: &str, config: &str) -> Vec<String> {
+    let set: std::collections::HashSet<&str> = config.lines().collect();
+    fragment
+        .lines()
+        .filter_map(|l| {
+            let (opt, v) = l.trim().split_once('=')?;
+            let opt = opt.strip_prefix("CONFIG_").map(|_| opt)?;
+            let ok = match v {
+                "n" => !set.contains(format!("{opt}=y").as_str()),
+                _ => set.contains(l.trim()),
+            };
+            (!ok).then(|| l.trim().to_string())
+        })
+        .collect()
 }
 
 /// Paths of the built guest artifacts.
@@ -234,6 +254,17 @@ fn build_kernel(
             .arg(&fragment),
     )?;
     make(&["-s", "olddefconfig"])?;
+    let unmet = unmet_options(
+        &String::from_utf8_lossy(KERNEL_FRAGMENT),
+        &std::fs::read_to_string(out.join(".config")).map_err(|source| CmdError::Io {
+            what: "reading",
+            path: out.join(".config"),
+            source,
+        })?,
+    );
+    if !unmet.is_empty() {
+        return Err(ImagesError::Unmet(unmet.join(", ")));
+    }
     let t = Instant::now();
     progress(&format!(
         "building kernel (make -j{} bzImage; ~3.5 min on 2 cores) ...",
@@ -325,4 +356,29 @@ pub fn build_rootfs(dir: &Path, image: &Path, initrd: &Path) -> Result<(), Image
     )?;
     cmd::remove_dir(&stage)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_the_configuration_dropped_are_named() {
+        let fragment = "# c\nCONFIG_A=y\nCONFIG_B=y\nCONFIG_C=n\nCONFIG_D=n\nCONFIG_E=\"x\"\n";
+        let config = "CONFIG_A=y\n# CONFIG_B is not set\n# CONFIG_C is not set\nCONFIG_D=y\nCONFIG_E=\"x\"\n";
+        assert_eq!(
+            unmet_options(fragment, config),
+            ["CONFIG_B=y", "CONFIG_D=n"]
+        );
+        // The shipped fragment is well formed: every option line is CONFIG_X=value.
+        for l in String::from_utf8_lossy(KERNEL_FRAGMENT)
+            .lines()
+            .map(str::trim)
+        {
+            assert!(
+                l.is_empty() || l.starts_with('#') || l.starts_with("CONFIG_"),
+                "{l}"
+            );
+        }
+    }
 }

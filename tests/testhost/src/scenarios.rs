@@ -290,6 +290,9 @@ pub struct Prepared {
     /// More guest files for the scenarios: `(environment variable, file here)`; in the test
     /// host the file is copied to `/guest/extra/` and the variable names that copy.
     pub guest_files: Vec<(String, PathBuf)>,
+    /// More programs for the test host, copied to `/bin/` with their shared libraries (the
+    /// direct mode uses this machine's).
+    pub host_binaries: Vec<PathBuf>,
     /// Set when a run failed: the work dir (with its console log) then outlives `self`.
     keep_workdir: std::cell::Cell<bool>,
 }
@@ -338,6 +341,7 @@ pub fn prepare() -> Result<Prepared, ScenarioError> {
         direct,
         workdir,
         guest_files: Vec::new(),
+        host_binaries: Vec::new(),
         keep_workdir: std::cell::Cell::new(false),
     })
 }
@@ -485,7 +489,9 @@ fn run_in_test_host(
         &InitramfsSpec {
             kernel,
             images: &prep.images,
-            binaries: vec![prep.microvm.clone()],
+            binaries: std::iter::once(prep.microvm.clone())
+                .chain(prep.host_binaries.iter().cloned())
+                .collect(),
             with_qemu: false,
             files,
             copies: prep

@@ -21,7 +21,7 @@ use crate::device_manager::persist::{DeviceStates, PersistError};
 use crate::devices::acpi::{AcpiPmArgs, AcpiPmDevice};
 use crate::devices::bus::Bus;
 use crate::devices::interrupt::{IrqLine, PowerOffLine, ResetLine};
-use crate::devices::legacy::boot_timer::{BootTime, BootTimer};
+use crate::devices::legacy::boot_timer::{BootTime, BootTimer, GuestSignals};
 use crate::devices::legacy::debug_port::DebugPort;
 use crate::devices::legacy::i8042::{I8042Args, I8042Device};
 use crate::devices::legacy::serial::{
@@ -241,7 +241,7 @@ struct Legacy {
     reset: ResetLine,
     poweroff: PowerOffLine,
     first_debug_port_us: Arc<Mutex<Option<u64>>>,
-    boot_time: Arc<Mutex<Option<BootTime>>>,
+    boot_time: Arc<Mutex<GuestSignals>>,
 }
 
 fn legacy_devices(
@@ -345,7 +345,7 @@ fn legacy_devices(
             "post-code",
         )
         .map_err(bus_err)?;
-    let boot_time = Arc::new(Mutex::new(None));
+    let boot_time = Arc::new(Mutex::new(GuestSignals::default()));
     let notify = if saved.is_some() {
         None
     } else {

@@ -9,7 +9,7 @@
 //! | compute container exited 0, the guest chose to stop   | Succeeded  |
 //! | compute container exited 0 after the launcher was asked to stop the VM (pod deleted, evicted, node shut down) and the VMI is not being deleted | Failed (`LauncherStopped`) |
 //! | pod Succeeded without container status                | Succeeded  |
-//! | compute container exited non-zero                     | Failed (`GuestCrashed`, `VmmFailed`, `NoBootableKernel` as the launcher says, else `LauncherExited<code>`) |
+//! | compute container exited non-zero                     | Failed (`GuestCrashed`, `VmmFailed`, `NoBootableKernel`, `WorkloadFailed` as the launcher says, else `LauncherExited<code>`) |
 //! | compute container stopped by the kubelet because its liveness probe (the VMI's `livenessProbe`) failed | Failed (`LivenessProbeFailed`) |
 //! | pod Failed                                            | Failed     |
 //! | pod phase Unknown                                     | Unknown    |

@@ -86,4 +86,6 @@ pub const ACPI_PM_PORT_LEN: u16 = 4;
 /// Most vCPUs the MP table area and the IOAPIC routing support.
 pub const MAX_VCPUS: u8 = 32;
 /// The byte a guest writes to the boot timer to mark "booted".
-pub const BOOT_TIMER_MAGIC: u8 = 123;
+pub const BOOT_TIMER_MAGIC: u8 = microvirt_crds::workload::BOOT_TIMER_MAGIC;
+// The guest's init finds the page at the address the wire type names.
+const _: () = assert!(BOOT_TIMER_ADDR == microvirt_crds::workload::BOOT_TIMER_ADDR);

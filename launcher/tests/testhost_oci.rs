@@ -1,0 +1,207 @@
+//! VMs booted from an OCI container image (docs/oci-images.md), inside the QEMU-TCG test host
+//! (real Linux: the shipped guest kernel with erofs and overlayfs): `virt-launcher run` of VMIs
+//! whose only disk is a `containerRootfs` volume. The image is a directory the scenario builds
+//! from Debian's `busybox-static` (`rootfs/` with a user `app`, and an OCI image configuration
+//! `config.json`: Entrypoint, Cmd, Env, WorkingDir, User). The launcher builds the erofs disk
+//! with `mkfs.erofs` inside the test host and the initramfs with `microvirt-init` (built static
+//! here) and the workload; the init mounts the image under a tmpfs overlay and runs it.
+//!
+//! - `hello`: the image's Entrypoint with the VMI's `args` and `env`: the workload runs as the
+//!   image's user in its working directory, with the image's and the VMI's environment, the
+//!   VMI's host name, `/proc` and a writable root; a link out of the image to a file of the
+//!   test host reads nothing of it; exit 3 → `WorkloadFailed` "workload exited with status 3",
+//!   launcher exit code 6.
+//! - `ok`: the VMI's `command` (Entrypoint and Cmd dropped), exit 0 → `GuestShutdown`, exit 0.
+//! - `stop`: a workload that traps SIGTERM; the launcher's `shutdown` (the ACPI power button)
+//!   reaches it through the init as SIGTERM, and its exit status 0 ends the VM.
+//! - `missing`: a command not in the image's PATH → status 127, `WorkloadFailed`.
+
+use microvirt_testhost::scenarios::{self, Scenario};
+
+const SCRIPT: &str = r##"
+[ -x /bin/virt-launcher ] && MICROVM=/bin/virt-launcher
+VM_TIMEOUT=300
+# The image: busybox, a user, a secret link out of the tree, and its configuration.
+mkdir -p img/rootfs/bin img/rootfs/etc img/rootfs/app
+cp /bin/busybox img/rootfs/bin/
+for a in sh echo cat id pwd hostname sleep true ls mount grep; do ln -s busybox "img/rootfs/bin/$a"; done
+printf 'root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/app:/bin/sh\n' > img/rootfs/etc/passwd
+printf 'root:x:0:\napp:x:1000:\n' > img/rootfs/etc/group
+chown 1000:1000 img/rootfs/app
+secret=$(token)
+echo "$secret" > /tmp/host-secret
+ln -s /tmp/host-secret img/rootfs/leak
+cat > img/config.json <<EOF
+{"architecture": "amd64", "os": "linux",
+ "config": {"Entrypoint": ["/bin/sh", "-c"], "Cmd": ["echo image-cmd"],
+            "Env": ["PATH=/bin", "FROM_IMAGE=yes", "OVERRIDDEN=image"],
+            "WorkingDir": "/app", "User": "app"}}
+EOF
+# vmi NAME VOLUME-FIELDS: a VMI whose only disk is the image, with these containerRootfs fields.
+vmi() {
+	cat > "$1.yaml" <<EOF
+apiVersion: microvirt.io/v1alpha1
+kind: VirtualMachineInstance
+metadata: {name: oci-$1}
+spec:
+  hostname: web-$1
+  terminationGracePeriodSeconds: 60
+  domain:
+    memory: {guest: 256Mi}
+    firmware:
+      kernelBoot:
+        kernelArgs: "console=ttyS0 panic=-1 quiet"
+        container: {image: local, kernelPath: "$VMLINUX"}
+    devices:
+      disks: [{name: app}]
+  volumes:
+    - name: app
+      containerRootfs:
+        image: local/busybox
+        path: "$WORK/img"
+        $2
+EOF
+}
+run_vmi() {
+	vm "$1" run "$1.yaml" --guest-init "$GUEST_INIT" --termination-log "$WORK/$1.term"
+	sed "s/^/check $1 term /" "$WORK/$1.term"
+}
+vmi hello 'args: ["echo out-id $(id -u):$(id -g) out-pwd $(pwd) out-env $FROM_IMAGE/$OVERRIDDEN/$FROM_VMI out-host $(hostname); echo out-leak $(cat /leak 2>/dev/null || echo none); grep -q \"^proc /proc\" /proc/mounts && echo out-proc; echo x > /app/written && echo out-writable; exit 3"]
+        env: [{name: OVERRIDDEN, value: vmi}, {name: FROM_VMI, value: "1"}]'
+run_vmi hello
+grep -q "$secret" "$WORK/hello.log" && echo "check hello leaked the host's secret"
+vmi ok 'command: ["/bin/sh", "-c", "echo out-ok $0 $#"]'
+run_vmi ok
+vmi stop 'command: ["/bin/sh", "-c", "trap \"echo out-got-term; exit 0\" TERM; echo out-waiting; while true; do sleep 1; done"]'
+vm stop run stop.yaml --guest-init "$GUEST_INIT" --termination-log "$WORK/stop.term" --control-socket "$WORK/stop.sock" &
+if wait_line "$WORK/stop.log" out-waiting 1500; then
+	"$MICROVM" shutdown --socket "$WORK/stop.sock" && echo "check stop shutdown sent"
+fi
+wait
+sed "s/^/check stop term /" "$WORK/stop.term"
+vmi missing 'command: ["no-such-program"]'
+run_vmi missing
+"##;
+
+#[test]
+fn oci_image_vms_run_their_entrypoint_and_end_with_its_exit_status() {
+    // Set before the harness reads it; this test binary has no other test.
+    std::env::set_var("MICROVIRT_MICROVM", env!("CARGO_BIN_EXE_virt-launcher"));
+    let echo = std::env::var_os("MICROVIRT_QUIET").is_none();
+    microvirt_testhost::cmd::ensure_packages(&["erofs-utils"]).expect("installing erofs-utils");
+    let init = scenarios::cargo_build_release_static("microvirt-init", "microvirt-init")
+        .expect("building microvirt-init (static)");
+    let mut prep = scenarios::prepare().expect("preparing the test host");
+    prep.guest_files.push(("GUEST_INIT".into(), init));
+    prep.host_binaries.push("/usr/bin/mkfs.erofs".into());
+    let sc = Scenario {
+        name: "launcher-oci",
+        script: SCRIPT,
+    };
+    let r = scenarios::run_suite(&prep, &[sc], echo).expect("running the test host");
+    eprintln!(
+        "[oci] test host {} in {:.1} s; log: {}",
+        r.mode,
+        r.console.wall_secs,
+        r.console.log.display()
+    );
+    let sec = r
+        .section("launcher-oci")
+        .unwrap_or_else(|| panic!("no output; console:\n{}", r.console.lines.join("\n")));
+    let checks = sec.values("check ");
+    let out = |vm: &str| -> Vec<String> {
+        sec.vm_lines(vm)
+            .iter()
+            .filter_map(|l| l.trim().strip_prefix("out-").map(str::to_string))
+            .collect()
+    };
+    let all = |vm: &str| sec.vm_lines(vm).join("\n");
+    let term = |vm: &str| -> Vec<String> {
+        let p = format!("{vm} term ");
+        checks
+            .iter()
+            .filter_map(|c| c.strip_prefix(p.as_str()).map(str::to_string))
+            .collect()
+    };
+
+    // hello: the image's Entrypoint, the VMI's args and env over the image's config.
+    let hello = out("hello");
+    assert_eq!(
+        hello.first().map(String::as_str),
+        Some("id 1000:1000 out-pwd /app out-env yes/vmi/1 out-host web-hello"),
+        "{}",
+        all("hello")
+    );
+    assert!(hello.contains(&"leak none".to_string()), "{hello:?}");
+    assert!(hello.contains(&"proc".to_string()), "{hello:?}");
+    assert!(hello.contains(&"writable".to_string()), "{hello:?}");
+    assert!(
+        !checks.contains(&"hello leaked the host's secret"),
+        "{checks:?}"
+    );
+    assert_eq!(
+        term("hello")[..3],
+        [
+            "workload exited with status 3",
+            "reason=WorkloadFailed",
+            "exitCode=6"
+        ],
+        "{}",
+        all("hello")
+    );
+    // The init wrote the boot marker once the workload started.
+    assert!(
+        term("hello").iter().any(|l| l.starts_with("bootTimeMs=")),
+        "no boot marker: {:?}",
+        term("hello")
+    );
+    assert!(checks.contains(&"vm hello exit=6"), "{checks:?}");
+
+    // ok: command replaces Entrypoint and Cmd.
+    assert_eq!(out("ok"), ["ok /bin/sh 0"], "{}", all("ok"));
+    assert_eq!(
+        term("ok")[..3],
+        [
+            "workload exited with status 0",
+            "reason=GuestShutdown",
+            "exitCode=0"
+        ]
+    );
+    assert!(checks.contains(&"vm ok exit=0"), "{checks:?}");
+
+    // stop: the launcher's shutdown reached the workload as SIGTERM.
+    assert!(
+        checks.contains(&"stop shutdown sent"),
+        "{checks:?}\n{}",
+        all("stop")
+    );
+    assert_eq!(out("stop"), ["waiting", "got-term"], "{}", all("stop"));
+    assert_eq!(
+        term("stop")[..3],
+        [
+            "workload exited with status 0",
+            "reason=GuestShutdown",
+            "exitCode=0"
+        ]
+    );
+    assert!(
+        term("stop").contains(&"shutdownRequested=control".to_string()),
+        "{:?}",
+        term("stop")
+    );
+
+    // missing: not in PATH.
+    assert!(
+        all("missing").contains("\"no-such-program\": executable file not found in PATH \"/bin\""),
+        "{}",
+        all("missing")
+    );
+    assert_eq!(
+        term("missing")[..3],
+        [
+            "workload exited with status 127",
+            "reason=WorkloadFailed",
+            "exitCode=6"
+        ]
+    );
+}
