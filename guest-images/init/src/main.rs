@@ -239,10 +239,7 @@ fn finish(status: u8, handled: &libc::sigset_t) -> ! {
     sys::kill(-1, libc::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        sys::reap();
-        // kill(-1, 0) fails with ESRCH once no process but PID 1 is left.
-        // SAFETY: a null signal only checks for processes.
-        if unsafe { libc::kill(-1, 0) } != 0 {
+        if !sys::reap_all().1 {
             break;
         }
         let left = deadline.saturating_duration_since(Instant::now());

@@ -115,13 +115,23 @@ pub fn wait_signal(set: &libc::sigset_t, timeout: Option<std::time::Duration>) -
 
 /// Reaps every exited child; returns `(pid, wait status)` of each.
 pub fn reap() -> Vec<(libc::pid_t, libc::c_int)> {
+    reap_all().0
+}
+
+/// [`reap`], and whether any child is left (PID 1 inherits every orphan: none left means no
+/// process but the init and the kernel's threads).
+pub fn reap_all() -> (Vec<(libc::pid_t, libc::c_int)>, bool) {
     let mut out = Vec::new();
     loop {
         let mut status = 0;
         // SAFETY: waitpid writes the status into a local.
         let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-        if pid <= 0 {
-            return out;
+        if pid < 0 {
+            // ECHILD: no child at all.
+            return (out, false);
+        }
+        if pid == 0 {
+            return (out, true);
         }
         out.push((pid, status));
     }
