@@ -15,6 +15,11 @@
 //! - `stop`: a workload that traps SIGTERM; the launcher's `shutdown` (the ACPI power button)
 //!   reaches it through the init as SIGTERM, and its exit status 0 ends the VM.
 //! - `missing`: a command not in the image's PATH → status 127, `WorkloadFailed`.
+//! - `web`: a masquerade interface on a pod network (`--pod-network` in a namespace of its
+//!   own, as `testhost_network.rs`): the guest kernel's DHCP client (`ip=dhcp`) configures the
+//!   NIC from the launcher's DHCP server, the init writes the lease's name server to
+//!   `/etc/resolv.conf`, and busybox `httpd` in the workload answers the node through the pod
+//!   IP.
 
 use microvirt_testhost::scenarios::{self, Scenario};
 
@@ -24,7 +29,7 @@ VM_TIMEOUT=300
 # The image: busybox, a user, a secret link out of the tree, and its configuration.
 mkdir -p img/rootfs/bin img/rootfs/etc img/rootfs/app
 cp /bin/busybox img/rootfs/bin/
-for a in sh echo cat id pwd hostname sleep true ls mount grep; do ln -s busybox "img/rootfs/bin/$a"; done
+for a in sh echo cat id pwd hostname sleep true ls mount grep ip httpd mkdir kill; do ln -s busybox "img/rootfs/bin/$a"; done
 printf 'root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/app:/bin/sh\n' > img/rootfs/etc/passwd
 printf 'root:x:0:\napp:x:1000:\n' > img/rootfs/etc/group
 chown 1000:1000 img/rootfs/app
@@ -82,6 +87,51 @@ wait
 sed "s/^/check stop term /" "$WORK/stop.term"
 vmi missing 'command: ["no-such-program"]'
 run_vmi missing
+# web: on the pod network (masquerade): the kernel's DHCP client configures eth0 from the
+# launcher's DHCP server and the init writes the lease's name server; busybox httpd answers the
+# node through the pod IP (DNAT).
+pod_network_up
+web_token=$(token)
+cat > web.sh <<EOF
+echo out-ip \$(ip -4 addr show eth0 | grep -o 'inet [0-9./]*')
+echo out-\$(grep nameserver /etc/resolv.conf)
+mkdir /tmp/www
+echo $web_token > /tmp/www/index.html
+trap 'kill \$p; wait; exit 0' TERM
+httpd -f -p 8080 -h /tmp/www &
+p=\$!
+echo out-serving
+wait
+EOF
+cp web.sh img/rootfs/web.sh
+vmi web 'command: ["/bin/sh", "/web.sh"]'
+sed -i 's/^  volumes:/  networks: [{name: default, pod: {}}]\n  volumes:/; s/^      disks: \[{name: app}\]/      disks: [{name: app}]\n      interfaces: [{name: default, masquerade: {}}]/' web.yaml
+cat > launch.sh <<EOF
+#!/bin/sh
+MICROVIRT_RESOLV_CONF=$WORK/resolv.conf exec nsenter -t $holder -n $MICROVM "\$@"
+EOF
+chmod +x launch.sh
+(
+	if wait_line "$WORK/web.log" "^out-serving" 1500; then
+		i=0
+		# (nc, not wget: the static busybox's wget crashes in glibc's resolver here)
+		until got=$(printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 2 10.244.0.5 8080 2>/dev/null | tail -n 1) && [ -n "$got" ]; do
+			i=$((i + 1))
+			[ $i -ge 30 ] && break
+			sleep 0.3
+		done
+		[ "$got" = "$web_token" ] && echo "check web served the token through the pod IP"
+		"$MICROVM" shutdown --socket "$WORK/web.sock"
+	fi
+) &
+client=$!
+launcher=$MICROVM
+MICROVM=$WORK/launch.sh
+vm web run web.yaml --pod-network --guest-init "$GUEST_INIT" --termination-log "$WORK/web.term" --control-socket "$WORK/web.sock"
+MICROVM=$launcher
+wait $client
+sed "s/^/check web term /" "$WORK/web.term"
+pod_network_down
 "##;
 
 #[test]
@@ -198,6 +248,26 @@ fn oci_image_vms_run_their_entrypoint_and_end_with_its_exit_status() {
         all("missing")
     );
     assert_eq!(sec.vm_exit("missing").as_deref(), Some("6"), "{checks:?}");
+    // web: DHCP by the guest kernel, the lease's name server, served through the pod IP.
+    assert_eq!(
+        out("web")[..3],
+        ["ip inet 10.0.2.2/24", "nameserver 10.244.0.1", "serving"],
+        "{}",
+        all("web")
+    );
+    assert!(
+        checks.contains(&"web served the token through the pod IP"),
+        "{checks:?}\n{}",
+        all("web")
+    );
+    assert_eq!(
+        term("web")[..3],
+        [
+            "workload exited with status 0",
+            "reason=GuestShutdown",
+            "exitCode=0"
+        ]
+    );
     assert_eq!(
         term("missing")[..3],
         [

@@ -63,6 +63,8 @@ const PACKAGES: &[&str] = &[
     // kernel and initramfs-tools; a partitioned disk)
     "mmdebstrap",
     "fdisk",
+    // launcher/tests/testhost_oci.rs: virt-launcher builds an OCI image's erofs disk
+    "erofs-utils",
 ];
 
 /// The phases of one run, in order. Each is announced and timed; when one fails, the run
