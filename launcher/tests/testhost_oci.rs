@@ -20,6 +20,10 @@
 //!   NIC from the launcher's DHCP server, the init writes the lease's name server to
 //!   `/etc/resolv.conf`, and busybox `httpd` in the workload answers the node through the pod
 //!   IP.
+//! - `py`, `pyweb`: a Python image from Debian's `python3` (`microvirt_testhost::oci_guest`: no
+//!   shell, the image's Entrypoint `python3`, WorkingDir `/srv`, its Env): a script with the
+//!   VMI's `args`; `python3 -m http.server` on the pod network answering through the pod IP,
+//!   ended by the stop's SIGTERM (status 143, as a container runtime reports it).
 
 use microvirt_testhost::scenarios::{self, Scenario};
 
@@ -62,8 +66,8 @@ spec:
   volumes:
     - name: app
       containerRootfs:
-        image: local/busybox
-        path: "$WORK/img"
+        image: local/image
+        path: "${IMG:-$WORK/img}"
         $2
 EOF
 }
@@ -131,6 +135,37 @@ vm web run web.yaml --pod-network --guest-init "$GUEST_INIT" --termination-log "
 MICROVM=$launcher
 wait $client
 sed "s/^/check web term /" "$WORK/web.term"
+# The Python image (Debian's python3, no shell; config: Entrypoint python3, WorkingDir /srv).
+mkdir -p py/rootfs
+tar -xf "$PY_ROOTFS_TAR" -C py/rootfs
+cp "$PY_CONFIG" py/config.json
+echo "$web_token" > py/rootfs/srv/index.html
+IMG=$WORK/py
+# py: the image's Entrypoint with the VMI's args; its environment and working directory.
+vmi py 'args: ["-c", "import json, os, socket, sys; print(\"out-py\", json.dumps([sys.version_info[0], os.getcwd(), socket.gethostname(), os.environ[\"LANG\"], os.getuid()]))"]'
+run_vmi py
+# pyweb: python3 -m http.server on the pod network, reached through the pod IP; the stop's
+# SIGTERM ends it as it ends it in a container (killed: status 143).
+vmi pyweb 'args: ["-m", "http.server", "8080"]'
+sed -i 's/^  volumes:/  networks: [{name: default, pod: {}}]\n  volumes:/; s/^      disks: \[{name: app}\]/      disks: [{name: app}]\n      interfaces: [{name: default, masquerade: {}}]/' pyweb.yaml
+(
+	if wait_line "$WORK/pyweb.log" "^Serving HTTP" 1500; then
+		i=0
+		until got=$(printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 2 10.244.0.5 8080 2>/dev/null | tail -n 1) && [ -n "$got" ]; do
+			i=$((i + 1))
+			[ $i -ge 30 ] && break
+			sleep 0.3
+		done
+		[ "$got" = "$web_token" ] && echo "check pyweb served the token through the pod IP"
+		"$MICROVM" shutdown --socket "$WORK/pyweb.sock"
+	fi
+) &
+client=$!
+MICROVM=$WORK/launch.sh
+vm pyweb run pyweb.yaml --pod-network --guest-init "$GUEST_INIT" --termination-log "$WORK/pyweb.term" --control-socket "$WORK/pyweb.sock"
+MICROVM=$launcher
+wait $client
+sed "s/^/check pyweb term /" "$WORK/pyweb.term"
 pod_network_down
 "##;
 
@@ -142,8 +177,15 @@ fn oci_image_vms_run_their_entrypoint_and_end_with_its_exit_status() {
     microvirt_testhost::cmd::ensure_packages(&["erofs-utils"]).expect("installing erofs-utils");
     let init = scenarios::cargo_build_release_static("microvirt-init", "microvirt-init")
         .expect("building microvirt-init (static)");
+    let python = microvirt_testhost::oci_guest::build().expect("building the Python image");
+    eprintln!(
+        "[oci] python3 {} in {}",
+        python.version,
+        python.rootfs_tar.display()
+    );
     let mut prep = scenarios::prepare().expect("preparing the test host");
     prep.guest_files.push(("GUEST_INIT".into(), init));
+    prep.guest_files.extend(python.guest_files());
     prep.host_binaries.push("/usr/bin/mkfs.erofs".into());
     let sc = Scenario {
         name: "launcher-oci",
@@ -267,6 +309,37 @@ fn oci_image_vms_run_their_entrypoint_and_end_with_its_exit_status() {
             "reason=GuestShutdown",
             "exitCode=0"
         ]
+    );
+    // py: Debian's python3 with its standard library, as the image configures it.
+    assert_eq!(
+        out("py"),
+        [r#"py [3, "/srv", "web-py", "C.UTF-8", 0]"#],
+        "{}",
+        all("py")
+    );
+    assert_eq!(
+        term("py")[..3],
+        [
+            "workload exited with status 0",
+            "reason=GuestShutdown",
+            "exitCode=0"
+        ]
+    );
+    // pyweb: a Python service on the pod network; stopped by SIGTERM (143, as a container).
+    assert!(
+        checks.contains(&"pyweb served the token through the pod IP"),
+        "{checks:?}\n{}",
+        all("pyweb")
+    );
+    assert_eq!(
+        term("pyweb")[..3],
+        [
+            "workload exited with status 143",
+            "reason=WorkloadFailed",
+            "exitCode=6"
+        ],
+        "{}",
+        all("pyweb")
     );
     assert_eq!(
         term("missing")[..3],

@@ -17,6 +17,7 @@ pub mod cmd;
 pub mod diskbench;
 pub mod images;
 pub mod l1;
+pub mod oci_guest;
 pub mod qemu;
 pub mod scenarios;
 pub mod stock;
