@@ -13,6 +13,12 @@
 //!   once as JSON and once as YAML (block or flow style). Both texts must parse, to the same
 //!   document, holding exactly the values written: what the operator (JSON) or a user (YAML)
 //!   wrote is what the launcher acts on.
+//!
+//! Every `containerRootfs` volume of a parsed document is resolved into the workload the guest's
+//! init runs (docs/oci-images.md), against an empty image configuration and, for raw text, the
+//! same bytes read as an OCI image configuration: an error, or a workload with a program, an
+//! absolute working directory, `PATH`, one value per variable, no NUL byte, that reads back
+//! from its JSON unchanged.
 
 use launcher::vmi::VmiDocument;
 use serde_json::{json, Map, Value};
@@ -218,12 +224,28 @@ fn document(inp: &mut Input) -> Value {
         .map(|_| {
             let mut v = Map::new();
             v.insert("name".into(), Value::String(string(inp)));
-            match inp.u8() % 4 {
+            match inp.u8() % 5 {
                 0 => {
                     let mut c = Map::new();
                     maybe(inp, &mut c, "image", |i| Value::String(string(i)));
                     maybe(inp, &mut c, "path", |i| Value::String(string(i)));
                     v.insert("containerDisk".into(), obj(c));
+                }
+                4 => {
+                    let mut c = Map::new();
+                    maybe(inp, &mut c, "image", |i| Value::String(string(i)));
+                    maybe(inp, &mut c, "path", |i| Value::String(string(i)));
+                    let strings = |i: &mut Input| {
+                        Value::Array((0..i.u8() % 4).map(|_| Value::String(string(i))).collect())
+                    };
+                    maybe(inp, &mut c, "command", strings);
+                    maybe(inp, &mut c, "args", strings);
+                    maybe(inp, &mut c, "workingDir", |i| Value::String(string(i)));
+                    let env: Vec<Value> = (0..inp.u8() % 4)
+                        .map(|_| json!({ "name": string(inp), "value": string(inp) }))
+                        .collect();
+                    c.insert("env".into(), Value::Array(env));
+                    v.insert("containerRootfs".into(), obj(c));
                 }
                 1 => {
                     let mut c = Map::new();
@@ -383,8 +405,46 @@ fn s<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
     get(v, path).and_then(Value::as_str)
 }
 
+/// What a `containerRootfs` volume runs (docs/oci-images.md), resolved against `image`: an
+/// error, or a workload that the guest's init can run as it is.
+fn workload_holds(doc: &VmiDocument, image: &launcher::oci::ImageConfig) {
+    for v in &doc.spec.volumes {
+        let Some(cr) = &v.container_rootfs else {
+            continue;
+        };
+        let Ok(w) = launcher::oci::workload(image, cr, "/dev/vda", doc.hostname()) else {
+            continue;
+        };
+        assert!(!w.argv.is_empty() && !w.argv[0].is_empty(), "{w:?}");
+        assert!(w.working_dir.starts_with('/'), "{w:?}");
+        assert!(w.env.iter().any(|e| e.name == "PATH"), "{w:?}");
+        let mut names: Vec<&str> = w.env.iter().map(|e| e.name.as_str()).collect();
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "one value per variable: {w:?}");
+        let strings = w
+            .argv
+            .iter()
+            .chain([&w.working_dir])
+            .chain(w.env.iter().flat_map(|e| [&e.name, &e.value]));
+        for s in strings {
+            assert!(!s.contains('\0'), "NUL in {w:?}");
+        }
+        assert!(w
+            .env
+            .iter()
+            .all(|e| !e.name.is_empty() && !e.name.contains('=')));
+        // The init reads it back as the launcher wrote it.
+        let back: launcher::oci::Workload =
+            serde_json::from_slice(&serde_json::to_vec(&w).expect("JSON")).expect("parses");
+        assert_eq!(back, w);
+    }
+}
+
 /// Check the derived values every parsed document must satisfy.
 fn derived(doc: &VmiDocument) {
+    workload_holds(doc, &launcher::oci::ImageConfig::default());
     let cpu = doc.spec.domain.cpu.clone().unwrap_or_default();
     let product = [cpu.cores, cpu.sockets, cpu.threads]
         .iter()
@@ -626,6 +686,40 @@ fn matches(doc: &VmiDocument, v: &Value, how: &str) {
             s(w, &["containerDisk", "path"]),
             "{how}: path"
         );
+        let cr = vol.container_rootfs.as_ref();
+        assert_eq!(
+            cr.is_some(),
+            w.get("containerRootfs").is_some(),
+            "{how}: containerRootfs"
+        );
+        let list = |l: Option<&Vec<String>>| l.map(|l| json!(l));
+        if let Some(cr) = cr {
+            assert_eq!(
+                list(cr.command.as_ref()).as_ref(),
+                get(w, &["containerRootfs", "command"]),
+                "{how}: command"
+            );
+            assert_eq!(
+                list(cr.args.as_ref()).as_ref(),
+                get(w, &["containerRootfs", "args"]),
+                "{how}: args"
+            );
+            assert_eq!(
+                cr.working_dir.as_deref(),
+                s(w, &["containerRootfs", "workingDir"]),
+                "{how}: workingDir"
+            );
+            let env: Vec<Value> = cr
+                .env
+                .iter()
+                .map(|e| json!({ "name": e.name, "value": e.value }))
+                .collect();
+            assert_eq!(
+                Some(&Value::Array(env)),
+                get(w, &["containerRootfs", "env"]),
+                "{how}: env"
+            );
+        }
         let pvc = vol.persistent_volume_claim.as_ref();
         assert_eq!(
             pvc.map(|p| p.claim_name.as_str()),
@@ -705,8 +799,13 @@ pub fn run(data: &[u8]) {
         let text = String::from_utf8_lossy(inp.rest()).into_owned();
         let parsed = VmiDocument::parse(&text, "fuzz");
         trace!("vmi: raw text parses: {}", parsed.is_ok());
+        // The same bytes as an OCI image configuration (an image's config.json is the user's).
+        let image = launcher::oci::parse_config(text.as_bytes());
         if let Ok(doc) = parsed {
             derived(&doc);
+            if let Ok(image) = &image {
+                workload_holds(&doc, image);
+            }
         }
         return;
     }

@@ -466,14 +466,8 @@ fn container_rootfs_boot(
         }
         disks::Layout::Pod { .. } => return Err(err("not supported in a launcher pod yet".into())),
     };
-    let workload = microvirt_crds::workload::resolve(
-        &image,
-        &crate::oci::overrides(vol),
-        &format!("/dev/vd{letter}"),
-        doc.hostname(),
-        0,
-    )
-    .map_err(|e| err(format!("volume {:?}: {e}", disk.name)))?;
+    let workload = crate::oci::workload(&image, vol, &format!("/dev/vd{letter}"), doc.hostname())
+        .map_err(|e| err(format!("volume {:?}: {e}", disk.name)))?;
     let init = crate::oci::find_init(opts.guest_init.as_deref()).map_err(err)?;
     let init = std::fs::read(&init).map_err(|e| err(format!("{}: {e}", init.display())))?;
     let rel = PathBuf::from(format!("{}.initramfs", disk.name));

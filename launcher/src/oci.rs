@@ -17,7 +17,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use microvirt_crds::workload::{EnvVar, ImageConfig, Overrides, Workload, WORKLOAD_PATH};
+use microvirt_crds::workload::{EnvVar, Overrides, WORKLOAD_PATH};
+pub use microvirt_crds::workload::{ImageConfig, Workload};
 
 /// Where the launcher looks for the guest init when `--guest-init` is not given: this
 /// environment variable, else `microvirt-init` next to the launcher's executable.
@@ -221,6 +222,17 @@ pub fn check_static(elf: &[u8]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// What a `containerRootfs` volume runs: the image's configuration with the volume's overrides
+/// ([`microvirt_crds::workload::resolve`]), its root on `root_device`.
+pub fn workload(
+    image: &ImageConfig,
+    volume: &crate::vmi::ContainerRootfs,
+    root_device: &str,
+    hostname: &str,
+) -> Result<Workload, microvirt_crds::workload::WorkloadError> {
+    microvirt_crds::workload::resolve(image, &overrides(volume), root_device, hostname, 0)
 }
 
 /// The VMI's overrides of a `containerRootfs` volume.
