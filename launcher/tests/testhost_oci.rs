@@ -24,6 +24,9 @@
 //!   shell, the image's Entrypoint `python3`, WorkingDir `/srv`, its Env): a script with the
 //!   VMI's `args`; `python3 -m http.server` on the pod network answering through the pod IP,
 //!   ended by the stop's SIGTERM (status 143, as a container runtime reports it).
+//! - `warm`, `restored`: the same Python service snapshotted once it serves (what a warm pool
+//!   member will be), stopped, and restored with `run --restore`: the restored VM answers through
+//!   the pod IP without the app starting again, and its exit status still reaches the launcher.
 
 use microvirt_testhost::scenarios::{self, Scenario};
 
@@ -156,7 +159,8 @@ sed -i 's/^  volumes:/  networks: [{name: default, pod: {}}]\n  volumes:/; s/^  
 			[ $i -ge 30 ] && break
 			sleep 0.3
 		done
-		[ "$got" = "$web_token" ] && echo "check pyweb served the token through the pod IP"
+		[ "$got" = "$web_token" ] && echo "check pyweb served the token through the pod IP" &&
+			echo "check pyweb answered $(cut -d' ' -f1 /proc/uptime)"
 		"$MICROVM" shutdown --socket "$WORK/pyweb.sock"
 	fi
 ) &
@@ -166,6 +170,39 @@ vm pyweb run pyweb.yaml --pod-network --guest-init "$GUEST_INIT" --termination-l
 MICROVM=$launcher
 wait $client
 sed "s/^/check pyweb term /" "$WORK/pyweb.term"
+# warm: the same service snapshotted once it serves (a warm pool's member), stopped, and
+# restored: the restored VM answers without starting anything again.
+cp pyweb.yaml warm.yaml
+(
+	if wait_line "$WORK/warm.log" "^Serving HTTP" 1500; then
+		"$launcher" snapshot "$WORK/warm-snap" --socket "$WORK/warm.sock" >/dev/null && echo "check warm snapshot taken"
+		"$launcher" stop --socket "$WORK/warm.sock" >/dev/null
+	fi
+) &
+client=$!
+MICROVM=$WORK/launch.sh
+vm warm run warm.yaml --pod-network --guest-init "$GUEST_INIT" --control-socket "$WORK/warm.sock"
+MICROVM=$launcher
+wait $client
+(
+	if wait_line "$WORK/restored.log" "restored and running" 1500; then
+		i=0
+		until got=$(printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 2 10.244.0.5 8080 2>/dev/null | tail -n 1) && [ -n "$got" ]; do
+			i=$((i + 1))
+			[ $i -ge 30 ] && break
+			sleep 0.1
+		done
+		[ "$got" = "$web_token" ] && echo "check restored served the token through the pod IP" &&
+			echo "check restored answered $(cut -d' ' -f1 /proc/uptime)"
+		"$launcher" shutdown --socket "$WORK/restored.sock" >/dev/null
+	fi
+) &
+client=$!
+MICROVM=$WORK/launch.sh
+vm restored run warm.yaml --restore "$WORK/warm-snap" --pod-network --guest-init "$GUEST_INIT" --termination-log "$WORK/restored.term" --control-socket "$WORK/restored.sock"
+MICROVM=$launcher
+wait $client
+sed "s/^/check restored term /" "$WORK/restored.term"
 pod_network_down
 "##;
 
@@ -341,6 +378,51 @@ fn oci_image_vms_run_their_entrypoint_and_end_with_its_exit_status() {
         "{}",
         all("pyweb")
     );
+    // warm: snapshotted while serving; the restore answers at once, the app not started again,
+    // and its exit status still reaches the launcher.
+    assert!(
+        checks.contains(&"warm snapshot taken"),
+        "{checks:?}\n{}",
+        all("warm")
+    );
+    assert!(
+        checks.contains(&"restored served the token through the pod IP"),
+        "{checks:?}\n{}",
+        all("restored")
+    );
+    assert!(
+        !all("restored").contains("Serving HTTP"),
+        "the restored app started again:\n{}",
+        all("restored")
+    );
+    assert_eq!(
+        term("restored")[..3],
+        [
+            "workload exited with status 143",
+            "reason=WorkloadFailed",
+            "exitCode=6"
+        ],
+        "{}",
+        all("restored")
+    );
+    // Not asserted (a test is no benchmark): the launcher's start → the first answer, cold and
+    // restored, in test-host seconds.
+    let uptime = |key: &str| -> Option<f64> {
+        checks
+            .iter()
+            .find_map(|c| c.strip_prefix(key)?.split_whitespace().next()?.parse().ok())
+    };
+    for vm in ["pyweb", "restored"] {
+        if let (Some(a), Some(b)) = (
+            uptime(&format!("vm {vm} start ")),
+            uptime(&format!("{vm} answered ")),
+        ) {
+            eprintln!(
+                "[oci] {vm}: launcher start -> first HTTP answer {:.2} s",
+                b - a
+            );
+        }
+    }
     assert_eq!(
         term("missing")[..3],
         [

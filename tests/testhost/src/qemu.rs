@@ -25,10 +25,12 @@ pub enum RunError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{what} timed out after {secs} s (log: {log}); console tail:\n{tail}")]
+    #[error("{what} timed out after {secs} s, the last {silent_secs} s without a console line (log: {log}); console tail:\n{tail}")]
     Timeout {
         what: String,
         secs: u64,
+        /// Seconds from the last console line to the timeout.
+        silent_secs: u64,
         log: PathBuf,
         tail: String,
     },
@@ -128,6 +130,7 @@ pub fn run_console(mut cmd: Command, opts: &RunOptions) -> Result<Console, RunEr
     let deadline = start + opts.timeout;
     let mut lines = Vec::new();
     let mut done = false;
+    let mut last_line = start;
     loop {
         let now = Instant::now();
         if now >= deadline {
@@ -142,12 +145,14 @@ pub fn run_console(mut cmd: Command, opts: &RunOptions) -> Result<Console, RunEr
             return Err(RunError::Timeout {
                 what: opts.name.clone(),
                 secs: opts.timeout.as_secs(),
+                silent_secs: now.duration_since(last_line).as_secs(),
                 log: opts.log.clone(),
                 tail,
             });
         }
         match rx.recv_timeout(deadline - now) {
             Ok(line) => {
+                last_line = Instant::now();
                 let stamped = format!(
                     "[{} {:7.2}] {line}",
                     opts.name,

@@ -391,7 +391,7 @@ export MICROVM=/bin/microvm VMLINUX=/guest/vmlinux BZIMAGE=/guest/bzImage ROOTFS
 echo "=== l1 ready $(cut -d' ' -f1 /proc/uptime)"
 # A heartbeat: when the console goes quiet, these lines tell a test host that still runs from
 # one that froze (the QEMU monitor dump at the timeout then says where its CPU is).
-( while sleep 60; do echo "=== l1 alive $(cut -d' ' -f1 /proc/uptime)"; done ) &
+( while sleep {HEARTBEAT_SECS}; do echo "=== l1 alive $(cut -d' ' -f1 /proc/uptime)"; done ) &
 {body}
 echo "{DONE_MARKER} $(cut -d' ' -f1 /proc/uptime)"
 poweroff -f
@@ -420,6 +420,23 @@ fn script_file(sc: &Scenario) -> String {
 /// 150 s or the `VM_TIMEOUT=` its script gives its VMs, whichever is more (a scenario that boots
 /// a stock Linux guest twice needs minutes on a busy machine). `MICROVIRT_TESTHOST_TIMEOUT`
 /// (seconds) overrides it. Only a scenario that hangs waits this long.
+/// The silent seconds and the console log of a run that timed out because the test host itself
+/// froze (silent for [`FROZEN_SECS`], heartbeat included); None for any other outcome.
+pub fn test_host_froze(e: &ScenarioError) -> Option<(u64, &Path)> {
+    match e {
+        ScenarioError::Run(RunError::Timeout {
+            silent_secs, log, ..
+        }) if *silent_secs >= FROZEN_SECS => Some((*silent_secs, log.as_path())),
+        _ => None,
+    }
+}
+
+/// The test host's heartbeat period (`=== l1 alive` lines).
+pub const HEARTBEAT_SECS: u64 = 60;
+/// A test host whose console stayed silent this long before its timeout froze: its heartbeat
+/// stopped too. [`run_suite`] then runs the suite once more.
+pub const FROZEN_SECS: u64 = 150;
+
 pub fn suite_timeout(scenarios: &[Scenario]) -> Duration {
     let secs = std::env::var("MICROVIRT_TESTHOST_TIMEOUT")
         .ok()
@@ -448,7 +465,20 @@ pub fn run_suite(
     let r = if prep.direct {
         run_direct(prep, scenarios, echo)
     } else {
-        run_in_test_host(prep, scenarios, echo)
+        match run_in_test_host(prep, scenarios, echo) {
+            Err(e) if test_host_froze(&e).is_some() => {
+                let (silent_secs, log) = test_host_froze(&e).expect("checked");
+                // Not even the test host's own heartbeat came: the test host froze (docs/
+                // testing.md, "the test host froze": QEMU TCG's nested-SVM fault, not the
+                // scenario). Once more; a scenario that freezes it every time still fails.
+                eprintln!(
+                    "[testhost] the test host froze: no console line, not even its {HEARTBEAT_SECS} s heartbeat, for the last {silent_secs} s ({}); running the suite once more. The frozen run:\n{e}",
+                    log.display()
+                );
+                run_in_test_host(prep, scenarios, echo)
+            }
+            r => r,
+        }
     };
     if r.is_err() {
         prep.keep_workdir();
@@ -621,6 +651,34 @@ pub fn select(names: &[String]) -> Result<Vec<Scenario>, ScenarioError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_silent_timeout_is_a_frozen_test_host() {
+        let timeout = |silent_secs| {
+            ScenarioError::Run(RunError::Timeout {
+                what: "l1".into(),
+                secs: 420,
+                silent_secs,
+                log: "/tmp/l1.log".into(),
+                tail: String::new(),
+            })
+        };
+        // The heartbeat comes every HEARTBEAT_SECS: two missed ones and more mean a freeze.
+        const { assert!(FROZEN_SECS > 2 * HEARTBEAT_SECS) };
+        assert_eq!(
+            test_host_froze(&timeout(FROZEN_SECS)),
+            Some((FROZEN_SECS, Path::new("/tmp/l1.log")))
+        );
+        // A scenario that hangs while the test host lives: its heartbeat keeps the console busy.
+        assert_eq!(test_host_froze(&timeout(HEARTBEAT_SECS)), None);
+        let incomplete = ScenarioError::Run(RunError::Incomplete {
+            what: "l1".into(),
+            status: "exit 1".into(),
+            log: "/tmp/l1.log".into(),
+            tail: String::new(),
+        });
+        assert_eq!(test_host_froze(&incomplete), None);
+    }
 
     #[test]
     fn splits_sections_with_status() {
