@@ -8,7 +8,7 @@
 //! | persistentVolumeClaim | `<root>/pvcs/<vol>`: `disk.img` inside (`volumeMode: Filesystem`), else the block device `<pvc-devices>/<vol>` (`volumeMode: Block`, default `/dev/microvirt/pvcs`) | `claimName`: a path when it has a `/`, else `<pvc-root>/<claimName>`; a directory means its `disk.img`; a block device is the disk |
 //! | emptyDisk | sparse `<root>/empty-disks/<vol>/disk.img` | sparse file in the runtime directory |
 //! | cloudInitNoCloud | VFAT `cidata` image in the runtime directory | same |
-//! | containerRootfs | not yet (docs/oci-images.md) | `path`: a directory with `rootfs/` (and `config.json`), built into a read-only erofs image `<vol>.erofs` in the runtime directory |
+//! | containerRootfs | not yet (docs/oci-images.md) | `path`: a directory with `rootfs/` (and `config.json`), built into a read-only erofs image once per tree fingerprint in the cache ([`crate::oci::cache_dir`]), else `<vol>.erofs` in the runtime directory |
 //!
 //! containerDisks are used through a per-VMI copy-on-write overlay in the runtime directory (the
 //! image is never written, so any number of VMIs share it), unless the disk is read-only.
@@ -416,21 +416,36 @@ fn volume_disk(
         let t = std::time::Instant::now();
         let stats = crate::oci::check_tree(&image.rootfs, crate::oci::LIMITS)
             .map_err(|e| invalid(name, format!("image refused: {e}")))?;
-        let out = scratch.join(format!("{name}.erofs"));
         log::info!(
-            "volume {name:?}: building the read-only image of {} ({} files, {} MiB) ...",
+            "volume {name:?}: the image {} has {} files, {} MiB",
             image.rootfs.display(),
             stats.entries,
             stats.bytes >> 20
         );
-        crate::oci::build_erofs(&image.rootfs, &out).map_err(|e| invalid(name, e))?;
-        log::info!(
-            "volume {name:?}: {} built in {} ms",
-            out.display(),
-            t.elapsed().as_millis()
-        );
-        let rel = PathBuf::from(format!("{name}.erofs"));
-        let f = DiskFile::beneath(name, scratch, &rel, OpenMode::ReadOnly)?;
+        let f = match crate::oci::cache_dir() {
+            Some(cache) => {
+                let (path, built) = crate::oci::cached_erofs(&image.rootfs, &stats, &cache)
+                    .map_err(|e| invalid(name, e))?;
+                log::info!(
+                    "volume {name:?}: {} {} in {} ms",
+                    path.display(),
+                    if built { "built" } else { "found in the cache" },
+                    t.elapsed().as_millis()
+                );
+                DiskFile::local(path)
+            }
+            None => {
+                let rel = PathBuf::from(format!("{name}.erofs"));
+                crate::oci::build_erofs(&image.rootfs, &scratch.join(&rel))
+                    .map_err(|e| invalid(name, e))?;
+                log::info!(
+                    "volume {name:?}: {} built in {} ms (no cache directory)",
+                    scratch.join(&rel).display(),
+                    t.elapsed().as_millis()
+                );
+                DiskFile::beneath(name, scratch, &rel, OpenMode::ReadOnly)?
+            }
+        };
         return Ok((DiskKind::ContainerRootfs, f, false, true));
     }
     if let Some(pvc) = &vol.persistent_volume_claim {

@@ -46,19 +46,30 @@ pub const LIMITS: Limits = Limits {
 };
 
 /// What the walk found.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TreeStats {
     pub entries: u64,
     pub bytes: u64,
+    /// SHA-256 (hex) over every entry's path, type, mode, owner, size, times (ctime too, which
+    /// any change of contents, metadata or extended attributes moves, and nobody can set),
+    /// device number and link target, in a fixed order: equal for an unchanged tree, the key
+    /// of its erofs image in the cache ([`cache_dir`]).
+    pub fingerprint: String,
 }
 
-/// Walks `root` without following links and refuses it over `limits`.
+/// Bumped when what goes into an erofs image changes (the `mkfs.erofs` options).
+const IMAGE_FORMAT: &[u8] = b"microvirt-erofs-v1";
+
+/// Walks `root` without following links, refuses it over `limits`, and fingerprints it.
 pub fn check_tree(root: &Path, limits: Limits) -> Result<TreeStats, String> {
+    use sha2::Digest;
     let meta = std::fs::symlink_metadata(root).map_err(|e| format!("{}: {e}", root.display()))?;
     if !meta.is_dir() {
         return Err(format!("{} is not a directory", root.display()));
     }
     let mut stats = TreeStats::default();
+    let mut hash = sha2::Sha256::new();
+    hash.update(IMAGE_FORMAT);
     let mut stack = vec![(root.to_path_buf(), 0usize)];
     while let Some((dir, depth)) = stack.pop() {
         if depth >= limits.depth {
@@ -68,16 +79,43 @@ pub fn check_tree(root: &Path, limits: Limits) -> Result<TreeStats, String> {
                 dir.display()
             ));
         }
-        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for e in entries {
+        let mut names = Vec::new();
+        for e in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
             let e = e.map_err(|e| format!("{}: {e}", dir.display()))?;
-            let m = e
-                .path()
-                .symlink_metadata()
-                .map_err(|err| format!("{}: {err}", e.path().display()))?;
             stats.entries += 1;
             if stats.entries > limits.entries {
                 return Err(format!("more than {} files", limits.entries));
+            }
+            names.push(e.file_name());
+        }
+        names.sort_unstable();
+        let mut subdirs = Vec::new();
+        for name in names {
+            let path = dir.join(&name);
+            let m = path
+                .symlink_metadata()
+                .map_err(|err| format!("{}: {err}", path.display()))?;
+            let rel = path.strip_prefix(root).unwrap_or(&path);
+            hash.update(rel.as_os_str().as_encoded_bytes());
+            hash.update([0]);
+            for v in [
+                u64::from(m.mode()),
+                u64::from(m.uid()),
+                u64::from(m.gid()),
+                m.size(),
+                m.mtime() as u64,
+                m.mtime_nsec() as u64,
+                m.ctime() as u64,
+                m.ctime_nsec() as u64,
+                m.rdev(),
+            ] {
+                hash.update(v.to_le_bytes());
+            }
+            if m.file_type().is_symlink() {
+                let target = std::fs::read_link(&path)
+                    .map_err(|err| format!("{}: {err}", path.display()))?;
+                hash.update(target.as_os_str().as_encoded_bytes());
+                hash.update([0]);
             }
             if m.is_file() {
                 stats.bytes = stats.bytes.saturating_add(m.size());
@@ -88,11 +126,52 @@ pub fn check_tree(root: &Path, limits: Limits) -> Result<TreeStats, String> {
                     ));
                 }
             } else if m.is_dir() {
-                stack.push((e.path(), depth + 1));
+                subdirs.push(path);
             }
         }
+        // Visited in name order (popped last-first).
+        stack.extend(subdirs.into_iter().rev().map(|d| (d, depth + 1)));
     }
+    stats.fingerprint = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
     Ok(stats)
+}
+
+/// Where run mode keeps the erofs images it built, by fingerprint ([`TreeStats`]), so that an
+/// unchanged image is built once (and a restore reads the very disk its snapshot saw):
+/// `$MICROVIRT_ROOTFS_CACHE`, else `$XDG_CACHE_HOME/microvirt/rootfs`, else
+/// `$HOME/.cache/microvirt/rootfs`; None without any (each run then builds its own, in its
+/// runtime directory). Nothing removes entries: delete the directory to reclaim the space.
+pub fn cache_dir() -> Option<PathBuf> {
+    let var = |k| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("MICROVIRT_ROOTFS_CACHE")
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("microvirt/rootfs")))
+        .or_else(|| var("HOME").map(|d| d.join(".cache/microvirt/rootfs")))
+}
+
+/// The erofs image of `rootfs` (fingerprint `stats`) in `cache`: taken as it is when there,
+/// else built beside it and renamed into place (a concurrent builder of the same image loses
+/// nothing). Returns the path and whether it was built now.
+pub fn cached_erofs(
+    rootfs: &Path,
+    stats: &TreeStats,
+    cache: &Path,
+) -> Result<(PathBuf, bool), String> {
+    let path = cache.join(format!("{}.erofs", stats.fingerprint));
+    if path.is_file() {
+        return Ok((path, false));
+    }
+    std::fs::create_dir_all(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+    let tmp = cache.join(format!(".{}.{}.tmp", stats.fingerprint, std::process::id()));
+    build_erofs(rootfs, &tmp)?;
+    std::fs::rename(&tmp, &path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("{}: {e}", path.display())
+    })?;
+    Ok((path, true))
 }
 
 /// An image in run mode: a directory with the image's files in `rootfs/` and, optionally, its
@@ -323,6 +402,7 @@ impl Cpio {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     struct Dir(PathBuf);
     impl Drop for Dir {
@@ -412,13 +492,8 @@ mod tests {
             bytes: 2 << 40,
             depth: 10,
         };
-        assert_eq!(
-            check_tree(&r, big),
-            Ok(TreeStats {
-                entries: 6,
-                bytes: 1000 + (1 << 40)
-            })
-        );
+        let stats = check_tree(&r, big).unwrap();
+        assert_eq!((stats.entries, stats.bytes), (6, 1000 + (1 << 40)));
         let e = check_tree(
             &r,
             Limits {
@@ -435,6 +510,58 @@ mod tests {
         assert!(check_tree(&r.join("sparse"), big)
             .unwrap_err()
             .contains("not a directory"));
+    }
+
+    #[test]
+    fn the_fingerprint_moves_with_any_change_and_only_then() {
+        let d = dir("fp");
+        let r = d.0.join("rootfs");
+        std::fs::create_dir_all(r.join("etc/x")).unwrap();
+        std::fs::write(r.join("etc/passwd"), "root:x:0:0::/:/bin/sh\n").unwrap();
+        std::os::unix::fs::symlink("passwd", r.join("etc/link")).unwrap();
+        let fp = || check_tree(&r, LIMITS).unwrap().fingerprint;
+        let first = fp();
+        assert_eq!(first.len(), 64);
+        assert_eq!(fp(), first, "an unchanged tree");
+        let mut seen = vec![first];
+        let mut changed = |what: &str| {
+            let now = fp();
+            assert!(
+                !seen.contains(&now),
+                "{what} did not change the fingerprint"
+            );
+            seen.push(now);
+        };
+        std::fs::write(r.join("etc/passwd"), "root:x:0:0::/:/bin/bash\n").unwrap();
+        changed("new contents");
+        std::fs::set_permissions(r.join("etc/passwd"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        changed("a mode");
+        std::fs::remove_file(r.join("etc/link")).unwrap();
+        std::os::unix::fs::symlink("group", r.join("etc/link")).unwrap();
+        changed("a link target");
+        std::fs::write(r.join("etc/x/new"), "").unwrap();
+        changed("a new file");
+    }
+
+    #[test]
+    fn an_unchanged_image_is_built_once_into_the_cache() {
+        let d = dir("cache");
+        let r = d.0.join("rootfs");
+        std::fs::create_dir_all(r.join("bin")).unwrap();
+        std::fs::write(r.join("bin/app"), "#!/bin/sh\necho hi\n").unwrap();
+        let stats = check_tree(&r, LIMITS).unwrap();
+        let cache = d.0.join("cache");
+        let (path, built) = cached_erofs(&r, &stats, &cache).expect("mkfs.erofs (erofs-utils)");
+        assert!(built && path.is_file());
+        assert_eq!(path, cache.join(format!("{}.erofs", stats.fingerprint)));
+        let (again, built) = cached_erofs(&r, &stats, &cache).unwrap();
+        assert_eq!((again, built), (path.clone(), false));
+        // Nothing else is left in the cache (the temporary file was renamed).
+        assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 1);
+        // erofs's superblock magic at 1024.
+        let img = std::fs::read(&path).unwrap();
+        assert_eq!(&img[1024..1028], &0xe0f5_e1e2u32.to_le_bytes());
     }
 
     #[test]

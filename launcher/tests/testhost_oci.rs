@@ -3,8 +3,9 @@
 //! whose only disk is a `containerRootfs` volume. The image is a directory the scenario builds
 //! from Debian's `busybox-static` (`rootfs/` with a user `app`, and an OCI image configuration
 //! `config.json`: Entrypoint, Cmd, Env, WorkingDir, User). The launcher builds the erofs disk
-//! with `mkfs.erofs` inside the test host and the initramfs with `microvirt-init` (built static
-//! here) and the workload; the init mounts the image under a tmpfs overlay and runs it.
+//! with `mkfs.erofs` inside the test host (once per tree: a cache keyed by the tree's
+//! fingerprint, rebuilt when the tree changed) and the initramfs with `microvirt-init` (built
+//! static here) and the workload; the init mounts the image under a tmpfs overlay and runs it.
 //!
 //! - `hello`: the image's Entrypoint with the VMI's `args` and `env`: the workload runs as the
 //!   image's user in its working directory, with the image's and the VMI's environment, the
@@ -33,6 +34,8 @@ use microvirt_testhost::scenarios::{self, Scenario};
 const SCRIPT: &str = r##"
 [ -x /bin/virt-launcher ] && MICROVM=/bin/virt-launcher
 VM_TIMEOUT=300
+# Where the launchers keep the erofs images they build, by the tree's fingerprint.
+export MICROVIRT_ROOTFS_CACHE=$WORK/rootfs-cache
 # The image: busybox, a user, a secret link out of the tree, and its configuration.
 mkdir -p img/rootfs/bin img/rootfs/etc img/rootfs/app
 cp /bin/busybox img/rootfs/bin/
@@ -286,6 +289,26 @@ fn oci_image_vms_run_their_entrypoint_and_end_with_its_exit_status() {
         term("hello")
     );
     assert_eq!(sec.vm_exit("hello").as_deref(), Some("6"), "{checks:?}");
+
+    // The erofs image: built by the first VM of a tree, found in the cache by the next ones,
+    // built again once the tree changed (web.sh was added for `web`).
+    for (vm, how) in [
+        ("hello", "built in"),
+        ("ok", "found in the cache"),
+        ("missing", "found in the cache"),
+        ("web", "built in"),
+        ("py", "built in"),
+        ("pyweb", "found in the cache"),
+        ("restored", "found in the cache"),
+    ] {
+        assert!(
+            sec.vm_lines(vm)
+                .iter()
+                .any(|l| l.contains("rootfs-cache/") && l.contains(how)),
+            "{vm}: erofs image not {how}:\n{}",
+            all(vm)
+        );
+    }
 
     // ok: command replaces Entrypoint and Cmd.
     assert_eq!(out("ok"), ["ok /bin/sh 0"], "{}", all("ok"));

@@ -533,6 +533,7 @@ pub fn run(prep: &Prepared, o: &BenchOptions, echo: bool) -> Result<BenchRun, Sc
             echo,
             done_marker: DONE_MARKER.into(),
             monitor: Some(monitor),
+            silence: None,
         },
     )?;
     let _ = std::fs::remove_file(&initramfs);

@@ -69,6 +69,9 @@ pub struct RunOptions {
     /// The QEMU human-monitor socket the command listens on ([`qemu_tcg_command`]): when the
     /// run times out, what the emulated CPU was doing goes into the error and the log.
     pub monitor: Option<PathBuf>,
+    /// Ends the run as timed out once no console line came for this long (a console that
+    /// prints a heartbeat, such as the test host's, is silent this long only when it froze).
+    pub silence: Option<Duration>,
 }
 
 /// Everything a run printed.
@@ -133,6 +136,10 @@ pub fn run_console(mut cmd: Command, opts: &RunOptions) -> Result<Console, RunEr
     let mut last_line = start;
     loop {
         let now = Instant::now();
+        let deadline = match opts.silence {
+            Some(quiet) => deadline.min(last_line + quiet),
+            None => deadline,
+        };
         if now >= deadline {
             let mut tail = tail(&lines, 40);
             if let Some(sock) = &opts.monitor {
@@ -144,7 +151,7 @@ pub fn run_console(mut cmd: Command, opts: &RunOptions) -> Result<Console, RunEr
             drop(child);
             return Err(RunError::Timeout {
                 what: opts.name.clone(),
-                secs: opts.timeout.as_secs(),
+                secs: now.duration_since(start).as_secs(),
                 silent_secs: now.duration_since(last_line).as_secs(),
                 log: opts.log.clone(),
                 tail,

@@ -433,9 +433,10 @@ pub fn test_host_froze(e: &ScenarioError) -> Option<(u64, &Path)> {
 
 /// The test host's heartbeat period (`=== l1 alive` lines).
 pub const HEARTBEAT_SECS: u64 = 60;
-/// A test host whose console stayed silent this long before its timeout froze: its heartbeat
-/// stopped too. [`run_suite`] then runs the suite once more.
-pub const FROZEN_SECS: u64 = 150;
+/// A test host whose console stayed silent this long froze: its heartbeat stopped too (four
+/// missed; the test host's clock may lag the wall clock under load). Its run ends then, and
+/// [`run_suite`] runs the suite once more.
+pub const FROZEN_SECS: u64 = 240;
 
 pub fn suite_timeout(scenarios: &[Scenario]) -> Duration {
     let secs = std::env::var("MICROVIRT_TESTHOST_TIMEOUT")
@@ -554,6 +555,9 @@ fn run_in_test_host(
             echo,
             done_marker: DONE_MARKER.into(),
             monitor: Some(monitor),
+            // Its heartbeat keeps a live test host's console busy: a silent one froze, and its
+            // run ends then instead of at the suite's timeout (tens of minutes for e2e).
+            silence: Some(Duration::from_secs(FROZEN_SECS)),
         },
     )?;
     let _ = std::fs::remove_file(&initramfs);
@@ -621,6 +625,7 @@ fn run_direct(
             echo,
             done_marker: DONE_MARKER.into(),
             monitor: None,
+            silence: None,
         },
     )?;
     Ok(SuiteResult {

@@ -765,6 +765,7 @@ pub(crate) fn run_in_test_host(
             echo,
             done_marker: crate::qemu::DONE_MARKER.into(),
             monitor: Some(monitor),
+            silence: None,
         },
     )?;
     let _ = std::fs::remove_file(&initramfs);

@@ -48,6 +48,7 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
             echo: true,
             done_marker: qemu::DONE_MARKER.into(),
             monitor: Some(monitor),
+            silence: None,
         },
     )
     .expect("test host run");
@@ -80,6 +81,7 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
             echo: false,
             done_marker: "never".into(),
             monitor: None,
+            silence: None,
         },
     )
     .expect_err("must time out");
@@ -121,6 +123,7 @@ fn test_host_boots_with_nested_kvm_and_harness_bounds_it() {
             echo: true,
             done_marker: qemu::DONE_MARKER.into(),
             monitor: Some(monitor),
+            silence: None,
         },
     )
     .expect_err("must time out");
