@@ -404,17 +404,10 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    struct Dir(PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    fn dir(name: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("mv-oci-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
+    use microvirt_testsupport::TempDir;
+
+    fn dir(name: &str) -> TempDir {
+        TempDir::new(&format!("oci-{name}"))
     }
 
     /// An archive entry: (name, mode, data, rdev).
@@ -480,7 +473,7 @@ mod tests {
     #[test]
     fn trees_over_the_limits_are_refused_without_following_links() {
         let d = dir("tree");
-        let r = d.0.join("rootfs");
+        let r = d.path().join("rootfs");
         std::fs::create_dir_all(r.join("a/b/c")).unwrap();
         std::fs::write(r.join("a/f"), vec![1u8; 1000]).unwrap();
         // A link out of the tree (to the whole host) is an entry, never walked.
@@ -515,7 +508,7 @@ mod tests {
     #[test]
     fn the_fingerprint_moves_with_any_change_and_only_then() {
         let d = dir("fp");
-        let r = d.0.join("rootfs");
+        let r = d.path().join("rootfs");
         std::fs::create_dir_all(r.join("etc/x")).unwrap();
         std::fs::write(r.join("etc/passwd"), "root:x:0:0::/:/bin/sh\n").unwrap();
         std::os::unix::fs::symlink("passwd", r.join("etc/link")).unwrap();
@@ -547,11 +540,11 @@ mod tests {
     #[test]
     fn an_unchanged_image_is_built_once_into_the_cache() {
         let d = dir("cache");
-        let r = d.0.join("rootfs");
+        let r = d.path().join("rootfs");
         std::fs::create_dir_all(r.join("bin")).unwrap();
         std::fs::write(r.join("bin/app"), "#!/bin/sh\necho hi\n").unwrap();
         let stats = check_tree(&r, LIMITS).unwrap();
-        let cache = d.0.join("cache");
+        let cache = d.path().join("cache");
         let (path, built) = cached_erofs(&r, &stats, &cache).expect("mkfs.erofs (erofs-utils)");
         assert!(built && path.is_file());
         assert_eq!(path, cache.join(format!("{}.erofs", stats.fingerprint)));
@@ -567,19 +560,22 @@ mod tests {
     #[test]
     fn image_directories_and_their_configuration() {
         let d = dir("imgdir");
-        assert!(ImageDir::open(&d.0).unwrap_err().contains("no rootfs/"));
-        std::fs::create_dir(d.0.join("rootfs")).unwrap();
-        assert_eq!(ImageDir::open(&d.0).unwrap().config, ImageConfig::default());
+        assert!(ImageDir::open(d.path()).unwrap_err().contains("no rootfs/"));
+        std::fs::create_dir(d.path().join("rootfs")).unwrap();
+        assert_eq!(
+            ImageDir::open(d.path()).unwrap().config,
+            ImageConfig::default()
+        );
         std::fs::write(
-            d.0.join("config.json"),
+            d.path().join("config.json"),
             r#"{"architecture":"amd64","os":"linux","config":{"Entrypoint":["python3"],"Cmd":["-V"],"Env":["A=1"],"WorkingDir":"/app","User":"1000"}}"#,
         )
         .unwrap();
-        let c = ImageDir::open(&d.0).unwrap().config;
+        let c = ImageDir::open(d.path()).unwrap().config;
         assert_eq!(c.entrypoint, Some(vec!["python3".to_string()]));
         assert_eq!(c.user.as_deref(), Some("1000"));
-        std::fs::write(d.0.join("config.json"), "[1]").unwrap();
-        assert!(ImageDir::open(&d.0)
+        std::fs::write(d.path().join("config.json"), "[1]").unwrap();
+        assert!(ImageDir::open(d.path())
             .unwrap_err()
             .contains("not an OCI image configuration"));
     }

@@ -102,6 +102,19 @@ run_vmi missing
 # node through the pod IP (DNAT).
 pod_network_up
 web_token=$(token)
+# fetch_token NAME: GET /index.html through the pod IP until something answers (at most 30
+# tries; nc, not wget: the static busybox's wget crashes in glibc's resolver here); says whether
+# it was the token, and when (test-host uptime).
+fetch_token() {
+	i=0
+	until got=$(printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 2 10.244.0.5 8080 2>/dev/null | tail -n 1) && [ -n "$got" ]; do
+		i=$((i + 1))
+		[ $i -ge 30 ] && break
+		sleep 0.2
+	done
+	[ "$got" = "$web_token" ] && echo "check $1 served the token through the pod IP" &&
+		echo "check $1 answered $(cut -d' ' -f1 /proc/uptime)"
+}
 cat > web.sh <<EOF
 echo out-ip \$(ip -4 addr show eth0 | grep -o 'inet [0-9./]*')
 echo out-\$(grep nameserver /etc/resolv.conf)
@@ -123,14 +136,7 @@ EOF
 chmod +x launch.sh
 (
 	if wait_line "$WORK/web.log" "^out-serving" 1500; then
-		i=0
-		# (nc, not wget: the static busybox's wget crashes in glibc's resolver here)
-		until got=$(printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 2 10.244.0.5 8080 2>/dev/null | tail -n 1) && [ -n "$got" ]; do
-			i=$((i + 1))
-			[ $i -ge 30 ] && break
-			sleep 0.3
-		done
-		[ "$got" = "$web_token" ] && echo "check web served the token through the pod IP"
+		fetch_token web
 		"$MICROVM" shutdown --socket "$WORK/web.sock"
 	fi
 ) &
@@ -156,14 +162,7 @@ vmi pyweb 'args: ["-m", "http.server", "8080"]'
 sed -i 's/^  volumes:/  networks: [{name: default, pod: {}}]\n  volumes:/; s/^      disks: \[{name: app}\]/      disks: [{name: app}]\n      interfaces: [{name: default, masquerade: {}}]/' pyweb.yaml
 (
 	if wait_line "$WORK/pyweb.log" "^Serving HTTP" 1500; then
-		i=0
-		until got=$(printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 2 10.244.0.5 8080 2>/dev/null | tail -n 1) && [ -n "$got" ]; do
-			i=$((i + 1))
-			[ $i -ge 30 ] && break
-			sleep 0.3
-		done
-		[ "$got" = "$web_token" ] && echo "check pyweb served the token through the pod IP" &&
-			echo "check pyweb answered $(cut -d' ' -f1 /proc/uptime)"
+		fetch_token pyweb
 		"$MICROVM" shutdown --socket "$WORK/pyweb.sock"
 	fi
 ) &
@@ -189,14 +188,7 @@ MICROVM=$launcher
 wait $client
 (
 	if wait_line "$WORK/restored.log" "restored and running" 1500; then
-		i=0
-		until got=$(printf 'GET /index.html HTTP/1.0\r\n\r\n' | nc -w 2 10.244.0.5 8080 2>/dev/null | tail -n 1) && [ -n "$got" ]; do
-			i=$((i + 1))
-			[ $i -ge 30 ] && break
-			sleep 0.1
-		done
-		[ "$got" = "$web_token" ] && echo "check restored served the token through the pod IP" &&
-			echo "check restored answered $(cut -d' ' -f1 /proc/uptime)"
+		fetch_token restored
 		"$launcher" shutdown --socket "$WORK/restored.sock" >/dev/null
 	fi
 ) &

@@ -416,10 +416,6 @@ fn script_file(sc: &Scenario) -> String {
     format!("{PRELUDE}\n# ---- {}.sh ----\n{}", sc.name, sc.script)
 }
 
-/// Test-host (QEMU TCG) console timeout: a fixed allowance for booting plus, per scenario,
-/// 150 s or the `VM_TIMEOUT=` its script gives its VMs, whichever is more (a scenario that boots
-/// a stock Linux guest twice needs minutes on a busy machine). `MICROVIRT_TESTHOST_TIMEOUT`
-/// (seconds) overrides it. Only a scenario that hangs waits this long.
 /// The silent seconds and the console log of a run that timed out because the test host itself
 /// froze (silent for [`FROZEN_SECS`], heartbeat included); None for any other outcome.
 pub fn test_host_froze(e: &ScenarioError) -> Option<(u64, &Path)> {
@@ -438,6 +434,10 @@ pub const HEARTBEAT_SECS: u64 = 60;
 /// [`run_suite`] runs the suite once more.
 pub const FROZEN_SECS: u64 = 240;
 
+/// Test-host (QEMU TCG) console timeout: a fixed allowance for booting plus, per scenario,
+/// 150 s or the `VM_TIMEOUT=` its script gives its VMs, whichever is more (a scenario that boots
+/// a stock Linux guest twice needs minutes on a busy machine). `MICROVIRT_TESTHOST_TIMEOUT`
+/// (seconds) overrides it. Only a scenario that hangs waits this long.
 pub fn suite_timeout(scenarios: &[Scenario]) -> Duration {
     let secs = std::env::var("MICROVIRT_TESTHOST_TIMEOUT")
         .ok()
