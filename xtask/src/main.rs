@@ -34,6 +34,7 @@ fn usage() -> &'static str {
      \x20 bench-testhost [RUNS] [--initrd] [--kernel VMLINUX] [--append ARGS] [--boot-log] [--snapshot-only] [--shmem-thp MODE] [--no-qemu] [--boot-only] [--variant-append ARGS]  microvm vs QEMU -M microvm boot time and RSS, Linux restores, in the test host\n\
      \x20 bench-stock [RUNS]  Debian's stock cloud kernel + initramfs: microvm vs QEMU -M microvm,acpi=on start -> init, in the test host\n\
      \x20 bench-systemd [RUNS]  a Debian cloud image with systemd: microvm vs QEMU -M microvm,acpi=on start -> multi-user.target, in the test host\n\
+     \x20 bench-oci [RUNS]  a Python OCI image: runc container vs VMI vs VMI restored from a snapshot, start -> first line, -> HTTP answer, memory, in the test host\n\
      \x20 bench-disk [RUNS] [--boots N]  guest O_DIRECT reads of a raw, qcow2 and qcow2 -c disk: microvm vs QEMU, in the test host\n\
      \x20 cluster up [--control-plane-only]|down|status  a persistent single-node cluster with\n\
      \x20                 microvirt installed (or only etcd + kube-apiserver)\n\
@@ -64,6 +65,7 @@ fn main() -> Result<()> {
         "bench-testhost" => testhost::bench_main(rest),
         "bench-stock" => testhost::bench_stock_main(rest),
         "bench-systemd" => testhost::bench_systemd_main(rest),
+        "bench-oci" => testhost::bench_oci_main(rest),
         "bench-disk" => testhost::bench_disk_main(rest),
         "testguest" => {
             let a = testguest_build::build()?;

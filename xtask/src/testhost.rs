@@ -391,3 +391,78 @@ pub fn bench_disk_main(args: &[String]) -> Result<()> {
     }
     Ok(())
 }
+
+/// `cargo xtask bench-oci [RUNS]`: the Python image of the OCI-image tests
+/// (tests/testhost/src/oci_guest.rs) serving HTTP as a runc container, as a VMI (`virt-launcher
+/// run`, its erofs image cached) and as a VMI restored from a snapshot taken while it served (a
+/// warm pool's claim), RUNS of each (default 5), interleaved, in one test-host boot, all on one
+/// pod network; the first VMI also builds the erofs image. Medians of start → the app's first
+/// line and → its first HTTP answer through the pod IP, each answer as a ratio to runc's, and
+/// memory once it answered.
+pub fn bench_oci_main(args: &[String]) -> Result<()> {
+    use microvirt_testhost::oci_guest::{self, Sample};
+    let runs: usize = match args.first() {
+        Some(n) => n
+            .parse()
+            .map_err(|_| anyhow::anyhow!("bench-oci [RUNS]: {n:?} is not a number"))?,
+        None => 5,
+    };
+    crate::setup::ensure_packages(&["erofs-utils", "runc"])?;
+    let image = oci_guest::build()?;
+    let launcher = scenarios::cargo_build_release_static("microvirt-launcher", "virt-launcher")?;
+    let init = scenarios::cargo_build_release_static("microvirt-init", "microvirt-init")?;
+    let prep = scenarios::prepare()?;
+    // The console log named at the end stays for the reader.
+    prep.keep_workdir();
+    let (samples, console) = oci_guest::bench(
+        &prep,
+        &image,
+        &launcher,
+        &init,
+        runs,
+        std::env::var_os("MICROVIRT_VERBOSE").is_some(),
+    )?;
+    let show = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.2}"));
+    let of = |kind: &str, f: fn(&Sample) -> Option<f64>| {
+        bench::median(
+            samples
+                .iter()
+                .filter(|s| s.kind == kind)
+                .filter_map(f)
+                .collect(),
+        )
+    };
+    println!(
+        "python3 {} (Debian), `python3 -m http.server`, {runs} runs each; test-host seconds from the start command (log {}):",
+        image.version,
+        console.log.display()
+    );
+    println!("| start | n | -> first line | -> HTTP answer | / runc's | RSS MiB | PSS MiB |");
+    println!("|---|---|---|---|---|---|---|");
+    let runc = of("runc", |s| s.answer);
+    for kind in ["runc", "vm-uncached", "vm", "restored"] {
+        let n = samples
+            .iter()
+            .filter(|s| s.kind == kind && s.answer.is_some())
+            .count();
+        let answer = of(kind, |s| s.answer);
+        let ratio = match (answer, runc) {
+            (Some(a), Some(r)) if r > 0.0 => format!("{:.2}x", a / r),
+            _ => "-".into(),
+        };
+        println!(
+            "| {kind} | {n} | {} | {} | {ratio} | {} | {} |",
+            show(of(kind, |s| s.first_line)),
+            show(answer),
+            show(of(kind, |s| s.rss_kib).map(|k| k / 1024.0)),
+            show(of(kind, |s| s.pss_kib).map(|k| k / 1024.0)),
+        );
+    }
+    if samples.iter().filter(|s| s.answer.is_some()).count() < 3 * runs + 1 {
+        bail!(
+            "not every start answered (log {}): {samples:?}",
+            console.log.display()
+        );
+    }
+    Ok(())
+}
