@@ -134,16 +134,18 @@ tok=$(token)
 echo "$tok" > img/rootfs/srv/index.html
 export MICROVIRT_ROOTFS_CACHE=$WORK/cache
 pod_network_up
-# The container: the same files, read-only, the image's configuration by hand, in the pod's
-# network namespace (as a pod's container joins its sandbox's).
+# The container: the same files (a copy: runc adds its mount points to a root, which would
+# change the VM's image), read-only, the image's configuration by hand, in the pod's network
+# namespace (as a pod's container joins its sandbox's).
 mkdir -p bundle
+cp -a img/rootfs bundle/rootfs
 cat > bundle/config.json <<EOF
 {"ociVersion": "1.0.2",
  "process": {"terminal": false, "user": {"uid": 0, "gid": 0}, "cwd": "/srv",
    "args": ["python3", "-m", "http.server", "8080"],
    "env": ["PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", "PYTHONUNBUFFERED=1"],
    "noNewPrivileges": true},
- "root": {"path": "$WORK/img/rootfs", "readonly": true},
+ "root": {"path": "$WORK/bundle/rootfs", "readonly": true},
  "hostname": "bench",
  "mounts": [
    {"destination": "/proc", "type": "proc", "source": "proc"},
@@ -200,23 +202,28 @@ answer() {
 vm_run() {
 	t0=$(now)
 	( answer "$1" "$2" virt-launcher; launcher stop --socket $WORK/ctl.sock > /dev/null ) &
+	_c=$!
 	_k=$1 _r=$2
 	shift 2
 	launcher run vm.yaml --pod-network --guest-init "$GUEST_INIT" --control-socket $WORK/ctl.sock "$@" < /dev/null 2>&1 | stamp "$_k" "$_r"
-	wait
+	wait $_c
 }
+# (Never a bare `wait`: it would wait for the pod namespace's holder too.)
 # The first start builds the erofs image.
 vm_run vm-uncached 0
 # The warm member: snapshotted once it serves.
 ( wait_line vm-warm.log "Serving HTTP" 3000 && launcher snapshot $WORK/snap --socket $WORK/ctl.sock > /dev/null; launcher stop --socket $WORK/ctl.sock > /dev/null ) &
+_c=$!
 launcher run vm.yaml --pod-network --guest-init "$GUEST_INIT" --control-socket $WORK/ctl.sock < /dev/null > vm-warm.log 2>&1
-wait
+wait $_c
 [ -d $WORK/snap ] || echo "T restored 0 no-snapshot"
 for i in $(seq 1 @RUNS@); do
 	t0=$(now)
-	( answer runc $i python3; runc kill c$i KILL 2>/dev/null ) &
-	runc run -b bundle c$i < /dev/null 2>&1 | stamp runc $i
-	wait
+	( answer runc $i python3; runc kill c$i KILL 2>&1 | sed "s/^/bench: runc kill: /"; sleep 2; kill -9 $(pidof python3) 2>/dev/null ) &
+	_c=$!
+	# --no-pivot: the test host's root is an initramfs, which pivot_root cannot leave.
+	runc run --no-pivot -b bundle c$i < /dev/null 2>&1 | stamp runc $i
+	wait $_c
 	runc delete -f c$i 2>/dev/null
 	vm_run vm $i
 	vm_run restored $i --restore $WORK/snap
