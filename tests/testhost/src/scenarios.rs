@@ -472,7 +472,11 @@ pub fn run_suite(
                 // Not even the test host's own heartbeat came: the test host froze (docs/
                 // testing.md, "the test host froze": QEMU TCG's nested-SVM fault, not the
                 // scenario). Once more; a scenario that freezes it every time still fails.
-                eprintln!(
+                // Straight to stderr, past the test harness's capture: a retry that then
+                // passes must still show in the suite's log.
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
                     "[testhost] the test host froze: no console line, not even its {HEARTBEAT_SECS} s heartbeat, for the last {silent_secs} s ({}); running the suite once more. The frozen run:\n{e}",
                     log.display()
                 );
