@@ -94,6 +94,8 @@ pub struct PreparedDisk {
     /// Descriptors behind `/proc/self/fd/N` paths in `config`; keep them open until the VMM
     /// has opened the disks.
     pub held: Vec<File>,
+    /// A `containerRootfs` disk's image configuration, read once with its files.
+    pub image: Option<crate::oci::ImageConfig>,
 }
 
 fn io_err(volume: &str, path: &Path) -> impl FnOnce(std::io::Error) -> DiskError {
@@ -356,12 +358,14 @@ fn secret_file(volume: &str, dir: &Path, names: &[&str]) -> Result<Option<Vec<u8
     Ok(None)
 }
 
+/// `image_config`: set for a `containerRootfs` volume (its image's configuration).
 fn volume_disk(
     doc: &VmiDocument,
     vol: &Volume,
     layout: &Layout,
     scratch: &Path,
     devices: &mut BlockDevices,
+    image_config: &mut Option<crate::oci::ImageConfig>,
 ) -> Result<(DiskKind, DiskFile, bool, bool), DiskError> {
     let name = vol.name.as_str();
     if let Some(cd) = &vol.container_disk {
@@ -446,6 +450,7 @@ fn volume_disk(
                 DiskFile::beneath(name, scratch, &rel, OpenMode::ReadOnly)?
             }
         };
+        *image_config = Some(image.config);
         return Ok((DiskKind::ContainerRootfs, f, false, true));
     }
     if let Some(pvc) = &vol.persistent_volume_claim {
@@ -621,7 +626,9 @@ pub fn prepare_with(
                 ));
             }
         }
-        let (kind, file, overlay, ro) = volume_disk(doc, vol, layout, scratch, &mut devices)?;
+        let mut image = None;
+        let (kind, file, overlay, ro) =
+            volume_disk(doc, vol, layout, scratch, &mut devices, &mut image)?;
         let mut config = BlockConfig::new(&file.vmm_path);
         let mut shown = BlockConfig::new(&file.shown);
         let mut held: Vec<File> = file.held.into_iter().collect();
@@ -650,6 +657,7 @@ pub fn prepare_with(
             config,
             shown,
             held,
+            image,
         });
     }
     for v in &doc.spec.volumes {

@@ -459,14 +459,12 @@ fn container_rootfs_boot(
         .find(|v| v.name == disk.name)
         .and_then(|v| v.container_rootfs.as_ref())
         .ok_or_else(|| err(format!("no containerRootfs volume {:?}", disk.name)))?;
-    let image = match &opts.layout {
-        disks::Layout::Local { base_dir, .. } => {
-            let dir = disks::local(base_dir, vol.path.as_deref().unwrap_or_default());
-            crate::oci::ImageDir::open(&dir).map_err(err)?.config
-        }
-        disks::Layout::Pod { .. } => return Err(err("not supported in a launcher pod yet".into())),
-    };
-    let workload = crate::oci::workload(&image, vol, &format!("/dev/vd{letter}"), doc.hostname())
+    // The configuration read with the image's files when the disk was prepared.
+    let image = disk
+        .image
+        .as_ref()
+        .ok_or_else(|| err(format!("disk {:?} has no image configuration", disk.name)))?;
+    let workload = crate::oci::workload(image, vol, &format!("/dev/vd{letter}"), doc.hostname())
         .map_err(|e| err(format!("volume {:?}: {e}", disk.name)))?;
     let init = crate::oci::find_init(opts.guest_init.as_deref()).map_err(err)?;
     let init = std::fs::read(&init).map_err(|e| err(format!("{}: {e}", init.display())))?;
